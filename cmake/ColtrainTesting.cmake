@@ -1,0 +1,117 @@
+# Helpers that register coltrain's tests with CTest. Every test gets a timeout, so a hang fails fast, and
+# labels from this set: unit, mpi, tcp, gpu, slow, headers, compile_fail, consumer.
+
+include(Catch)
+
+set(COLTRAIN_TEST_TIMEOUT 60 CACHE STRING "Default per-test timeout in seconds")
+set(COLTRAIN_SLOW_TEST_TIMEOUT 900 CACHE STRING "Timeout in seconds for tests labelled slow")
+# The return code CTest reads as "skipped" (GPU tests without a device).
+set(COLTRAIN_SKIP_RETURN_CODE 77)
+
+add_library(coltrain_catch_main OBJECT "${CMAKE_CURRENT_LIST_DIR}/../tests/support/catch_main.cpp")
+target_link_libraries(coltrain_catch_main PUBLIC Catch2::Catch2)
+
+function(_coltrain_timeout_for labels out)
+  if("slow" IN_LIST labels)
+    set(${out} ${COLTRAIN_SLOW_TEST_TIMEOUT} PARENT_SCOPE)
+  else()
+    set(${out} ${COLTRAIN_TEST_TIMEOUT} PARENT_SCOPE)
+  endif()
+endfunction()
+
+# coltrain_add_unit_test(NAME n SOURCES s... [LABELS l...] [LINK t...])
+# One executable; every Catch test case in it becomes its own CTest test "<n>.<case name>".
+function(coltrain_add_unit_test)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LABELS;LINK" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_main
+                                            ${ARG_LINK})
+  set(labels unit ${ARG_LABELS})
+  _coltrain_timeout_for("${labels}" timeout)
+  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}."
+                       PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
+endfunction()
+
+# coltrain_add_mpi_test(NAME n SOURCES s... RANKS r... [LABELS l...] [LINK t...])
+# One executable, run as "mpiexec -n r" for each r; CTest test "<n>.np<r>". PROCESSORS keeps CTest from
+# running more ranks than cores alongside other tests.
+function(coltrain_add_mpi_test)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;RANKS;LABELS;LINK" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_mpi_main.cpp")
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
+                                            ${ARG_LINK})
+  set(labels mpi ${ARG_LABELS})
+  _coltrain_timeout_for("${labels}" timeout)
+  foreach(ranks IN LISTS ARG_RANKS)
+    set(test "${ARG_NAME}.np${ranks}")
+    add_test(NAME ${test}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:${ARG_NAME}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${test} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout} PROCESSORS ${ranks})
+  endforeach()
+endfunction()
+
+# coltrain_add_gpu_test(NAME n SOURCES s... [LINK t...])
+# Sources may mix .cu (nvcc) and .cpp. Without a CUDA device the test reports "skipped: no CUDA device"
+# and CTest lists it as skipped.
+function(coltrain_add_gpu_test)
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LINK" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_gpu_main.cpp")
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
+                                            CUDA::cudart ${ARG_LINK})
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME})
+  set_tests_properties(${ARG_NAME} PROPERTIES LABELS gpu TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
+                                              SKIP_RETURN_CODE ${COLTRAIN_SKIP_RETURN_CODE})
+endfunction()
+
+# coltrain_add_compile_fail_test(FILE f)
+# Eigen-style failtest: f must compile as is (test "<name>.control") and must fail to compile with
+# -DCOLTRAIN_SHOULD_FAIL, printing the regular expression on f's line "// expected-error: <regex>"
+# (test "<name>"), so a failure for any other reason does not count.
+function(coltrain_add_compile_fail_test)
+  cmake_parse_arguments(ARG "" "FILE" "" ${ARGN})
+  get_filename_component(stem "${ARG_FILE}" NAME_WE)
+  file(STRINGS "${ARG_FILE}" expected REGEX "^// expected-error: ")
+  if(NOT expected)
+    message(FATAL_ERROR "${ARG_FILE} has no '// expected-error: <regex>' line")
+  endif()
+  string(REGEX REPLACE "^// expected-error: " "" expected "${expected}")
+  set(compile ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include
+              ${COLTRAIN_HEADER_CHECK_FLAGS} "${ARG_FILE}")
+  add_test(NAME compile_fail.${stem} COMMAND ${compile} -DCOLTRAIN_SHOULD_FAIL)
+  set_tests_properties(compile_fail.${stem} PROPERTIES LABELS compile_fail
+                       TIMEOUT ${COLTRAIN_TEST_TIMEOUT} PASS_REGULAR_EXPRESSION "${expected}")
+  add_test(NAME compile_fail.${stem}.control COMMAND ${compile})
+  set_tests_properties(compile_fail.${stem}.control PROPERTIES LABELS compile_fail
+                       TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
+endfunction()
+
+# coltrain_add_header_checks(HEADERS h...)
+# Each public header must compile on its own, twice included (the include guard holds), with warnings
+# as errors: with no backends (as plain g++ sees it), with the configured backends, and under nvcc.
+function(coltrain_add_header_checks)
+  cmake_parse_arguments(ARG "" "" "HEADERS" ${ARGN})
+  set(include_root "${PROJECT_SOURCE_DIR}/include")
+  foreach(header IN LISTS ARG_HEADERS)
+    file(RELATIVE_PATH relative "${include_root}" "${header}")
+    string(REGEX REPLACE "\\.[^.]+$" "" stem "${relative}")
+    set(source "${CMAKE_CURRENT_BINARY_DIR}/header_check/${stem}.cpp")
+    file(CONFIGURE OUTPUT "${source}" CONTENT
+         "#include <${relative}>\n#include <${relative}>\nint main() { return 0; }\n")
+    set(gxx ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror
+            -I${include_root})
+    add_test(NAME header.${relative}.plain
+             COMMAND ${gxx} -DCOLTRAIN_WITH_MPI=0 -DCOLTRAIN_WITH_CUDA=0 -DCOLTRAIN_WITH_NCCL=0
+                     -DCOLTRAIN_WITH_CUDNN=0 "${source}")
+    add_test(NAME header.${relative}.backends COMMAND ${gxx} ${COLTRAIN_HEADER_CHECK_FLAGS} "${source}")
+    set(checks header.${relative}.plain header.${relative}.backends)
+    if(CMAKE_CUDA_COMPILER)
+      add_test(NAME header.${relative}.nvcc
+               COMMAND ${CMAKE_CUDA_COMPILER} -std=c++20 -x cu -arch=sm_${COLTRAIN_NVCC_ARCH}
+                       -Werror all-warnings -I${include_root} ${COLTRAIN_HEADER_CHECK_FLAGS}
+                       -c "${source}" -o "${CMAKE_CURRENT_BINARY_DIR}/header_check/${stem}.o")
+      list(APPEND checks header.${relative}.nvcc)
+    endif()
+    set_tests_properties(${checks} PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
+  endforeach()
+endfunction()

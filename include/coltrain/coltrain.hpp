@@ -1,0 +1,10 @@
+#pragma once
+// The umbrella header: everything in coltrain that compiles with a host compiler. CUDA kernels
+// (coltrain/cuda/*.cuh) are included separately, by translation units that nvcc compiles.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/env.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/log.hpp>
+#include <coltrain/core/timer.hpp>

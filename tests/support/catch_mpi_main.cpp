@@ -1,0 +1,34 @@
+// Catch2 main for tests launched with mpiexec. Every rank runs every test case; a test fails when it
+// fails on any rank. Rank 0's report goes to stdout as usual; the other ranks' reports are held back and
+// printed to stderr, under a rank header, only when that rank failed, so a passing run reads like a
+// single-process run.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <mpi.h>
+
+#include <coltrain/core/error.hpp>
+
+#include <iostream>
+#include <sstream>
+
+int main(int argc, char** argv) {
+  COLTRAIN_CHECK_MPI(MPI_Init(&argc, &argv));
+  int rank = 0;
+  int size = 1;
+  COLTRAIN_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  COLTRAIN_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
+
+  std::ostringstream held_back;
+  std::streambuf* stdout_buffer = std::cout.rdbuf();
+  if (rank != 0) std::cout.rdbuf(held_back.rdbuf());
+  const int failed = Catch::Session().run(argc, argv);
+  std::cout.rdbuf(stdout_buffer);
+  if (rank != 0 && failed != 0) {
+    std::cerr << "---- rank " << rank << " of " << size << " failed ----\n" << held_back.str();
+  }
+
+  int any_failed = 0;
+  COLTRAIN_CHECK_MPI(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  COLTRAIN_CHECK_MPI(MPI_Finalize());
+  return any_failed != 0 ? 1 : 0;
+}
