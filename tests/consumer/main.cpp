@@ -34,7 +34,8 @@ int run(int mpi_rank, int mpi_size) {
   const coltrain::Logger logger(env.rank, env.world_size);
   logger.print_root("consumer ok: coltrain ", coltrain::BuildConfig::kVersion, ", ", env.world_size,
                     " rank(s), launcher ", coltrain::name_of(env.launcher), ", MPI ",
-                    coltrain::BuildConfig::kWithMpi ? "on" : "off");
+                    coltrain::BuildConfig::kWithMpi ? "on" : "off", ", CUDA ",
+                    coltrain::BuildConfig::kWithCuda ? "on" : "off");
   return 0;
 }
 
