@@ -32,16 +32,20 @@ function(coltrain_add_unit_test)
                        PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
 endfunction()
 
-# coltrain_add_mpi_test(NAME n SOURCES s... RANKS r... [LABELS l...] [LINK t...])
+# coltrain_add_mpi_test(NAME n SOURCES s... RANKS r... [LABELS l...] [LINK t...] [TIMEOUT s])
 # One executable, run as "mpiexec -n r" for each r; CTest test "<n>.np<r>". PROCESSORS keeps CTest from
-# running more ranks than cores alongside other tests.
+# running more ranks than cores alongside other tests. TIMEOUT overrides the label's default for
+# suites that oversubscribe the cores with many ranks.
 function(coltrain_add_mpi_test)
-  cmake_parse_arguments(ARG "" "NAME" "SOURCES;RANKS;LABELS;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS;LINK" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_mpi_main.cpp")
   target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
                                             ${ARG_LINK})
   set(labels mpi ${ARG_LABELS})
   _coltrain_timeout_for("${labels}" timeout)
+  if(ARG_TIMEOUT)
+    set(timeout ${ARG_TIMEOUT})
+  endif()
   foreach(ranks IN LISTS ARG_RANKS)
     set(test "${ARG_NAME}.np${ranks}")
     add_test(NAME ${test}
@@ -89,10 +93,16 @@ endfunction()
 # coltrain_add_header_checks(HEADERS h...)
 # Each public header must compile on its own, twice included (the include guard holds), with warnings
 # as errors: with no backends (as plain g++ sees it), with the configured backends, and under nvcc.
+# A header that starts with `#if !COLTRAIN_WITH_MPI` + `#error` exists only with MPI: it is checked
+# only when MPI is configured, and never in the plain variant.
 function(coltrain_add_header_checks)
   cmake_parse_arguments(ARG "" "" "HEADERS" ${ARGN})
   set(include_root "${PROJECT_SOURCE_DIR}/include")
   foreach(header IN LISTS ARG_HEADERS)
+    file(STRINGS "${header}" needs_mpi REGEX "^#if !COLTRAIN_WITH_MPI$")
+    if(needs_mpi AND NOT COLTRAIN_WITH_MPI_ENABLED)
+      continue()
+    endif()
     file(RELATIVE_PATH relative "${include_root}" "${header}")
     string(REGEX REPLACE "\\.[^.]+$" "" stem "${relative}")
     set(source "${CMAKE_CURRENT_BINARY_DIR}/header_check/${stem}.cpp")
@@ -100,11 +110,14 @@ function(coltrain_add_header_checks)
          "#include <${relative}>\n#include <${relative}>\nint main() { return 0; }\n")
     set(gxx ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror
             -I${include_root})
-    add_test(NAME header.${relative}.plain
-             COMMAND ${gxx} -DCOLTRAIN_WITH_MPI=0 -DCOLTRAIN_WITH_CUDA=0 -DCOLTRAIN_WITH_NCCL=0
-                     -DCOLTRAIN_WITH_CUDNN=0 "${source}")
     add_test(NAME header.${relative}.backends COMMAND ${gxx} ${COLTRAIN_HEADER_CHECK_FLAGS} "${source}")
-    set(checks header.${relative}.plain header.${relative}.backends)
+    set(checks header.${relative}.backends)
+    if(NOT needs_mpi)
+      add_test(NAME header.${relative}.plain
+               COMMAND ${gxx} -DCOLTRAIN_WITH_MPI=0 -DCOLTRAIN_WITH_CUDA=0 -DCOLTRAIN_WITH_NCCL=0
+                       -DCOLTRAIN_WITH_CUDNN=0 "${source}")
+      list(APPEND checks header.${relative}.plain)
+    endif()
     if(CMAKE_CUDA_COMPILER)
       add_test(NAME header.${relative}.nvcc
                COMMAND ${CMAKE_CUDA_COMPILER} -std=c++20 -x cu -arch=sm_${COLTRAIN_NVCC_ARCH}

@@ -1,0 +1,143 @@
+#pragma once
+// What the algorithms share: how an array is cut into blocks and chunks, the tuning knobs, and typed
+// views of buffers as the bytes a Transport moves.
+
+#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/transport.hpp>
+#include <coltrain/core/config.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <vector>
+
+namespace coltrain::comm {
+
+struct AlgorithmTuning {
+  // Pipelining unit of ring and tree: large enough that per-message costs vanish, small enough that
+  // transfers, reductions and forwarding overlap.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+};
+
+namespace detail {
+
+// `count` elements cut into `parts` contiguous blocks whose sizes differ by at most one.
+class Blocks {
+ public:
+  Blocks(std::size_t count, std::size_t parts)
+      : base_(count / parts), extra_(count % parts), parts_(parts) {}
+
+  std::size_t begin(std::size_t i) const { return i * base_ + std::min(i, extra_); }
+  std::size_t size(std::size_t i) const { return base_ + (i < extra_ ? 1 : 0); }
+  std::size_t parts() const { return parts_; }
+
+ private:
+  std::size_t base_;
+  std::size_t extra_;
+  std::size_t parts_;
+};
+
+// How many chunks each of the blocks of `blocks` is cut into: the same number for every block, so
+// that chunk j of any block is one pipeline unit; at least one, so empty blocks still carry a header.
+template <class T>
+std::size_t chunks_per_block(const Blocks& blocks, const AlgorithmTuning& tuning) {
+  const std::size_t chunk_elements = std::max<std::size_t>(1, tuning.chunk_bytes / sizeof(T));
+  const std::size_t largest = blocks.size(0);
+  return std::max<std::size_t>(1, (largest + chunk_elements - 1) / chunk_elements);
+}
+
+// An element range [begin, begin + size).
+struct Range {
+  std::size_t begin = 0;
+  std::size_t size = 0;
+};
+
+// Chunk `j` of block `i`, both cut as evenly as Blocks does.
+inline Range chunk_of(const Blocks& blocks, std::size_t i, std::size_t chunks, std::size_t j) {
+  const Blocks pieces(blocks.size(i), chunks);
+  return {blocks.begin(i) + pieces.begin(j), pieces.size(j)};
+}
+
+template <class T>
+std::span<const std::byte> bytes_of(const T* data, Range range) {
+  return {reinterpret_cast<const std::byte*>(data + range.begin), range.size * sizeof(T)};
+}
+
+template <class T>
+std::span<std::byte> writable_bytes_of(T* data, Range range) {
+  return {reinterpret_cast<std::byte*>(data + range.begin), range.size * sizeof(T)};
+}
+
+// The header of one message of the call `call` carrying `elements` elements of T.
+template <class T>
+MessageHeader message(const MessageHeader& call, std::size_t elements) {
+  MessageHeader header = call;
+  header.bytes = elements * sizeof(T);
+  return header;
+}
+
+template <class T>
+void copy_elements(T* destination, const T* source, std::size_t n) {
+  if (destination != source && n != 0) std::memcpy(destination, source, n * sizeof(T));
+}
+
+}  // namespace detail
+}  // namespace coltrain::comm
+
+namespace coltrain::comm::detail {
+
+// Receives a numbered stream of chunks from one peer into a small ring of buffers, keeping the next
+// kSlots receives posted so that data keeps arriving while the caller reduces the current chunk.
+template <Transport Tr, class T>
+class ReceivePipeline {
+ public:
+  static constexpr std::size_t kSlots = 4;
+
+  // `range_of(u)` is the element range of unit u; every unit fits in `slot_elements`.
+  template <class RangeOf>
+  ReceivePipeline(Tr& transport, int peer, const MessageHeader& call, std::size_t units,
+                  std::size_t slot_elements, RangeOf range_of)
+      : transport_(transport), peer_(peer), call_(call), units_(units),
+        slot_elements_(slot_elements), buffer_(kSlots * slot_elements), range_of_(range_of) {
+    for (std::size_t u = 0; u < std::min(kSlots, units_); ++u) post(u);
+  }
+
+  // Waits for unit u (units are taken in order) and returns its data, valid until release(u).
+  const T* wait(std::size_t u) {
+    transport_.wait(requests_[u % kSlots]);
+    return slot(u);
+  }
+
+  // The caller is done with unit u's data: its buffer receives unit u + kSlots.
+  void release(std::size_t u) {
+    if (u + kSlots < units_) post(u + kSlots);
+  }
+
+ private:
+  T* slot(std::size_t u) { return buffer_.data() + (u % kSlots) * slot_elements_; }
+
+  void post(std::size_t u) {
+    const std::size_t elements = range_of_(u).size;
+    requests_[u % kSlots] = transport_.irecv(peer_, message<T>(call_, elements),
+                                             writable_bytes_of(slot(u), Range{0, elements}));
+  }
+
+  Tr& transport_;
+  int peer_;
+  MessageHeader call_;
+  std::size_t units_;
+  std::size_t slot_elements_;
+  std::vector<T> buffer_;
+  std::function<Range(std::size_t)> range_of_;
+  typename Tr::Request requests_[kSlots]{};
+};
+
+inline int modulo(long long value, int divisor) {
+  const long long m = value % divisor;
+  return static_cast<int>(m < 0 ? m + divisor : m);
+}
+
+}  // namespace coltrain::comm::detail

@@ -1,0 +1,206 @@
+#pragma once
+// Pipelined binary-tree algorithms. Ranks form a heap-shaped binary tree (virtual rank v has
+// children 2v+1 and 2v+2); data is cut into chunks that flow up the tree (reduce), down it
+// (broadcast), or up and then down (allreduce). Allreduce uses two trees, NCCL-style: the second is
+// the first mirrored (v = p-1-r), so a rank that is a leaf in one is inside the other, each tree
+// carries half the data, and no rank's links idle. With p ranks, n bytes and k chunks: about 2(lg p
+// + k) steps for allreduce, each rank sending at most 2n bytes over its busiest link; latency grows
+// with lg p, not p.
+//
+// Every iteration handles one chunk going up and, lag chunks behind it, one chunk coming down, so
+// the two directions overlap. Both ends of every link post their messages in the same (iteration,
+// stage) order, which is what keeps messages matched without tags.
+
+#include <array>
+#include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/transport.hpp>
+#include <cstddef>
+#include <vector>
+
+namespace coltrain::comm {
+namespace detail {
+
+// This rank's place in a heap-shaped tree over virtual ranks (v = 0 is the root).
+struct TreeNode {
+  int parent = -1;  // real rank, or -1 at the root
+  std::array<int, 2> children{-1, -1};
+  int child_count = 0;
+};
+
+// `to_virtual` and `to_real` map ranks to positions in the heap and back.
+template <class ToVirtual, class ToReal>
+TreeNode tree_node(int rank, int p, ToVirtual to_virtual, ToReal to_real) {
+  TreeNode node;
+  const int v = to_virtual(rank);
+  if (v > 0) node.parent = to_real((v - 1) / 2);
+  for (int c : {2 * v + 1, 2 * v + 2}) {
+    if (c < p) node.children[static_cast<std::size_t>(node.child_count++)] = to_real(c);
+  }
+  return node;
+}
+
+// One pipeline unit: a chunk and the tree it travels on.
+struct TreeUnit {
+  Range range;
+  const TreeNode* node;
+};
+
+enum class TreeFlow { kUp, kDown, kUpAndDown };
+
+// Runs the units through their trees. kUp leaves the reduction in `output` on each tree's root
+// (interior ranks use `output` for partial sums); kDown broadcasts `output` from the root;
+// kUpAndDown does both, so every rank ends with the reduction. kAvg divides at the root.
+template <Transport Tr, class T>
+void run_tree_pipeline(Tr& transport, const T* input, T* output, const std::vector<TreeUnit>& units,
+                       TreeFlow flow, ReduceOp op, const MessageHeader& call,
+                       std::size_t slot_elements) {
+  const bool up = flow != TreeFlow::kDown;
+  const bool down = flow != TreeFlow::kUp;
+  // A chunk starts down two iterations after it went up, so the next chunks' ascent overlaps it.
+  const std::size_t lag = (up && down) ? 2 : 0;
+  const std::size_t iterations = units.size() + (down ? lag : 0);
+  std::vector<T> slots(2 * slot_elements);
+  std::vector<typename Tr::Request> up_sends(units.size());
+  std::vector<typename Tr::Request> down_sends;
+  const int p = transport.size();
+
+  for (std::size_t i = 0; i < iterations; ++i) {
+    // Broadcast moves any element type; only reducing flows need arithmetic on T.
+    if constexpr (ReducibleElement<T>) {
+      if (up && i < units.size()) {
+        const TreeUnit& unit = units[i];
+        const TreeNode& node = *unit.node;
+        const MessageHeader header = message<T>(call, unit.range.size);
+        typename Tr::Request child_requests[2]{};
+        for (int c = 0; c < node.child_count; ++c) {
+          child_requests[c] = transport.irecv(
+              node.children[static_cast<std::size_t>(c)], header,
+              writable_bytes_of(slots.data() + static_cast<std::size_t>(c) * slot_elements,
+                                Range{0, unit.range.size}));
+        }
+        const T* mine = input + unit.range.begin;  // a leaf sends its input as it is
+        for (int c = 0; c < node.child_count; ++c) {
+          transport.wait(child_requests[c]);
+          reduce_into(output + unit.range.begin, mine,
+                      slots.data() + static_cast<std::size_t>(c) * slot_elements, unit.range.size,
+                      op);
+          mine = output + unit.range.begin;
+        }
+        if (node.parent >= 0) {
+          up_sends[i] =
+              transport.isend(node.parent, header, bytes_of(mine - unit.range.begin, unit.range));
+        } else {
+          copy_elements(output + unit.range.begin, mine,
+                        unit.range.size);  // a root without children
+          if (op == ReduceOp::kAvg) divide_by_ranks(output + unit.range.begin, unit.range.size, p);
+        }
+      }
+    }
+    if (down && i >= lag) {
+      const TreeUnit& unit = units[i - lag];
+      const TreeNode& node = *unit.node;
+      const MessageHeader header = message<T>(call, unit.range.size);
+      if (node.parent >= 0) {
+        // The result lands where this rank's partial sum was sent from: that send must be done.
+        if (up) transport.wait(up_sends[i - lag]);
+        auto request = transport.irecv(node.parent, header, writable_bytes_of(output, unit.range));
+        transport.wait(request);
+      }
+      for (int c = 0; c < node.child_count; ++c) {
+        down_sends.push_back(transport.isend(node.children[static_cast<std::size_t>(c)], header,
+                                             bytes_of(output, unit.range)));
+      }
+    }
+  }
+  if (!down) wait_all(transport, std::span(up_sends));
+  wait_all(transport, std::span(down_sends));
+}
+
+}  // namespace detail
+
+// Allreduce over two mirrored trees, each carrying half of the chunks.
+template <Transport Tr, ReducibleElement T>
+void tree_allreduce(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
+                    const MessageHeader& call, const AlgorithmTuning& tuning) {
+  const int p = transport.size();
+  const int r = transport.rank();
+  if (p == 1) {
+    detail::copy_elements(output, input, count);
+    return;
+  }
+  const std::array<detail::TreeNode, 2> nodes{
+      detail::tree_node(
+          r, p, [](int x) { return x; }, [](int x) { return x; }),
+      detail::tree_node(
+          r, p, [p](int x) { return p - 1 - x; }, [p](int x) { return p - 1 - x; })};
+  const detail::Blocks halves(count, 2);
+  const std::size_t chunks = detail::chunks_per_block<T>(halves, tuning);
+  std::vector<detail::TreeUnit> units;
+  for (std::size_t j = 0; j < chunks; ++j) {
+    for (std::size_t tree = 0; tree < 2; ++tree) {
+      units.push_back({detail::chunk_of(halves, tree, chunks, j), &nodes[tree]});
+    }
+  }
+  detail::run_tree_pipeline(transport, input, output, units, detail::TreeFlow::kUpAndDown, op, call,
+                            (halves.size(0) + chunks - 1) / chunks);
+}
+
+namespace detail {
+
+// The units of a single tree rooted at `root`, for broadcast and reduce.
+template <class T>
+std::vector<TreeUnit> rooted_tree_units(const TreeNode& node, std::size_t count,
+                                        const AlgorithmTuning& tuning, std::size_t& slot_elements) {
+  const Blocks whole(count, 1);
+  const std::size_t chunks = chunks_per_block<T>(whole, tuning);
+  const Blocks pieces(count, chunks);
+  std::vector<TreeUnit> units;
+  for (std::size_t j = 0; j < chunks; ++j)
+    units.push_back({{pieces.begin(j), pieces.size(j)}, &node});
+  slot_elements = pieces.size(0);
+  return units;
+}
+
+inline TreeNode rooted_tree_node(int rank, int p, int root) {
+  return tree_node(
+      rank, p, [=](int x) { return modulo(x - root, p); }, [=](int x) { return (x + root) % p; });
+}
+
+}  // namespace detail
+
+template <Transport Tr, class T>
+void tree_broadcast(Tr& transport, T* data, std::size_t count, int root, const MessageHeader& call,
+                    const AlgorithmTuning& tuning) {
+  const int p = transport.size();
+  if (p == 1) return;
+  const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
+  std::size_t slot_elements = 0;
+  const auto units = detail::rooted_tree_units<T>(node, count, tuning, slot_elements);
+  detail::run_tree_pipeline(transport, data, data, units, detail::TreeFlow::kDown, ReduceOp::kSum,
+                            call, 0);
+}
+
+// output is written on the root only; other ranks keep partial sums in `scratch`.
+template <Transport Tr, ReducibleElement T>
+void tree_reduce(Tr& transport, const T* input, T* output, std::size_t count, int root, ReduceOp op,
+                 const MessageHeader& call, const AlgorithmTuning& tuning,
+                 std::vector<T>& scratch) {
+  const int p = transport.size();
+  if (p == 1) {
+    detail::copy_elements(output, input, count);
+    return;
+  }
+  const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
+  T* work = output;
+  if (transport.rank() != root) {
+    scratch.resize(count);
+    work = scratch.data();
+  }
+  std::size_t slot_elements = 0;
+  const auto units = detail::rooted_tree_units<T>(node, count, tuning, slot_elements);
+  detail::run_tree_pipeline(transport, input, work, units, detail::TreeFlow::kUp, op, call,
+                            slot_elements);
+}
+
+}  // namespace coltrain::comm

@@ -1,0 +1,163 @@
+#pragma once
+// The alpha-beta-gamma cost model behind Algorithm::kAutomatic. A message of n bytes costs
+// alpha + n beta; reducing n bytes costs n gamma. Each algorithm's time is predicted from its step and
+// byte counts (docs/collectives.md derives them), and automatic picks the cheapest. The constants
+// are per backend, measured on the 2-core development machine with benchmarks/allreduce_bench (see
+// docs/benchmarks.md); other machines can set their own through Communicator::set_cost_model.
+
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/config.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+
+namespace coltrain::comm {
+
+struct LinkCosts {
+  double alpha_us = 0;         // per message
+  double beta_us_per_byte = 0;  // per byte moved
+  double gamma_us_per_byte = 0; // per byte reduced
+};
+
+struct CostModel {
+  LinkCosts point_to_point;  // coltrain's algorithms over this backend
+  LinkCosts native;          // the backend's own collectives (MPI); unused elsewhere
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+};
+
+// Measured on the development machine (2 cores, loopback, MPICH 4.0.2); see docs/benchmarks.md.
+inline CostModel default_cost_model(Backend backend) {
+  CostModel model;
+  if (backend == Backend::kMpi) {
+    model.point_to_point = {3.0, 1.0 / 4000.0, 1.0 / 8000.0};
+    model.native = {0.5, 1.0 / 4000.0, 1.0 / 8000.0};
+  } else {
+    model.point_to_point = {10.0, 1.0 / 2500.0, 1.0 / 8000.0};
+  }
+  return model;
+}
+
+namespace detail {
+
+inline double log2_ceil(int p) { return std::ceil(std::log2(static_cast<double>(p))); }
+
+}  // namespace detail
+
+// Predicted time in microseconds of `algorithm` for `collective` on p ranks with n bytes (the
+// collective's full array: the allreduce vector, the broadcast buffer, the gathered output).
+inline double predict_us(const CostModel& model, Collective collective, Algorithm algorithm, int p,
+                         std::size_t n_bytes) {
+  if (p <= 1) return 0;
+  const double n = static_cast<double>(n_bytes);
+  const double steps = p - 1;
+  const double share = steps / p;
+  const double lg = detail::log2_ceil(p);
+  const bool power_of_two = std::has_single_bit(static_cast<unsigned>(p));
+  const LinkCosts& c = algorithm == Algorithm::kNative ? model.native : model.point_to_point;
+  const double chunk = static_cast<double>(model.chunk_bytes);
+  const double chunks = std::max(1.0, std::ceil(n / p / chunk));
+  switch (collective) {
+    case Collective::kAllreduce:
+      switch (algorithm) {
+        // Ring and tree are pipelined: reductions overlap transfers, and only the last chunk's
+        // reduction adds to the time.
+        case Algorithm::kRing:
+          return 2 * steps * chunks * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
+                 std::min(share * n, chunk) * c.gamma_us_per_byte;
+        case Algorithm::kTree:
+          // A rank inside one tree and a leaf of the other sends n/2 up and 2 x n/2 down in the
+          // first and n/2 up in the second.
+          return 2 * (lg + chunks) * c.alpha_us + 2 * n * c.beta_us_per_byte +
+                 std::min(n / 2, chunk) * c.gamma_us_per_byte;
+        case Algorithm::kHalvingDoubling:
+        case Algorithm::kNative: {
+          // MPICH's own choice: recursive doubling for small vectors, Rabenseifner for large.
+          double rabenseifner = 2 * lg * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
+                                share * n * c.gamma_us_per_byte;
+          if (!power_of_two) rabenseifner += 2 * c.alpha_us + 2 * n * c.beta_us_per_byte;
+          if (algorithm == Algorithm::kHalvingDoubling) return rabenseifner;
+          const double doubling = lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
+          return std::min(doubling, rabenseifner);
+        }
+        case Algorithm::kAutomatic:
+          break;
+      }
+      break;
+    case Collective::kBroadcast:
+    case Collective::kReduce: {
+      const double gamma = collective == Collective::kReduce ? c.gamma_us_per_byte : 0;
+      const double pieces = std::max(1.0, std::ceil(n / chunk));
+      if (algorithm == Algorithm::kRing) {
+        return (steps + pieces - 1) * c.alpha_us + n * (c.beta_us_per_byte + gamma);
+      }
+      if (algorithm == Algorithm::kTree) {
+        return (lg + pieces - 1) * c.alpha_us + 2 * n * c.beta_us_per_byte + n * gamma;
+      }
+      if (algorithm == Algorithm::kNative) {
+        return lg * c.alpha_us + n * (c.beta_us_per_byte + gamma);
+      }
+      break;
+    }
+    case Collective::kAllgather:
+    case Collective::kReduceScatter: {
+      const double gamma = collective == Collective::kReduceScatter ? c.gamma_us_per_byte : 0;
+      if (algorithm == Algorithm::kRing) {
+        return steps * chunks * c.alpha_us + share * n * (c.beta_us_per_byte + gamma);
+      }
+      if (algorithm == Algorithm::kNative) {
+        return lg * c.alpha_us + share * n * (c.beta_us_per_byte + gamma);
+      }
+      break;
+    }
+    case Collective::kBarrier:  // dissemination (kHalvingDoubling) or MPI_Barrier
+      if (algorithm == Algorithm::kHalvingDoubling || algorithm == Algorithm::kNative) {
+        return lg * c.alpha_us;
+      }
+      break;
+  }
+  return std::numeric_limits<double>::infinity();  // the algorithm does not do this collective
+}
+
+// The algorithms that carry out `collective` (kNative only where the backend has its own).
+inline std::span<const Algorithm> algorithms_for(Collective collective) {
+  static constexpr Algorithm kAllreduce[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,
+                                             Algorithm::kHalvingDoubling};
+  static constexpr Algorithm kRooted[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree};
+  static constexpr Algorithm kGatherScatter[] = {Algorithm::kNative, Algorithm::kRing};
+  static constexpr Algorithm kBarrier[] = {Algorithm::kNative, Algorithm::kHalvingDoubling};
+  switch (collective) {
+    case Collective::kAllreduce:
+      return kAllreduce;
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+      return kRooted;
+    case Collective::kAllgather:
+    case Collective::kReduceScatter:
+      return kGatherScatter;
+    case Collective::kBarrier:
+      return kBarrier;
+  }
+  return {};
+}
+
+// The cheapest algorithm by the model.
+inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
+                                  std::size_t n_bytes, bool native_available) {
+  Algorithm best = Algorithm::kRing;
+  double best_us = std::numeric_limits<double>::infinity();
+  for (Algorithm algorithm : algorithms_for(collective)) {
+    if (algorithm == Algorithm::kNative && !native_available) continue;
+    const double us = predict_us(model, collective, algorithm, p, n_bytes);
+    if (us < best_us) {
+      best = algorithm;
+      best_us = us;
+    }
+  }
+  return best;
+}
+
+}  // namespace coltrain::comm

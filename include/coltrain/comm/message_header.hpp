@@ -1,0 +1,105 @@
+#pragma once
+// The header every coltrain message carries. It names the collective call the message belongs to, so a
+// rank whose peers called a different collective, count, dtype, op, root or algorithm gets an error
+// naming both ranks and both values instead of a hang or silently corrupted data.
+
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace coltrain::comm {
+
+// "CTRN" in little-endian byte order; a message that does not start with it is not ours.
+inline constexpr std::uint32_t kMessageMagic = 0x4e525443u;
+
+// Sent as raw bytes in host byte order: a job's ranks share one architecture.
+struct MessageHeader {
+  std::uint32_t magic = kMessageMagic;
+  Collective collective = Collective::kAllreduce;
+  Algorithm algorithm = Algorithm::kRing;
+  DataType dtype = DataType::kFloat32;  // the caller's element type (f16/bf16 travel as f32)
+  ReduceOp op = ReduceOp::kSum;
+  std::int32_t root = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t sequence = 0;  // the collective's number on its communicator, from 0
+  std::uint64_t count = 0;     // the element count the caller passed
+  std::uint64_t bytes = 0;     // payload bytes that follow this header
+};
+static_assert(sizeof(MessageHeader) == 40 && std::is_trivially_copyable_v<MessageHeader>);
+
+namespace detail {
+
+inline std::string describe_call(const MessageHeader& h) {
+  std::string text(name_of(h.collective));
+  text += " #" + std::to_string(h.sequence) + " (" + std::string(name_of(h.algorithm)) + ", " +
+          std::string(name_of(h.dtype)) + ", count " + std::to_string(h.count);
+  if (h.collective == Collective::kAllreduce || h.collective == Collective::kReduce ||
+      h.collective == Collective::kReduceScatter) {
+    text += ", op " + std::string(name_of(h.op));
+  }
+  if (h.collective == Collective::kBroadcast || h.collective == Collective::kReduce) {
+    text += ", root " + std::to_string(h.root);
+  }
+  return text + ")";
+}
+
+}  // namespace detail
+
+// Throws MismatchError unless `received` (from `peer`) belongs to the same call as `expected` (this
+// rank's). The message names the first field that differs, both ranks and both values.
+inline void check_header(const MessageHeader& expected, const MessageHeader& received, int rank,
+                         int peer) {
+  ErrorContext context;
+  context.rank = rank;
+  context.peer = peer;
+  context.operation = std::string(name_of(expected.collective));
+  context.sequence = expected.sequence;
+  if (received.magic != kMessageMagic) {
+    throw MismatchError("message from rank " + std::to_string(peer) +
+                            " does not start with coltrain's magic number: not a coltrain peer, or "
+                            "the stream lost its framing",
+                        context);
+  }
+  auto differ = [&](const char* field, const std::string& mine, const std::string& theirs) {
+    throw MismatchError(std::string(field) + " differs between ranks: rank " + std::to_string(rank) +
+                            " has " + mine + ", rank " + std::to_string(peer) + " has " + theirs +
+                            "; rank " + std::to_string(rank) + " called " +
+                            detail::describe_call(expected) + ", rank " + std::to_string(peer) +
+                            " called " + detail::describe_call(received),
+                        context);
+  };
+  if (received.sequence != expected.sequence) {
+    differ("collective sequence number", std::to_string(expected.sequence),
+           std::to_string(received.sequence));
+  }
+  if (received.collective != expected.collective) {
+    differ("collective", std::string(name_of(expected.collective)),
+           std::string(name_of(received.collective)));
+  }
+  if (received.count != expected.count) {
+    differ("count", std::to_string(expected.count), std::to_string(received.count));
+  }
+  if (received.dtype != expected.dtype) {
+    differ("dtype", std::string(name_of(expected.dtype)), std::string(name_of(received.dtype)));
+  }
+  if (received.op != expected.op) {
+    differ("reduction op", std::string(name_of(expected.op)), std::string(name_of(received.op)));
+  }
+  if (received.root != expected.root) {
+    differ("root", std::to_string(expected.root), std::to_string(received.root));
+  }
+  if (received.algorithm != expected.algorithm) {
+    differ("algorithm", std::string(name_of(expected.algorithm)),
+           std::string(name_of(received.algorithm)));
+  }
+  if (received.bytes != expected.bytes) {
+    differ("message size in bytes", std::to_string(expected.bytes), std::to_string(received.bytes));
+  }
+}
+
+}  // namespace coltrain::comm

@@ -1,0 +1,275 @@
+#pragma once
+// The Transport concept over MPI point-to-point, on a private duplicate of the caller's communicator so
+// that coltrain's messages never match the application's receives.
+//
+// A message is one MPI message when its payload is small (header and payload packed together: one
+// latency instead of two) and two otherwise (the header, then the payload straight from and into the
+// caller's buffers). Both sides know the expected size, and the header is checked before any payload
+// is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot time out.
+
+#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/transport.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/timer.hpp>
+
+#if !COLTRAIN_WITH_MPI
+#error "coltrain/comm/mpi_transport.hpp needs MPI: compile with mpicxx or link MPI::MPI_CXX"
+#endif
+
+#include <mpi.h>
+
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <string>
+#include <thread>
+
+namespace coltrain::comm {
+
+class MpiTransport {
+ public:
+  // Payloads up to this many bytes travel in the header's message.
+  static constexpr std::size_t kPackedPayloadLimit = 8192;
+
+  struct Request {
+    std::size_t index = 0;
+  };
+
+  MpiTransport(MPI_Comm parent, CommOptions options) : options_(std::move(options)) {
+    COLTRAIN_CHECK_MPI(MPI_Comm_dup(parent, &comm_));
+    COLTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    COLTRAIN_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+    COLTRAIN_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  }
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+  ~MpiTransport() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || comm_ == MPI_COMM_NULL) return;
+    abandon_pending();
+    // A broken communicator keeps its MPI communicator: messages that peers already sent on it would
+    // otherwise reach whichever communicator MPI gives the freed context id next.
+    if (broken_.empty()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+  const CommOptions& options() const { return options_; }
+
+  Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
+    Operation& op = start(peer, header, /*is_send=*/true);
+    const bool packed = payload.size() <= kPackedPayloadLimit;
+    std::memcpy(op.frame.data(), &header, sizeof header);
+    std::size_t frame_bytes = sizeof header;
+    if (packed) {
+      if (!payload.empty()) std::memcpy(op.frame.data() + sizeof header, payload.data(), payload.size());
+      frame_bytes += payload.size();
+    }
+    post(op, MPI_Isend(op.frame.data(), static_cast<int>(frame_bytes), MPI_BYTE, peer, kHeaderTag,
+                       comm_, &op.requests[0]));
+    if (!packed) post_payload(op, const_cast<std::byte*>(payload.data()), payload.size());
+    return {requests_begin_ + operations_.size() - 1};
+  }
+
+  Request irecv(int peer, const MessageHeader& expected, std::span<std::byte> payload) {
+    Operation& op = start(peer, expected, /*is_send=*/false);
+    op.payload = payload;
+    post(op, MPI_Irecv(op.frame.data(), static_cast<int>(op.frame.size()), MPI_BYTE, peer,
+                       kHeaderTag, comm_, &op.requests[0]));
+    // The payload's receive is posted only after the header checked out (in wait), so a mismatched
+    // peer's data never lands in the caller's buffer.
+    return {requests_begin_ + operations_.size() - 1};
+  }
+
+  void wait(Request request) {
+    throw_if_broken();
+    if (request.index < requests_begin_) return;  // completed and retired
+    Operation& op = operations_.at(request.index - requests_begin_);
+    try {
+      while (!op.done) progress(op);
+    } catch (const Error& e) {
+      broken_ = e.what();
+      abandon_pending();
+      throw;
+    }
+    while (!operations_.empty() && operations_.front().done) {
+      operations_.pop_front();
+      ++requests_begin_;
+    }
+  }
+
+ private:
+  static constexpr int kHeaderTag = 1;
+  static constexpr int kPayloadTag = 2;
+  // MPI counts are ints: larger payloads go as several messages of at most this many bytes.
+  static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
+
+  struct Operation {
+    bool is_send = false;
+    bool done = false;
+    bool header_checked = false;
+    int peer = 0;
+    MessageHeader header;  // sent, or expected
+    std::array<std::byte, sizeof(MessageHeader) + kPackedPayloadLimit> frame{};
+    std::span<std::byte> payload;
+    std::deque<MPI_Request> requests;  // [0]: header message; then payload pieces
+  };
+
+  Operation& start(int peer, const MessageHeader& header, bool is_send) {
+    throw_if_broken();
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw InvalidArgument("invalid peer " + std::to_string(peer) + " for rank " +
+                            std::to_string(rank_) + " of " + std::to_string(size_));
+    }
+    Operation& op = operations_.emplace_back();
+    op.is_send = is_send;
+    op.peer = peer;
+    op.header = header;
+    op.requests.push_back(MPI_REQUEST_NULL);
+    return op;
+  }
+
+  void post(Operation& op, int status) {
+    if (status != MPI_SUCCESS) fail(op, status, op.is_send ? "MPI_Isend" : "MPI_Irecv");
+  }
+
+  void post_payload(Operation& op, std::byte* data, std::size_t bytes) {
+    for (std::size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
+      const int piece = static_cast<int>(std::min(kMaxMessageBytes, bytes - offset));
+      MPI_Request& request = op.requests.emplace_back(MPI_REQUEST_NULL);
+      post(op, op.is_send ? MPI_Isend(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_,
+                                      &request)
+                          : MPI_Irecv(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_,
+                                      &request));
+    }
+  }
+
+  // Tests the operation's requests once, spinning briefly and then yielding, until the deadline.
+  void progress(Operation& op) {
+    const Deadline deadline(options_.timeout);
+    Stopwatch spinning;
+    while (true) {
+      bool all_done = true;
+      // By index: receiving the header may append the payload's requests.
+      for (std::size_t i = 0; i < op.requests.size(); ++i) {
+        if (op.requests[i] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        MPI_Status status;
+        const int rc = MPI_Test(&op.requests[i], &flag, &status);
+        if (rc != MPI_SUCCESS) fail(op, rc, "MPI_Test");
+        if (!flag) {
+          all_done = false;
+          break;
+        }
+        if (!op.is_send && i == 0) on_header_received(op, status);
+      }
+      if (all_done) {
+        op.done = true;
+        return;
+      }
+      if (deadline.expired()) {
+        ErrorContext context = context_for(op);
+        throw TimeoutError(std::string("no progress for ") +
+                               std::to_string(options_.timeout.count() / 1000.0) + " s while " +
+                               (op.is_send ? "sending to" : "receiving from") + " rank " +
+                               std::to_string(op.peer) + " (COLTRAIN_TIMEOUT)",
+                           context);
+      }
+      // Ranks can outnumber cores: after a short spin, give the core away between polls.
+      if (spinning.microseconds() > 50.0) std::this_thread::yield();
+    }
+  }
+
+  void on_header_received(Operation& op, const MPI_Status& status) {
+    if (op.header_checked) return;
+    op.header_checked = true;
+    int received = 0;
+    MPI_Get_count(&status, MPI_BYTE, &received);
+    MessageHeader header;
+    if (static_cast<std::size_t>(received) < sizeof header) {
+      throw MismatchError("rank " + std::to_string(op.peer) + " sent a " + std::to_string(received) +
+                              "-byte message where a coltrain header was expected",
+                          context_for(op));
+    }
+    std::memcpy(&header, op.frame.data(), sizeof header);
+    check_header(op.header, header, rank_, op.peer);
+    const std::size_t bytes = op.payload.size();
+    if (bytes <= kPackedPayloadLimit) {
+      if (static_cast<std::size_t>(received) != sizeof header + bytes) {
+        throw MismatchError("rank " + std::to_string(op.peer) + " sent " +
+                                std::to_string(received - static_cast<int>(sizeof header)) +
+                                " payload bytes, expected " + std::to_string(bytes),
+                            context_for(op));
+      }
+      if (bytes != 0) std::memcpy(op.payload.data(), op.frame.data() + sizeof header, bytes);
+    } else {
+      post_payload(op, op.payload.data(), bytes);
+    }
+  }
+
+  ErrorContext context_for(const Operation& op) const {
+    ErrorContext context;
+    context.rank = rank_;
+    context.peer = op.peer;
+    context.operation = std::string(name_of(op.header.collective));
+    context.sequence = op.header.sequence;
+    return context;
+  }
+
+  [[noreturn]] void fail(const Operation& op, int status, const char* call) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(status, text, &length);
+    ErrorContext context = context_for(op);
+    const std::string message = std::string(call) + " failed: " + std::string(text, length);
+    broken_ = message;
+    throw BackendError("MPI", status, message, context);
+  }
+
+  // After an error or at destruction: no pending receive may later write into freed memory. Cancel
+  // what is pending and wait briefly; requests that still do not complete (a send the peer never
+  // takes) are released to MPI, and their frames are left allocated on purpose.
+  void abandon_pending() noexcept {
+    const Deadline deadline(std::chrono::seconds(1));
+    bool all_complete = true;
+    for (Operation& op : operations_) {
+      for (MPI_Request& request : op.requests) {
+        if (request == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&request);
+        int flag = 0;
+        while (!flag && !deadline.expired()) MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+        if (!flag) {
+          MPI_Request_free(&request);
+          all_complete = false;
+        }
+      }
+    }
+    if (!all_complete) new std::deque<Operation>(std::move(operations_));  // see above: leaked
+    operations_.clear();
+  }
+
+  void throw_if_broken() const {
+    if (!broken_.empty()) {
+      throw CommError("communicator is unusable after an earlier error: " + broken_);
+    }
+  }
+
+  CommOptions options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::deque<Operation> operations_;  // in posting order; completed ones retire from the front
+  std::size_t requests_begin_ = 0;    // Request index of operations_.front()
+  std::string broken_;
+};
+
+static_assert(Transport<MpiTransport>);
+
+}  // namespace coltrain::comm

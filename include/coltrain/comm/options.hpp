@@ -1,0 +1,67 @@
+#pragma once
+// Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
+// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace coltrain::comm {
+
+struct CommOptions {
+  // Bound on every blocking wait and on the connect-and-retry window of the TCP rendezvous.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Network interface whose IPv4 address the TCP transport listens on and advertises; empty: the
+  // address this host uses to reach MASTER_ADDR.
+  std::string socket_ifname;
+  // Identifies the job in TCP handshakes, so processes of another job that reach our ports are turned
+  // away. The same on every rank: COLTRAIN_JOB_ID, else SLURM_JOB_ID, else TORCHELASTIC_RUN_ID.
+  std::string job_id;
+};
+
+namespace detail {
+
+inline const char* nonempty_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+inline std::chrono::milliseconds parse_timeout_seconds(const std::string& text) {
+  std::size_t used = 0;
+  double seconds = 0;
+  try {
+    seconds = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7) {
+    throw ConfigError("COLTRAIN_TIMEOUT=" + text +
+                      ": expected a positive number of seconds (at most 1e7)");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
+}
+
+}  // namespace detail
+
+inline CommOptions comm_options_from_env() {
+  CommOptions options;
+  if (const char* timeout = detail::nonempty_env("COLTRAIN_TIMEOUT")) {
+    options.timeout = detail::parse_timeout_seconds(timeout);
+  }
+  if (const char* ifname = detail::nonempty_env("COLTRAIN_SOCKET_IFNAME")) {
+    options.socket_ifname = ifname;
+  }
+  for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
+    if (const char* id = detail::nonempty_env(name)) {
+      options.job_id = id;
+      break;
+    }
+  }
+  return options;
+}
+
+}  // namespace coltrain::comm

@@ -1,0 +1,119 @@
+#pragma once
+// The vocabulary of coltrain's collectives: which collective, which reduction, which algorithm, which
+// backend. Each enum has a name for messages and a parser for command lines and environment variables.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace coltrain::comm {
+
+enum class Collective : std::uint8_t {
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kReduce,
+  kBarrier,
+};
+
+enum class ReduceOp : std::uint8_t {
+  kSum,
+  kProd,
+  kMin,
+  kMax,
+  kAvg,  // sum, then divided by the number of ranks (integers: truncated, as NCCL does)
+};
+
+// How a collective is carried out. The trade-offs, with p ranks, n bytes, latency a, time per byte b
+// and reduction time per byte g (docs/collectives.md derives them):
+enum class Algorithm : std::uint8_t {
+  kNative,           // the backend's own collective (MPI_Allreduce...); MPI backend only
+  kRing,             // 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng: bandwidth-optimal, latency grows with p
+  kTree,             // pipelined double binary tree: about 2(lg p + k) a + 2nb, k chunks: mid sizes
+  kHalvingDoubling,  // Rabenseifner: 2 lg(p) a + 2(p-1)/p nb + (p-1)/p ng; extra steps off 2^k
+  kAutomatic,        // picks one of the above from the cost model (comm/cost_model.hpp)
+};
+
+enum class Backend : std::uint8_t { kMpi, kTcp };
+
+namespace detail {
+
+template <class Enum, std::size_t N>
+Enum parse_enum(std::string_view text, const std::array<std::pair<std::string_view, Enum>, N>& names,
+                std::string_view what) {
+  std::string valid;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    valid += valid.empty() ? "" : ", ";
+    valid += name;
+  }
+  throw InvalidArgument("unknown " + std::string(what) + " '" + std::string(text) +
+                        "' (expected one of: " + valid + ")");
+}
+
+template <class Enum, std::size_t N>
+constexpr std::string_view enum_name(Enum value,
+                                     const std::array<std::pair<std::string_view, Enum>, N>& names) {
+  for (const auto& [name, candidate] : names) {
+    if (candidate == value) return name;
+  }
+  return "invalid";
+}
+
+inline constexpr std::array<std::pair<std::string_view, Collective>, 6> kCollectiveNames{{
+    {"allreduce", Collective::kAllreduce},
+    {"broadcast", Collective::kBroadcast},
+    {"allgather", Collective::kAllgather},
+    {"reduce_scatter", Collective::kReduceScatter},
+    {"reduce", Collective::kReduce},
+    {"barrier", Collective::kBarrier},
+}};
+
+inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpNames{{
+    {"sum", ReduceOp::kSum},
+    {"prod", ReduceOp::kProd},
+    {"min", ReduceOp::kMin},
+    {"max", ReduceOp::kMax},
+    {"avg", ReduceOp::kAvg},
+}};
+
+inline constexpr std::array<std::pair<std::string_view, Algorithm>, 5> kAlgorithmNames{{
+    {"native", Algorithm::kNative},
+    {"ring", Algorithm::kRing},
+    {"tree", Algorithm::kTree},
+    {"halving_doubling", Algorithm::kHalvingDoubling},
+    {"automatic", Algorithm::kAutomatic},
+}};
+
+inline constexpr std::array<std::pair<std::string_view, Backend>, 2> kBackendNames{{
+    {"mpi", Backend::kMpi},
+    {"tcp", Backend::kTcp},
+}};
+
+}  // namespace detail
+
+constexpr std::string_view name_of(Collective c) { return detail::enum_name(c, detail::kCollectiveNames); }
+constexpr std::string_view name_of(ReduceOp op) { return detail::enum_name(op, detail::kReduceOpNames); }
+constexpr std::string_view name_of(Algorithm a) { return detail::enum_name(a, detail::kAlgorithmNames); }
+constexpr std::string_view name_of(Backend b) { return detail::enum_name(b, detail::kBackendNames); }
+
+inline Collective parse_collective(std::string_view text) {
+  return detail::parse_enum(text, detail::kCollectiveNames, "collective");
+}
+inline ReduceOp parse_reduce_op(std::string_view text) {
+  return detail::parse_enum(text, detail::kReduceOpNames, "reduction op");
+}
+inline Algorithm parse_algorithm(std::string_view text) {
+  return detail::parse_enum(text, detail::kAlgorithmNames, "algorithm");
+}
+inline Backend parse_backend(std::string_view text) {
+  return detail::parse_enum(text, detail::kBackendNames, "backend");
+}
+
+}  // namespace coltrain::comm

@@ -1,0 +1,136 @@
+// Ranks that disagree about a collective get an error naming both ranks and both values, within the
+// timeout, on both backends; no rank hangs. Each case uses a communicator of its own, since an error
+// leaves a communicator unusable.
+#include <catch2/catch.hpp>
+
+#include "collective_fixtures.hpp"
+
+#include <coltrain/comm.hpp>
+#include <coltrain/core/timer.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace coltrain;
+using namespace coltrain::comm;
+using Catch::Contains;
+
+namespace {
+
+constexpr auto kTimeout = std::chrono::seconds(4);
+
+struct Outcome {
+  std::optional<std::string> mismatch;  // MismatchError text, when this rank saw the mismatch
+  bool failed = false;                  // any CommError
+  double seconds = 0;
+};
+
+// Runs `call` on a fresh communicator and records how it failed.
+template <class Call>
+Outcome run_expecting_failure(Backend backend, Algorithm algorithm, Call call) {
+  CommOptions options;
+  options.timeout = kTimeout;
+  Communicator comm = coltrain::testing::make_communicator(backend, options);
+  Outcome outcome;
+  Stopwatch watch;
+  try {
+    call(comm, algorithm);
+  } catch (const MismatchError& e) {
+    outcome.mismatch = e.what();
+    outcome.failed = true;
+  } catch (const CommError&) {
+    outcome.failed = true;
+  }
+  outcome.seconds = watch.seconds();
+  MPI_Barrier(MPI_COMM_WORLD);  // the next case starts together
+  return outcome;
+}
+
+std::vector<Algorithm> own_algorithms() {
+  return {Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling};
+}
+
+}  // namespace
+
+TEST_CASE("a rank calling allreduce with another count gets an error naming both counts",
+          "[comm][errors][mismatch]") {
+  if (coltrain::testing::world_size() < 2) return;  // nothing to disagree with
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    for (Algorithm algorithm : own_algorithms()) {
+      INFO(name_of(backend) << " " << name_of(algorithm));
+      const Outcome outcome = run_expecting_failure(backend, algorithm, [](Communicator& c,
+                                                                           Algorithm a) {
+        std::vector<float> data(c.rank() == 0 ? 10 : 12, 1.0f);
+        c.allreduce(std::span(data), ReduceOp::kSum, a);
+      });
+      CHECK(outcome.failed);
+      CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
+      if (outcome.mismatch) {
+        CHECK_THAT(*outcome.mismatch, Contains("count differs between ranks") &&
+                                          Contains("has 10") && Contains("has 12") &&
+                                          Contains("rank 0"));
+      }
+      // Rank 0's neighbours read rank 0's headers, so someone always names the mismatch.
+      int named = outcome.mismatch ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &named, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(named >= 1);
+    }
+  }
+}
+
+TEST_CASE("a rank calling allreduce with another dtype gets an error naming both dtypes",
+          "[comm][errors][mismatch]") {
+  if (coltrain::testing::world_size() < 2) return;
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    INFO(name_of(backend));
+    const Outcome outcome = run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c,
+                                                                                Algorithm a) {
+      if (c.rank() == 0) {
+        std::vector<float> data(8, 1.0f);
+        c.allreduce(std::span(data), ReduceOp::kSum, a);
+      } else {
+        std::vector<std::int32_t> data(8, 1);
+        c.allreduce(std::span(data), ReduceOp::kSum, a);
+      }
+    });
+    CHECK(outcome.failed);
+    if (outcome.mismatch) {
+      CHECK_THAT(*outcome.mismatch,
+                 Contains("dtype differs between ranks") && Contains("f32") && Contains("i32"));
+    }
+    int named = outcome.mismatch ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &named, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(named >= 1);
+  }
+}
+
+TEST_CASE("a rank calling another collective gets an error naming both collectives",
+          "[comm][errors][mismatch]") {
+  if (coltrain::testing::world_size() < 2) return;
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    INFO(name_of(backend));
+    const Outcome outcome = run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c,
+                                                                                Algorithm a) {
+      std::vector<float> data(6, 1.0f);
+      if (c.rank() == 0) {
+        c.broadcast(std::span(data), 0, a);
+      } else {
+        c.allreduce(std::span(data), ReduceOp::kSum, a);
+      }
+    });
+    // Rank 0's broadcast only sends, so it may well finish; everyone else must fail, in time.
+    if (coltrain::testing::world_rank() != 0) CHECK(outcome.failed);
+    CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
+    if (outcome.mismatch) {
+      CHECK_THAT(*outcome.mismatch, Contains("collective differs between ranks") &&
+                                        Contains("broadcast") && Contains("allreduce"));
+    }
+    int named = outcome.mismatch ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &named, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(named >= 1);
+  }
+}

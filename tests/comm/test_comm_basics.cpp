@@ -1,0 +1,135 @@
+// Single-process pieces of the collectives: names and parsing, header checks, reduction kernels, the
+// block partition and the cost model.
+#include <catch2/catch.hpp>
+
+#include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/cost_model.hpp>
+#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/types.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+using namespace coltrain;
+using namespace coltrain::comm;
+using Catch::Contains;
+
+TEST_CASE("every enum name parses back to its value", "[comm][types]") {
+  for (auto c : {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
+                 Collective::kReduceScatter, Collective::kReduce, Collective::kBarrier}) {
+    CHECK(parse_collective(name_of(c)) == c);
+  }
+  for (auto op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+    CHECK(parse_reduce_op(name_of(op)) == op);
+  }
+  for (auto a : {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,
+                 Algorithm::kHalvingDoubling, Algorithm::kAutomatic}) {
+    CHECK(parse_algorithm(name_of(a)) == a);
+  }
+  CHECK(parse_backend("tcp") == Backend::kTcp);
+  CHECK_THROWS_WITH(parse_algorithm("butterfly"),
+                    Contains("unknown algorithm 'butterfly'") && Contains("halving_doubling"));
+}
+
+TEST_CASE("check_header names the differing field, both ranks and both values", "[comm][header]") {
+  MessageHeader mine;
+  mine.sequence = 7;
+  mine.count = 10;
+  MessageHeader theirs = mine;
+  check_header(mine, theirs, 0, 1);  // identical: no throw
+
+  theirs.count = 12;
+  CHECK_THROWS_WITH(check_header(mine, theirs, 0, 1),
+                    Contains("count differs between ranks: rank 0 has 10, rank 1 has 12") &&
+                        Contains("allreduce #7"));
+  theirs = mine;
+  theirs.dtype = DataType::kBFloat16;
+  CHECK_THROWS_WITH(check_header(mine, theirs, 2, 3),
+                    Contains("dtype differs") && Contains("rank 2 has f32, rank 3 has bf16"));
+  theirs = mine;
+  theirs.magic = 0x12345678;
+  CHECK_THROWS_AS(check_header(mine, theirs, 0, 1), MismatchError);
+  CHECK_THROWS_WITH(check_header(mine, theirs, 0, 1), Contains("magic"));
+}
+
+TEMPLATE_TEST_CASE("reduce_into computes every op elementwise, in place too", "[comm][reduce]",
+                   float, double, std::int32_t, std::int64_t) {
+  const std::vector<TestType> a{1, 5, -3, 7, 2, 0, 9};
+  const std::vector<TestType> b{4, 2, -8, 7, -1, 3, 1};
+  std::vector<TestType> out(a.size());
+  auto check = [&](ReduceOp op, auto expected) {
+    reduce_into(out.data(), a.data(), b.data(), a.size(), op);
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(out[i] == expected(a[i], b[i]));
+    std::vector<TestType> in_place = a;
+    reduce_into(in_place.data(), in_place.data(), b.data(), a.size(), op);
+    CHECK(in_place == out);
+  };
+  check(ReduceOp::kSum, [](TestType x, TestType y) { return static_cast<TestType>(x + y); });
+  check(ReduceOp::kAvg, [](TestType x, TestType y) { return static_cast<TestType>(x + y); });
+  check(ReduceOp::kProd, [](TestType x, TestType y) { return static_cast<TestType>(x * y); });
+  check(ReduceOp::kMin, [](TestType x, TestType y) { return std::min(x, y); });
+  check(ReduceOp::kMax, [](TestType x, TestType y) { return std::max(x, y); });
+}
+
+TEST_CASE("integer reductions wrap around instead of overflowing", "[comm][reduce]") {
+  const std::int32_t big = std::numeric_limits<std::int32_t>::max();
+  std::int32_t out = 0;
+  const std::int32_t one = 1;
+  reduce_into(&out, &big, &one, 1, ReduceOp::kSum);
+  CHECK(out == std::numeric_limits<std::int32_t>::min());
+}
+
+TEST_CASE("divide_by_ranks divides exactly and truncates integers", "[comm][reduce]") {
+  std::vector<float> f{6, 9, 1};
+  divide_by_ranks(f.data(), f.size(), 3);
+  CHECK(f == std::vector<float>{2, 3, 1.0f / 3});
+  std::vector<std::int64_t> i{7, -7};
+  divide_by_ranks(i.data(), i.size(), 2);
+  CHECK(i == std::vector<std::int64_t>{3, -3});
+}
+
+TEST_CASE("blocks cover the array contiguously with sizes differing by at most one", "[comm]") {
+  for (std::size_t count : {0, 1, 4, 7, 1000}) {
+    for (std::size_t parts : {1, 2, 3, 5}) {
+      const coltrain::comm::detail::Blocks blocks(count, parts);
+      std::size_t next = 0;
+      for (std::size_t i = 0; i < parts; ++i) {
+        CHECK(blocks.begin(i) == next);
+        CHECK(blocks.size(i) <= blocks.size(0));
+        CHECK(blocks.size(0) - blocks.size(i) <= 1);
+        next += blocks.size(i);
+      }
+      CHECK(next == count);
+      CHECK(blocks.begin(parts) == count);
+    }
+  }
+}
+
+TEST_CASE("the cost model prefers latency-light algorithms small and ring large", "[comm][cost]") {
+  const CostModel tcp = default_cost_model(Backend::kTcp);
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, 8, 8, false) != Algorithm::kRing);
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, 8, std::size_t{256} << 20, false) ==
+        Algorithm::kRing);
+  // Never native where the backend has none.
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 30}) {
+    CHECK(choose_algorithm(tcp, Collective::kBroadcast, 4, bytes, false) != Algorithm::kNative);
+  }
+  CHECK(predict_us(tcp, Collective::kAllgather, Algorithm::kTree, 4, 1024) ==
+        std::numeric_limits<double>::infinity());
+  CHECK(predict_us(tcp, Collective::kAllreduce, Algorithm::kRing, 1, 1024) == 0);
+}
+
+TEST_CASE("COLTRAIN_TIMEOUT sets the timeout; bad values name the variable", "[comm][options]") {
+  ::setenv("COLTRAIN_TIMEOUT", "2.5", 1);
+  CHECK(comm_options_from_env().timeout == std::chrono::milliseconds(2500));
+  ::setenv("COLTRAIN_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH(comm_options_from_env(), Contains("COLTRAIN_TIMEOUT=soon"));
+  ::setenv("COLTRAIN_TIMEOUT", "-1", 1);
+  CHECK_THROWS_AS(comm_options_from_env(), ConfigError);
+  ::unsetenv("COLTRAIN_TIMEOUT");
+  CHECK(comm_options_from_env().timeout == std::chrono::seconds(300));
+}

@@ -1,0 +1,405 @@
+// The TCP transport across real processes: every rank is a child process with torchrun's variables,
+// so these tests go through the same rendezvous, sockets and failure paths as a job on a cluster.
+#include <catch2/catch.hpp>
+
+#include "../support/tcp_launch.hpp"
+
+#include <coltrain/comm/tcp_transport.hpp>
+#include <coltrain/core/env.hpp>
+#include <coltrain/core/error.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using Catch::Matchers::Contains;
+using coltrain::comm::MessageHeader;
+using coltrain::comm::TcpTransport;
+using coltrain::testing::expect;
+using coltrain::testing::launch_ranks;
+using coltrain::testing::LaunchOptions;
+using coltrain::testing::RankOutcome;
+using namespace std::chrono_literals;
+
+namespace {
+
+TcpTransport connect_from_env() {
+  return TcpTransport(coltrain::detect_launch_env(), coltrain::comm::comm_options_from_env());
+}
+
+MessageHeader header_of(std::uint64_t sequence, std::size_t bytes) {
+  MessageHeader header;
+  header.collective = coltrain::comm::Collective::kAllgather;
+  header.dtype = coltrain::DataType::kUInt8;
+  header.sequence = sequence;
+  header.count = bytes;
+  header.bytes = bytes;
+  return header;
+}
+
+// The bytes `sender` sends as message `sequence`: different for every sender, message and offset.
+std::vector<std::byte> payload_of(int sender, std::uint64_t sequence, std::size_t bytes) {
+  std::vector<std::uint64_t> words((bytes + 7) / 8);
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    words[i] = (i * 0x9E3779B97F4A7C15ull) ^ (sequence << 40) ^ static_cast<std::uint64_t>(sender);
+  }
+  std::vector<std::byte> payload(bytes);
+  if (bytes > 0) std::memcpy(payload.data(), words.data(), bytes);
+  return payload;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Runs `body` and returns the text of the exception of type E it throws; anything else fails.
+template <class E, class Body>
+std::string expect_throws(const Body& body, const std::string& what) {
+  try {
+    body();
+  } catch (const E& e) {
+    return e.what();
+  }
+  throw std::runtime_error("expectation failed: " + what + " did not throw the expected error");
+}
+
+void require_all_passed(const std::vector<RankOutcome>& outcomes) {
+  INFO(coltrain::testing::describe(outcomes));
+  for (const RankOutcome& outcome : outcomes) CHECK(outcome.passed());
+}
+
+}  // namespace
+
+TEST_CASE("ring neighbours exchange messages of every size both ways at once", "[tcp]") {
+  const int world_size = GENERATE(1, 2, 3, 4, 5);
+  CAPTURE(world_size);
+  const auto outcomes = launch_ranks(world_size, [](int rank) {
+    TcpTransport transport = connect_from_env();
+    const int n = transport.size();
+    expect(transport.rank() == rank, "rank() is RANK");
+    if (n == 1) {
+      expect_throws<coltrain::InvalidArgument>(
+          [&] { transport.isend(0, header_of(0, 0), {}); }, "a send to oneself");
+      return;
+    }
+    const int right = (rank + 1) % n;
+    const int left = (rank + n - 1) % n;
+    const std::vector<std::size_t> sizes = {0, 1, 40, 1 << 20, 64 << 20};
+    for (std::uint64_t sequence = 0; sequence < sizes.size(); ++sequence) {
+      const std::size_t bytes = sizes[sequence];
+      const std::vector<std::byte> outgoing = payload_of(rank, sequence, bytes);
+      std::vector<std::byte> incoming(bytes);
+      const auto send = transport.isend(right, header_of(sequence, bytes), outgoing);
+      const auto receive = transport.irecv(left, header_of(sequence, bytes), incoming);
+      // Receive first: the send must progress while this waits, or ranks would deadlock.
+      transport.wait(receive);
+      transport.wait(send);
+      transport.wait(send);  // a completed request returns at once
+      expect(incoming == payload_of(left, sequence, bytes),
+             "the " + std::to_string(bytes) + "-byte message from rank " + std::to_string(left) +
+                 " arrived intact");
+    }
+  });
+  require_all_passed(outcomes);
+}
+
+TEST_CASE("many small messages arrive intact and in posting order", "[tcp]") {
+  const auto outcomes = launch_ranks(3, [](int rank) {
+    TcpTransport transport = connect_from_env();
+    const int n = transport.size();
+    constexpr std::uint64_t kMessages = 2000;
+    auto size_of = [](std::uint64_t sequence) { return static_cast<std::size_t>(sequence % 97); };
+    std::vector<std::vector<std::byte>> outgoing;
+    std::vector<std::vector<std::byte>> incoming;
+    std::vector<TcpTransport::Request> requests;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == rank) continue;
+      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+        const std::size_t bytes = size_of(sequence);
+        outgoing.push_back(payload_of(rank, sequence, bytes));
+        incoming.emplace_back(bytes);
+        requests.push_back(transport.isend(peer, header_of(sequence, bytes), outgoing.back()));
+        requests.push_back(transport.irecv(peer, header_of(sequence, bytes), incoming.back()));
+      }
+    }
+    // Newest first: waiting on a late request completes the earlier ones on the way.
+    for (auto it = requests.rbegin(); it != requests.rend(); ++it) transport.wait(*it);
+    std::size_t index = 0;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == rank) continue;
+      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence, ++index) {
+        expect(incoming[index] == payload_of(peer, sequence, size_of(sequence)),
+               "message #" + std::to_string(sequence) + " from rank " + std::to_string(peer));
+      }
+    }
+
+    // A receive posted after its message arrived.
+    const int peer = rank == 0 ? 1 : 0;
+    if (rank == 2) return;
+    const std::vector<std::byte> late = payload_of(rank, kMessages, 1000);
+    std::vector<std::byte> got(1000);
+    const auto send = transport.isend(peer, header_of(kMessages, 1000), late);
+    transport.wait(send);
+    std::this_thread::sleep_for(100ms);
+    transport.wait(transport.irecv(peer, header_of(kMessages, 1000), got));
+    expect(got == payload_of(peer, kMessages, 1000), "the late receive got its message");
+  });
+  require_all_passed(outcomes);
+}
+
+TEST_CASE("a count that differs between ranks is a MismatchError naming both", "[tcp]") {
+  const auto outcomes = launch_ranks(2, [](int rank) {
+    TcpTransport transport = connect_from_env();
+    MessageHeader header = header_of(7, 40);
+    header.collective = coltrain::comm::Collective::kAllreduce;
+    header.dtype = coltrain::DataType::kFloat32;
+    header.count = 10;
+    std::vector<std::byte> buffer(40);
+    if (rank == 1) {
+      transport.wait(transport.isend(0, header, buffer));
+      // Rank 0 breaks on the mismatch and closes its connections: this rank hears of it at once.
+      const auto start = std::chrono::steady_clock::now();
+      const std::string lost = expect_throws<coltrain::PeerLostError>(
+          [&] { transport.wait(transport.irecv(0, header, buffer)); }, "waiting on rank 0");
+      std::cerr << "rank 1 saw: " << lost << std::endl;
+      expect(seconds_since(start) < 5, "rank 1 learned of the failure before its timeout");
+      return;
+    }
+    header.count = 12;  // same bytes, different count: only the header check can tell
+    const std::string mismatch = expect_throws<coltrain::MismatchError>(
+        [&] { transport.wait(transport.irecv(1, header, buffer)); }, "a mismatched receive");
+    std::cerr << "rank 0 saw: " << mismatch << std::endl;
+    const std::string later = expect_throws<coltrain::CommError>(
+        [&] { transport.isend(1, header, buffer); }, "a send after the error");
+    std::cerr << "rank 0 then saw: " << later << std::endl;
+  });
+  require_all_passed(outcomes);
+  CHECK_THAT(outcomes[0].output, Contains("count differs between ranks: rank 0 has 12, rank 1 has "
+                                          "10") &&
+                                     Contains("allreduce #7"));
+  CHECK_THAT(outcomes[0].output, Contains("rank 0 then saw") &&
+                                     Contains("unusable after an earlier error: count differs"));
+  CHECK_THAT(outcomes[1].output, Contains("rank 1 lost its connection to rank 0"));
+}
+
+TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it", "[tcp]") {
+  const bool killed = GENERATE(true, false);
+  CAPTURE(killed);
+  constexpr int kVictim = 3;
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "10";
+  const auto outcomes = launch_ranks(4, [killed](int rank) {
+    TcpTransport transport = connect_from_env();
+    constexpr std::size_t kBytes = 1 << 20;
+    const std::vector<std::byte> outgoing = payload_of(rank, 0, kBytes);
+    std::vector<std::byte> incoming(kBytes);
+    if (rank == kVictim) {
+      std::vector<std::vector<std::byte>> buffers(kVictim, std::vector<std::byte>(kBytes));
+      for (std::uint64_t round = 0;; ++round) {
+        std::vector<TcpTransport::Request> requests;
+        for (int peer = 0; peer < kVictim; ++peer) {
+          requests.push_back(transport.isend(peer, header_of(round, kBytes), outgoing));
+          requests.push_back(transport.irecv(peer, header_of(round, kBytes),
+                                             buffers[static_cast<std::size_t>(peer)]));
+        }
+        if (round == 5) {
+          transport.wait(requests[0]);  // mid-exchange: some messages out, others not
+          if (killed) ::raise(SIGKILL);
+          ::_exit(3);
+        }
+        for (const auto& request : requests) transport.wait(request);
+      }
+    }
+    auto start = std::chrono::steady_clock::now();
+    const std::string lost = expect_throws<coltrain::PeerLostError>(
+        [&] {
+          for (std::uint64_t round = 0;; ++round) {
+            start = std::chrono::steady_clock::now();
+            const auto send = transport.isend(kVictim, header_of(round, kBytes), outgoing);
+            const auto receive = transport.irecv(kVictim, header_of(round, kBytes), incoming);
+            transport.wait(send);
+            transport.wait(receive);
+          }
+        },
+        "exchanging with the dying rank");
+    std::cerr << "rank " << rank << " saw: " << lost << std::endl;
+    expect(seconds_since(start) < 3, "the loss was noticed well within COLTRAIN_TIMEOUT=10");
+    expect(lost.find("lost its connection to rank 3") != std::string::npos, "names rank 3");
+    expect_throws<coltrain::CommError>([&] { transport.irecv(kVictim, header_of(0, 0), {}); },
+                                       "a call after the loss");
+  }, options);
+  INFO(coltrain::testing::describe(outcomes));
+  for (int rank = 0; rank < kVictim; ++rank) {
+    CHECK(outcomes[static_cast<std::size_t>(rank)].passed());
+    CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output,
+               Contains("lost its connection to rank 3"));
+  }
+  if (killed) {
+    CHECK(outcomes[kVictim].signal == SIGKILL);
+  } else {
+    CHECK(outcomes[kVictim].exit_code == 3);
+  }
+}
+
+TEST_CASE("a receive that never gets its message times out, and the peer hears of it", "[tcp]") {
+  const auto outcomes = launch_ranks(2, [](int rank) {
+    coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
+    options.timeout = rank == 0 ? 1s : 10s;
+    TcpTransport transport(coltrain::detect_launch_env(), options);
+    std::vector<std::byte> buffer(8);
+    const int peer = 1 - rank;
+    const auto start = std::chrono::steady_clock::now();
+    if (rank == 0) {
+      const std::string timeout = expect_throws<coltrain::TimeoutError>(
+          [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
+      std::cerr << "rank 0 saw: " << timeout << std::endl;
+      const double elapsed = seconds_since(start);
+      expect(elapsed >= 0.95 && elapsed < 3, "timed out after about 1 s, took " +
+                                                 std::to_string(elapsed) + " s");
+      return;
+    }
+    // Rank 0 gives up after 1 s and closes its connections; this rank must not wait out its 10 s.
+    const std::string lost = expect_throws<coltrain::PeerLostError>(
+        [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
+    std::cerr << "rank 1 saw: " << lost << std::endl;
+    expect(seconds_since(start) < 4, "heard of rank 0's failure well before its own timeout");
+  });
+  require_all_passed(outcomes);
+  CHECK_THAT(outcomes[0].output, Contains("made no progress for 1 s (COLTRAIN_TIMEOUT) waiting to "
+                                          "receive allgather #3") &&
+                                     Contains("from rank 1") &&
+                                     Contains("its header has not arrived"));
+  CHECK_THAT(outcomes[1].output, Contains("rank 1 lost its connection to rank 0"));
+}
+
+TEST_CASE("strangers at the rendezvous port are turned away and the job goes on", "[tcp]") {
+  using coltrain::comm::detail::RendezvousHello;
+  LaunchOptions options;
+  options.env["COLTRAIN_LOG_LEVEL"] = "warn";
+  const auto outcomes = launch_ranks(3, [](int rank) {
+    const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+    std::thread strangers;
+    if (rank == 0) {
+      strangers = std::thread([&env] {
+        namespace detail = coltrain::comm::detail;
+        const detail::Ipv4Endpoint master{htonl(INADDR_LOOPBACK),
+                                          static_cast<std::uint16_t>(env.master_port)};
+        const coltrain::Deadline deadline(5s);
+        auto visit = [&](std::span<const std::byte> bytes) {
+          detail::FileDescriptor socket =
+              detail::connect_with_retry(master, 0, deadline, "the rendezvous", 5s, {});
+          detail::send_exact(socket.get(), bytes, deadline);
+          return socket;
+        };
+        const std::string http = "GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: scanner\r\n\r\n";
+        visit(std::as_bytes(std::span(http)));
+        RendezvousHello other_job{};
+        other_job.world_size = 3;
+        other_job.rank = 1;
+        other_job.job_hash = detail::hash_job_id("some other job");
+        visit(detail::bytes_of_value(other_job));
+        RendezvousHello out_of_range = other_job;
+        out_of_range.rank = 9;
+        out_of_range.job_hash = detail::hash_job_id(coltrain::comm::comm_options_from_env().job_id);
+        visit(detail::bytes_of_value(out_of_range));
+        visit(std::as_bytes(std::span("CTRV", 4)));  // closes after 4 of 32 bytes
+        // Holds a silent connection open while the job bootstraps: it must block no one.
+        const detail::FileDescriptor silent = visit({});
+        std::this_thread::sleep_for(500ms);
+      });
+    } else {
+      std::this_thread::sleep_for(200ms);  // the strangers come first
+    }
+    TcpTransport transport(env, coltrain::comm::comm_options_from_env());
+    if (strangers.joinable()) strangers.join();
+    const int right = (rank + 1) % 3;
+    const int left = (rank + 2) % 3;
+    const std::vector<std::byte> outgoing = payload_of(rank, 0, 4096);
+    std::vector<std::byte> incoming(4096);
+    const auto send = transport.isend(right, header_of(0, 4096), outgoing);
+    transport.wait(transport.irecv(left, header_of(0, 4096), incoming));
+    transport.wait(send);
+    expect(incoming == payload_of(left, 0, 4096), "the job works after the strangers left");
+  }, options);
+  require_all_passed(outcomes);
+  CHECK_THAT(outcomes[0].output,
+             Contains("dropped a connection to the rendezvous") &&
+                 Contains("does not speak coltrain's rendezvous protocol") &&
+                 Contains("COLTRAIN_JOB_ID differs") && Contains("claims rank 9") &&
+                 Contains("after 4 of 32 handshake bytes"));
+}
+
+TEST_CASE("a rank that never shows up makes the others time out, naming it", "[tcp]") {
+  const int absent = GENERATE(2, 0);
+  CAPTURE(absent);
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "1";
+  const auto outcomes = launch_ranks(3, [absent](int rank) {
+    if (rank == absent) return;
+    const auto start = std::chrono::steady_clock::now();
+    const std::string timeout = expect_throws<coltrain::TimeoutError>(
+        [] { connect_from_env(); }, "bootstrap without rank " + std::to_string(absent));
+    std::cerr << "rank " << rank << " saw: " << timeout << std::endl;
+    const double elapsed = seconds_since(start);
+    expect(elapsed >= 0.95 && elapsed < 4, "gave up after about 1 s, took " +
+                                               std::to_string(elapsed) + " s");
+  }, options);
+  require_all_passed(outcomes);
+  for (int rank = 0; rank < 3; ++rank) {
+    if (rank == absent) continue;
+    CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output,
+               Contains("rank " + std::to_string(absent) + " never arrived"));
+  }
+}
+
+TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communicator", "[tcp]") {
+  const auto outcomes = launch_ranks(2, [](int rank) {
+    const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+    for (std::uint64_t round = 0; round < 2; ++round) {
+      TcpTransport transport = connect_from_env();
+      if (rank == 0) {
+        namespace detail = coltrain::comm::detail;
+        const detail::FileDescriptor probe = detail::listen_ipv4(
+            {htonl(INADDR_LOOPBACK), static_cast<std::uint16_t>(env.master_port)}, 0,
+            "the probe", {});
+      }
+      const std::vector<std::byte> outgoing = payload_of(rank, round, 100);
+      std::vector<std::byte> incoming(100);
+      const auto send = transport.isend(1 - rank, header_of(round, 100), outgoing);
+      transport.wait(transport.irecv(1 - rank, header_of(round, 100), incoming));
+      transport.wait(send);
+      expect(incoming == payload_of(1 - rank, round, 100), "exchange in round " +
+                                                               std::to_string(round));
+    }
+  });
+  require_all_passed(outcomes);
+}
+
+TEST_CASE("COLTRAIN_SOCKET_IFNAME picks the data interface; an unknown one is named", "[tcp]") {
+  LaunchOptions options;
+  options.env["COLTRAIN_SOCKET_IFNAME"] = "lo";
+  const auto outcomes = launch_ranks(2, [](int rank) {
+    TcpTransport transport = connect_from_env();
+    std::vector<std::byte> byte(1);
+    const auto send = transport.isend(1 - rank, header_of(0, 1), byte);
+    transport.wait(transport.irecv(1 - rank, header_of(0, 1), byte));
+    transport.wait(send);
+  }, options);
+  require_all_passed(outcomes);
+
+  coltrain::LaunchEnv env;
+  env.world_size = 2;
+  env.master_port = coltrain::testing::free_tcp_port();
+  coltrain::comm::CommOptions bad;
+  bad.socket_ifname = "nosuchif0";
+  CHECK_THROWS_AS(TcpTransport(env, bad), coltrain::ConfigError);
+  CHECK_THROWS_WITH(TcpTransport(env, bad),
+                    Contains("COLTRAIN_SOCKET_IFNAME=nosuchif0") && Contains("lo (127.0.0.1)"));
+}
