@@ -2,6 +2,7 @@
 // The umbrella header: everything in coltrain that compiles with a host compiler. CUDA kernels
 // (coltrain/cuda/*.cuh) are included separately, by translation units that nvcc compiles.
 
+#include <coltrain/comm.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
