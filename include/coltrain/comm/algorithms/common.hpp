@@ -17,9 +17,13 @@
 namespace coltrain::comm {
 
 struct AlgorithmTuning {
-  // Pipelining unit of ring and tree: large enough that per-message costs vanish, small enough that
-  // transfers, reductions and forwarding overlap.
+  // Largest pipelining unit of ring and tree: large enough that per-message costs vanish, small
+  // enough that transfers, reductions and forwarding overlap.
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  // Blocks are cut into at least this many chunks, down to min_chunk_bytes, so that mid-sized
+  // vectors pipeline too.
+  std::size_t min_chunks_per_block = 4;
+  std::size_t min_chunk_bytes = std::size_t{64} << 10;
 };
 
 namespace detail {
@@ -44,9 +48,13 @@ class Blocks {
 // that chunk j of any block is one pipeline unit; at least one, so empty blocks still carry a header.
 template <class T>
 std::size_t chunks_per_block(const Blocks& blocks, const AlgorithmTuning& tuning) {
-  const std::size_t chunk_elements = std::max<std::size_t>(1, tuning.chunk_bytes / sizeof(T));
-  const std::size_t largest = blocks.size(0);
-  return std::max<std::size_t>(1, (largest + chunk_elements - 1) / chunk_elements);
+  const std::size_t largest_bytes = blocks.size(0) * sizeof(T);
+  const std::size_t floor_bytes = std::min(tuning.min_chunk_bytes, tuning.chunk_bytes);
+  const std::size_t chunk_bytes = std::clamp(largest_bytes / std::max<std::size_t>(1,
+                                                 tuning.min_chunks_per_block),
+                                             floor_bytes, tuning.chunk_bytes);
+  const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
+  return std::max<std::size_t>(1, (blocks.size(0) + chunk_elements - 1) / chunk_elements);
 }
 
 // An element range [begin, begin + size).
