@@ -26,17 +26,20 @@ struct LinkCosts {
 struct CostModel {
   LinkCosts point_to_point;  // coltrain's algorithms over this backend
   LinkCosts native;          // the backend's own collectives (MPI); unused elsewhere
-  std::size_t chunk_bytes = std::size_t{1} << 20;
+  std::size_t chunk_bytes = std::size_t{256} << 10;  // AlgorithmTuning's default
 };
 
-// Measured on the development machine (2 cores, loopback, MPICH 4.0.2); see docs/benchmarks.md.
+// Fitted to allreduce_bench on the development machine (2 cores, loopback, MPICH 4.0.2, 2 ranks;
+// docs/benchmarks.md): alpha from 8-byte allreduces, beta from 64 MB, gamma from the reduction
+// kernel. MPI's own collectives are fast on small vectors and slow on large ones (its beta is fitted
+// at 64 MB, where MPICH reaches 1.7 GB/s and coltrain's ring 3.5).
 inline CostModel default_cost_model(Backend backend) {
   CostModel model;
   if (backend == Backend::kMpi) {
-    model.point_to_point = {3.0, 1.0 / 4000.0, 1.0 / 8000.0};
-    model.native = {0.5, 1.0 / 4000.0, 1.0 / 8000.0};
+    model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
+    model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
   } else {
-    model.point_to_point = {10.0, 1.0 / 2500.0, 1.0 / 8000.0};
+    model.point_to_point = {3.5, 1.0 / 1800.0, 1.0 / 6000.0};
   }
   return model;
 }

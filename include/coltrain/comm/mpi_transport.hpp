@@ -1,11 +1,12 @@
 #pragma once
-// The Transport concept over MPI point-to-point, on a private duplicate of the caller's communicator so
-// that coltrain's messages never match the application's receives.
+// The Transport concept over MPI point-to-point, on a private duplicate of the caller's
+// communicator so that coltrain's messages never match the application's receives.
 //
 // A message is one MPI message when its payload is small (header and payload packed together: one
-// latency instead of two) and two otherwise (the header, then the payload straight from and into the
-// caller's buffers). Both sides know the expected size, and the header is checked before any payload
-// is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot time out.
+// latency instead of two) and two otherwise (the header, then the payload straight from and into
+// the caller's buffers). Both sides know the expected size, and the header is checked before any
+// payload is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot
+// time out.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
@@ -20,6 +21,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstddef>
@@ -45,6 +47,15 @@ class MpiTransport {
     COLTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     COLTRAIN_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     COLTRAIN_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+    // Ranks that outnumber this node's cores must give their core away while they wait.
+    MPI_Comm node = MPI_COMM_NULL;
+    COLTRAIN_CHECK_MPI(
+        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    int ranks_on_node = 1;
+    COLTRAIN_CHECK_MPI(MPI_Comm_size(node, &ranks_on_node));
+    COLTRAIN_CHECK_MPI(MPI_Comm_free(&node));
+    shares_cores_ =
+        static_cast<unsigned>(ranks_on_node) > std::max(1u, std::thread::hardware_concurrency());
   }
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -53,8 +64,8 @@ class MpiTransport {
     MPI_Finalized(&finalized);
     if (finalized || comm_ == MPI_COMM_NULL) return;
     abandon_pending();
-    // A broken communicator keeps its MPI communicator: messages that peers already sent on it would
-    // otherwise reach whichever communicator MPI gives the freed context id next.
+    // A broken communicator keeps its MPI communicator: messages that peers already sent on it
+    // would otherwise reach whichever communicator MPI gives the freed context id next.
     if (broken_.empty()) MPI_Comm_free(&comm_);
   }
 
@@ -69,7 +80,8 @@ class MpiTransport {
     std::memcpy(op.frame.data(), &header, sizeof header);
     std::size_t frame_bytes = sizeof header;
     if (packed) {
-      if (!payload.empty()) std::memcpy(op.frame.data() + sizeof header, payload.data(), payload.size());
+      if (!payload.empty())
+        std::memcpy(op.frame.data() + sizeof header, payload.data(), payload.size());
       frame_bytes += payload.size();
     }
     post(op, MPI_Isend(op.frame.data(), static_cast<int>(frame_bytes), MPI_BYTE, peer, kHeaderTag,
@@ -144,10 +156,10 @@ class MpiTransport {
     for (std::size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
       const int piece = static_cast<int>(std::min(kMaxMessageBytes, bytes - offset));
       MPI_Request& request = op.requests.emplace_back(MPI_REQUEST_NULL);
-      post(op, op.is_send ? MPI_Isend(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_,
-                                      &request)
-                          : MPI_Irecv(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_,
-                                      &request));
+      post(op,
+           op.is_send
+               ? MPI_Isend(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_, &request)
+               : MPI_Irecv(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_, &request));
     }
   }
 
@@ -182,8 +194,8 @@ class MpiTransport {
                                std::to_string(op.peer) + " (COLTRAIN_TIMEOUT)",
                            context);
       }
-      // Ranks can outnumber cores: after a short spin, give the core away between polls.
-      if (spinning.microseconds() > 50.0) std::this_thread::yield();
+      // Ranks that outnumber the cores give the core away between polls after a short spin.
+      if (shares_cores_ && spinning.microseconds() > 50.0) std::this_thread::yield();
     }
   }
 
@@ -194,7 +206,8 @@ class MpiTransport {
     MPI_Get_count(&status, MPI_BYTE, &received);
     MessageHeader header;
     if (static_cast<std::size_t>(received) < sizeof header) {
-      throw MismatchError("rank " + std::to_string(op.peer) + " sent a " + std::to_string(received) +
+      throw MismatchError("rank " + std::to_string(op.peer) + " sent a " +
+                              std::to_string(received) +
                               "-byte message where a coltrain header was expected",
                           context_for(op));
     }
@@ -268,6 +281,7 @@ class MpiTransport {
   std::deque<Operation> operations_;  // in posting order; completed ones retire from the front
   std::size_t requests_begin_ = 0;    // Request index of operations_.front()
   std::string broken_;
+  bool shares_cores_ = false;
 };
 
 static_assert(Transport<MpiTransport>);

@@ -46,6 +46,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -53,9 +54,19 @@ namespace coltrain::comm {
 
 namespace detail {
 
-// Non-blocking attempts before a waiting rank sleeps in poll(): longer than a loopback round trip,
-// short enough to be noise when ranks share cores.
-inline constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+// How long a waiting rank keeps making non-blocking attempts before it sleeps in poll(). Waking up
+// costs up to milliseconds on a VM (a halted vCPU must be rescheduled), which halves the bandwidth of
+// a pipelined ring, so a rank with a core of its own spins through the gaps between chunks. Ranks
+// that outnumber the cores spin only a little longer than a loopback round trip, so that they do not
+// starve each other.
+inline constexpr auto kSpinWithOwnCore = std::chrono::microseconds(2000);
+inline constexpr auto kSpinWhenSharingCores = std::chrono::microseconds(50);
+
+inline std::chrono::microseconds spin_before_sleep(const LaunchEnv& env) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto local_ranks = static_cast<unsigned>(env.local_world_size.value_or(env.world_size));
+  return local_ranks <= cores ? kSpinWithOwnCore : kSpinWhenSharingCores;
+}
 // Iovecs per sendmsg(): headers and payloads of up to 32 queued messages in one system call.
 inline constexpr std::size_t kMaxSendIovecs = 64;
 // Receive staging: holds a header and the bytes that come with it in the same read; a small message
@@ -117,7 +128,8 @@ class TcpTransport {
 
   // As above, logging the rendezvous (strangers turned away, timings) through `logger`.
   TcpTransport(const LaunchEnv& env, const CommOptions& options, const Logger& logger)
-      : options_(options), rank_(env.rank), size_(env.world_size) {
+      : options_(options), rank_(env.rank), size_(env.world_size),
+        spin_before_sleep_(detail::spin_before_sleep(env)) {
     std::vector<detail::FileDescriptor> sockets = detail::bootstrap_tcp_mesh(env, options_, logger);
     peers_.resize(sockets.size());
     for (std::size_t peer = 0; peer < sockets.size(); ++peer) {
@@ -239,7 +251,7 @@ class TcpTransport {
         last_progress = now;
       } else if (now - last_progress >= options_.timeout) {
         throw timeout_error(request);
-      } else if (now - last_progress >= detail::kSpinBeforeSleep) {
+      } else if (now - last_progress >= spin_before_sleep_) {
         sleep_until_ready(Deadline(options_.timeout - (now - last_progress)));
       }
     }
@@ -448,6 +460,7 @@ class TcpTransport {
   CommOptions options_;
   int rank_;
   int size_;
+  std::chrono::microseconds spin_before_sleep_;
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
   std::vector<int> active_;         // peers with pending sends or receives
   std::vector<pollfd> ready_;       // poll() set, kept to avoid an allocation per sleep

@@ -19,7 +19,8 @@ namespace coltrain::comm {
 struct AlgorithmTuning {
   // Largest pipelining unit of ring and tree: large enough that per-message costs vanish, small
   // enough that transfers, reductions and forwarding overlap.
-  std::size_t chunk_bytes = std::size_t{1} << 20;
+  // 256 KB measured best for ring on the development machine over TCP and MPI (docs/benchmarks.md).
+  std::size_t chunk_bytes = std::size_t{256} << 10;
   // Blocks are cut into at least this many chunks, down to min_chunk_bytes, so that mid-sized
   // vectors pipeline too.
   std::size_t min_chunks_per_block = 4;

@@ -17,86 +17,114 @@
 
 namespace coltrain::comm {
 
-// Reduce-scatter phase over `count` elements cut into p segments: afterwards work[segment r] holds
-// the reduction over all ranks of their input[segment r], the other segments of work hold partial
-// results. Step s sends segment r-1-s and receives segment r-2-s. `input` may equal `work`.
+namespace detail {
+
+// The ring's layout: `count` elements in p segments, each cut into the same number of chunks. A unit
+// u is chunk u % chunks of the segment that moves at step u / chunks.
+template <class T>
+struct RingLayout {
+  RingLayout(int p, int r, std::size_t count, const AlgorithmTuning& tuning)
+      : p(p), r(r), right((r + 1) % p), left((r + p - 1) % p),
+        segments(count, static_cast<std::size_t>(p)),
+        chunks(chunks_per_block<T>(segments, tuning)),
+        units(static_cast<std::size_t>(p - 1) * chunks) {}
+
+  // The chunk of unit u in segment r - offset - step.
+  Range unit_range(std::size_t u, int offset) const {
+    const int segment = modulo(r - offset - static_cast<long long>(u / chunks), p);
+    return chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks);
+  }
+  std::size_t largest_chunk() const { return (segments.size(0) + chunks - 1) / chunks; }
+
+  int p;
+  int r;
+  int right;
+  int left;
+  Blocks segments;
+  std::size_t chunks;
+  std::size_t units;
+};
+
+// Reduce-scatter steps: step s sends segment r-1-s and receives segment r-2-s, so that afterwards
+// work[segment r] holds the reduction over all ranks, and the other segments of work hold partial
+// results. `input` may equal `work`. Each chunk of segment r is handed to `on_final(range)` as soon as
+// it is complete. Returns the sends, still in flight: unit u's send reads the chunk that the
+// allgather's unit u later receives into.
+template <Transport Tr, ReducibleElement T, class OnFinal>
+std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport,
+                                                            const RingLayout<T>& ring,
+                                                            const T* input, T* work, ReduceOp op,
+                                                            const MessageHeader& call,
+                                                            OnFinal on_final) {
+  auto received_range = [&](std::size_t u) { return ring.unit_range(u, 2); };
+  ReceivePipeline<Tr, T> receives(transport, ring.left, call, ring.units, ring.largest_chunk(),
+                                  received_range);
+  std::vector<typename Tr::Request> sends;
+  sends.reserve(ring.units);
+  auto post_send = [&](std::size_t u) {
+    const Range range = ring.unit_range(u, 1);
+    const T* source = u < ring.chunks ? input : work;  // step 0 sends this rank's own contribution
+    sends.push_back(
+        transport.isend(ring.right, message<T>(call, range.size), bytes_of(source, range)));
+  };
+  for (std::size_t j = 0; j < ring.chunks; ++j) post_send(j);
+  for (std::size_t u = 0; u < ring.units; ++u) {
+    const T* received = receives.wait(u);
+    const Range range = received_range(u);
+    reduce_into(work + range.begin, input + range.begin, received, range.size, op);
+    receives.release(u);
+    if (u + ring.chunks < ring.units) {
+      post_send(u + ring.chunks);  // the chunk just reduced travels on next step
+    } else {
+      on_final(range);
+    }
+  }
+  return sends;
+}
+
+// Allgather steps: on entry the chunks of data[segment r] are being sent (`sends` holds them, in
+// order, possibly after earlier sends); step s sends segment r-s and receives segment r-s-1 straight
+// into `data`. Before a receive lands in a chunk, the earlier send `reads[u]` from that chunk, if
+// any, must be done.
+template <Transport Tr, class T>
+void ring_allgather_steps(Tr& transport, const RingLayout<T>& ring, T* data,
+                          const MessageHeader& call, std::vector<typename Tr::Request>& sends,
+                          std::vector<typename Tr::Request>& reads) {
+  std::vector<typename Tr::Request> receives(ring.units);
+  for (std::size_t u = 0; u < ring.units; ++u) {
+    if (u < reads.size()) transport.wait(reads[u]);
+    const Range range = ring.unit_range(u, 1);
+    receives[u] = transport.irecv(ring.left, message<T>(call, range.size),
+                                  writable_bytes_of(data, range));
+  }
+  for (std::size_t u = 0; u < ring.units; ++u) {
+    transport.wait(receives[u]);
+    if (u + ring.chunks < ring.units) {  // forward what just arrived
+      const Range range = ring.unit_range(u + ring.chunks, 0);
+      sends.push_back(
+          transport.isend(ring.right, message<T>(call, range.size), bytes_of(data, range)));
+    }
+  }
+  wait_all(transport, std::span(sends));
+  wait_all(transport, std::span(reads));
+}
+
+}  // namespace detail
+
+// Reduce-scatter phase over `count` elements: afterwards work[segment r] holds the reduction over
+// all ranks of their input[segment r]; the other segments hold partial results.
 template <Transport Tr, ReducibleElement T>
 void ring_reduce_scatter_phase(Tr& transport, const T* input, T* work, std::size_t count,
                                ReduceOp op, const MessageHeader& call,
                                const AlgorithmTuning& tuning) {
-  const int p = transport.size();
-  const int r = transport.rank();
-  const detail::Blocks segments(count, static_cast<std::size_t>(p));
-  const std::size_t chunks = detail::chunks_per_block<T>(segments, tuning);
-  const std::size_t units = static_cast<std::size_t>(p - 1) * chunks;
-  auto unit_range = [&](std::size_t u, int offset) {
-    const int segment = detail::modulo(r - offset - static_cast<long long>(u / chunks), p);
-    return detail::chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks);
-  };
-  auto sent_range = [&](std::size_t u) { return unit_range(u, 1); };
-  auto received_range = [&](std::size_t u) { return unit_range(u, 2); };
-
-  const int right = (r + 1) % p;
-  const int left = (r + p - 1) % p;
-  detail::ReceivePipeline<Tr, T> receives(transport, left, call, units,
-                                          (segments.size(0) + chunks - 1) / chunks, received_range);
-  std::vector<typename Tr::Request> sends;
-  sends.reserve(units);
-  auto post_send = [&](std::size_t u) {
-    const detail::Range range = sent_range(u);
-    const T* source = u < chunks ? input : work;  // step 0 sends this rank's own contribution
-    sends.push_back(transport.isend(right, detail::message<T>(call, range.size),
-                                    detail::bytes_of(source, range)));
-  };
-  for (std::size_t j = 0; j < chunks; ++j) post_send(j);
-  for (std::size_t u = 0; u < units; ++u) {
-    const T* received = receives.wait(u);
-    const detail::Range range = received_range(u);
-    reduce_into(work + range.begin, input + range.begin, received, range.size, op);
-    receives.release(u);
-    if (u + chunks < units) post_send(u + chunks);  // the chunk just reduced travels on next step
-  }
+  const detail::RingLayout<T> ring(transport.size(), transport.rank(), count, tuning);
+  auto sends = detail::ring_reduce_scatter_steps(transport, ring, input, work, op, call,
+                                                 [](detail::Range) {});
   wait_all(transport, std::span(sends));
 }
 
-// Allgather phase: on entry data[segment r] holds this rank's block; afterwards every segment holds
-// its owner's block. Step s sends segment r-s and receives segment r-s-1, straight into `data`.
-template <Transport Tr, class T>
-void ring_allgather_phase(Tr& transport, T* data, std::size_t count, const MessageHeader& call,
-                          const AlgorithmTuning& tuning) {
-  const int p = transport.size();
-  const int r = transport.rank();
-  const detail::Blocks segments(count, static_cast<std::size_t>(p));
-  const std::size_t chunks = detail::chunks_per_block<T>(segments, tuning);
-  const std::size_t units = static_cast<std::size_t>(p - 1) * chunks;
-  auto unit_range = [&](std::size_t u, int offset) {
-    const int segment = detail::modulo(r - offset - static_cast<long long>(u / chunks), p);
-    return detail::chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks);
-  };
-  const int right = (r + 1) % p;
-  const int left = (r + p - 1) % p;
-
-  std::vector<typename Tr::Request> receives(units);
-  for (std::size_t u = 0; u < units; ++u) {
-    const detail::Range range = unit_range(u, 1);
-    receives[u] = transport.irecv(left, detail::message<T>(call, range.size),
-                                  detail::writable_bytes_of(data, range));
-  }
-  std::vector<typename Tr::Request> sends;
-  sends.reserve(units);
-  auto post_send = [&](std::size_t u) {
-    const detail::Range range = unit_range(u, 0);
-    sends.push_back(transport.isend(right, detail::message<T>(call, range.size),
-                                    detail::bytes_of(data, range)));
-  };
-  for (std::size_t j = 0; j < chunks; ++j) post_send(j);
-  for (std::size_t u = 0; u < units; ++u) {
-    transport.wait(receives[u]);
-    if (u + chunks < units) post_send(u + chunks);  // forward what just arrived
-  }
-  wait_all(transport, std::span(sends));
-}
-
+// The allgather starts on each chunk of this rank's segment as soon as the reduce-scatter has
+// finished it, so the two phases overlap.
 template <Transport Tr, ReducibleElement T>
 void ring_allreduce(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
                     const MessageHeader& call, const AlgorithmTuning& tuning) {
@@ -105,13 +133,17 @@ void ring_allreduce(Tr& transport, const T* input, T* output, std::size_t count,
     detail::copy_elements(output, input, count);
     return;
   }
-  ring_reduce_scatter_phase(transport, input, output, count, op, call, tuning);
-  if (op == ReduceOp::kAvg) {
-    const detail::Blocks segments(count, static_cast<std::size_t>(p));
-    const auto mine = static_cast<std::size_t>(transport.rank());
-    divide_by_ranks(output + segments.begin(mine), segments.size(mine), p);
-  }
-  ring_allgather_phase(transport, output, count, call, tuning);
+  const detail::RingLayout<T> ring(p, transport.rank(), count, tuning);
+  std::vector<typename Tr::Request> allgather_sends;
+  allgather_sends.reserve(ring.units);
+  auto reduce_scatter_sends = detail::ring_reduce_scatter_steps(
+      transport, ring, input, output, op, call, [&](detail::Range range) {
+        if (op == ReduceOp::kAvg) divide_by_ranks(output + range.begin, range.size, p);
+        allgather_sends.push_back(transport.isend(
+            ring.right, detail::message<T>(call, range.size), detail::bytes_of(output, range)));
+      });
+  detail::ring_allgather_steps(transport, ring, output, call, allgather_sends,
+                               reduce_scatter_sends);
 }
 
 // input: count * p elements; output: this rank's count elements of the reduction. `scratch` is reused
@@ -137,9 +169,20 @@ void ring_reduce_scatter(Tr& transport, const T* input, T* output, std::size_t c
 template <Transport Tr, class T>
 void ring_allgather(Tr& transport, const T* input, T* output, std::size_t count,
                     const MessageHeader& call, const AlgorithmTuning& tuning) {
-  const std::size_t p = static_cast<std::size_t>(transport.size());
+  const int p = transport.size();
   detail::copy_elements(output + count * static_cast<std::size_t>(transport.rank()), input, count);
-  if (p > 1) ring_allgather_phase(transport, output, count * p, call, tuning);
+  if (p == 1) return;
+  const detail::RingLayout<T> ring(p, transport.rank(), count * static_cast<std::size_t>(p),
+                                   tuning);
+  std::vector<typename Tr::Request> sends;
+  sends.reserve(ring.units);
+  for (std::size_t j = 0; j < ring.chunks; ++j) {
+    const detail::Range range = ring.unit_range(j, 0);
+    sends.push_back(transport.isend(ring.right, detail::message<T>(call, range.size),
+                                    detail::bytes_of(output, range)));
+  }
+  std::vector<typename Tr::Request> no_earlier_reads;
+  detail::ring_allgather_steps(transport, ring, output, call, sends, no_earlier_reads);
 }
 
 // A pipelined chain from the root: rank root+v receives each chunk from root+v-1 and forwards it to
