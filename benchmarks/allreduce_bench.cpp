@@ -20,8 +20,8 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
 
-#include <CLI/CLI.hpp>
 #include <mpi.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #if !COLTRAIN_WITH_MPI

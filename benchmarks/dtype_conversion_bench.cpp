@@ -1,10 +1,11 @@
-// Throughput of coltrain's fp16 and bf16 conversions on the CPU, next to the compiler's own _Float16 in
-// the same run. Reduced-precision allreduce converts every element twice (widen, accumulate in f32,
-// narrow once), so these loops bound what an f16/bf16 reduction can reach.
+// Throughput of coltrain's fp16 and bf16 conversions on the CPU, next to the compiler's own
+// _Float16 in the same run. Reduced-precision allreduce converts every element twice (widen,
+// accumulate in f32, narrow once), so these loops bound what an f16/bf16 reduction can reach.
 //
 //   build/benchmarks/dtype_conversion_bench [--count N] [--repeats R] [--csv FILE]
 //
-// Bandwidth counts bytes read plus bytes written, in GB/s (1e9); each figure is the median of R runs.
+// Bandwidth counts bytes read plus bytes written, in GB/s (1e9); each figure is the median of R
+// runs.
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/timer.hpp>
 

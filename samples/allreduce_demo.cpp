@@ -1,6 +1,6 @@
 // coltrain's demo: allreduce over MPI and over coltrain's own TCP transport across the ranks that
-// mpiexec (or srun, or torchrun-style variables) started; every result is checked element by element
-// and timed. docs/collectives.md quotes this program.
+// mpiexec (or srun, or torchrun-style variables) started; every result is checked element by
+// element and timed. docs/collectives.md quotes this program.
 //
 //   mpiexec -n 2 build/samples/allreduce_demo
 #include <coltrain/coltrain.hpp>
@@ -69,12 +69,13 @@ int main() {
   try {
     const coltrain::LaunchEnv env = coltrain::detect_launch_env();
     const coltrain::Logger logger(env.rank, env.world_size);
-    logger.print_root("coltrain ", coltrain::BuildConfig::kVersion, " allreduce demo: ",
-                      env.world_size, " ranks, launcher ", coltrain::name_of(env.launcher));
+    logger.print_root("coltrain ", coltrain::BuildConfig::kVersion,
+                      " allreduce demo: ", env.world_size, " ranks, launcher ",
+                      coltrain::name_of(env.launcher));
     int wrong = 0;
     // MPI needs an MPI launcher (mpiexec, srun); TCP works under any, torchrun-style ones included.
-    const bool mpi_launch = env.launcher == coltrain::Launcher::kMpich ||
-                            env.launcher == coltrain::Launcher::kOpenMpi;
+    const bool mpi_launch =
+        env.launcher == coltrain::Launcher::kMpich || env.launcher == coltrain::Launcher::kOpenMpi;
     for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
       if (backend == Backend::kMpi && !(coltrain::BuildConfig::kWithMpi && mpi_launch)) continue;
       Communicator comm = Communicator::from_env(backend);

@@ -46,8 +46,7 @@ inline int free_loopback_port() {
 }
 
 // A new communicator on `backend` over all of MPI_COMM_WORLD's ranks.
-inline comm::Communicator make_communicator(comm::Backend backend,
-                                            comm::CommOptions options = {}) {
+inline comm::Communicator make_communicator(comm::Backend backend, comm::CommOptions options = {}) {
   if (backend == comm::Backend::kMpi) return comm::Communicator::mpi(MPI_COMM_WORLD, options);
   LaunchEnv env = detect_launch_env();
   int port = world_rank() == 0 ? free_loopback_port() : 0;
@@ -93,10 +92,18 @@ T reference(comm::ReduceOp op, int ranks, std::size_t i) {
     const double v = input_value(r, i);
     switch (op) {
       case comm::ReduceOp::kSum:
-      case comm::ReduceOp::kAvg: result += v; break;
-      case comm::ReduceOp::kProd: result *= v; break;
-      case comm::ReduceOp::kMin: result = std::min(result, v); break;
-      case comm::ReduceOp::kMax: result = std::max(result, v); break;
+      case comm::ReduceOp::kAvg:
+        result += v;
+        break;
+      case comm::ReduceOp::kProd:
+        result *= v;
+        break;
+      case comm::ReduceOp::kMin:
+        result = std::min(result, v);
+        break;
+      case comm::ReduceOp::kMax:
+        result = std::max(result, v);
+        break;
     }
   }
   if (op != comm::ReduceOp::kAvg) return to_element<T>(result);

@@ -1,6 +1,6 @@
 // Ranks that disagree about a collective get an error naming both ranks and both values, within the
-// timeout, on both backends; no rank hangs. Each case uses a communicator of its own, since an error
-// leaves a communicator unusable.
+// timeout, on both backends; no rank hangs. Each case uses a communicator of its own, since an
+// error leaves a communicator unusable.
 #include <catch2/catch.hpp>
 
 #include "collective_fixtures.hpp"
@@ -62,11 +62,11 @@ TEST_CASE("a rank calling allreduce with another count gets an error naming both
   for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
     for (Algorithm algorithm : own_algorithms()) {
       INFO(name_of(backend) << " " << name_of(algorithm));
-      const Outcome outcome = run_expecting_failure(backend, algorithm, [](Communicator& c,
-                                                                           Algorithm a) {
-        std::vector<float> data(c.rank() == 0 ? 10 : 12, 1.0f);
-        c.allreduce(std::span(data), ReduceOp::kSum, a);
-      });
+      const Outcome outcome =
+          run_expecting_failure(backend, algorithm, [](Communicator& c, Algorithm a) {
+            std::vector<float> data(c.rank() == 0 ? 10 : 12, 1.0f);
+            c.allreduce(std::span(data), ReduceOp::kSum, a);
+          });
       CHECK(outcome.failed);
       CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
       if (outcome.mismatch) {
@@ -87,16 +87,16 @@ TEST_CASE("a rank calling allreduce with another dtype gets an error naming both
   if (coltrain::testing::world_size() < 2) return;
   for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
     INFO(name_of(backend));
-    const Outcome outcome = run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c,
-                                                                                Algorithm a) {
-      if (c.rank() == 0) {
-        std::vector<float> data(8, 1.0f);
-        c.allreduce(std::span(data), ReduceOp::kSum, a);
-      } else {
-        std::vector<std::int32_t> data(8, 1);
-        c.allreduce(std::span(data), ReduceOp::kSum, a);
-      }
-    });
+    const Outcome outcome =
+        run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c, Algorithm a) {
+          if (c.rank() == 0) {
+            std::vector<float> data(8, 1.0f);
+            c.allreduce(std::span(data), ReduceOp::kSum, a);
+          } else {
+            std::vector<std::int32_t> data(8, 1);
+            c.allreduce(std::span(data), ReduceOp::kSum, a);
+          }
+        });
     CHECK(outcome.failed);
     if (outcome.mismatch) {
       CHECK_THAT(*outcome.mismatch,
@@ -113,15 +113,15 @@ TEST_CASE("a rank calling another collective gets an error naming both collectiv
   if (coltrain::testing::world_size() < 2) return;
   for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
     INFO(name_of(backend));
-    const Outcome outcome = run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c,
-                                                                                Algorithm a) {
-      std::vector<float> data(6, 1.0f);
-      if (c.rank() == 0) {
-        c.broadcast(std::span(data), 0, a);
-      } else {
-        c.allreduce(std::span(data), ReduceOp::kSum, a);
-      }
-    });
+    const Outcome outcome =
+        run_expecting_failure(backend, Algorithm::kRing, [](Communicator& c, Algorithm a) {
+          std::vector<float> data(6, 1.0f);
+          if (c.rank() == 0) {
+            c.broadcast(std::span(data), 0, a);
+          } else {
+            c.allreduce(std::span(data), ReduceOp::kSum, a);
+          }
+        });
     // Rank 0's broadcast only sends, so it may well finish; everyone else must fail, in time.
     if (coltrain::testing::world_rank() != 0) CHECK(outcome.failed);
     CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);

@@ -1,6 +1,6 @@
 // Every collective x algorithm x backend x dtype x op, for the world size mpiexec gives (CTest runs
-// 1 to 5 ranks), counts 0, 1, fewer than the ranks, odd, and several pipeline chunks, in place and out
-// of place, against references exact by construction.
+// 1 to 5 ranks), counts 0, 1, fewer than the ranks, odd, and several pipeline chunks, in place and
+// out of place, against references exact by construction.
 #include <catch2/catch.hpp>
 
 #include "collective_fixtures.hpp"
@@ -98,8 +98,8 @@ TEMPLATE_TEST_CASE("allreduce is exact for every algorithm, op and count", "[com
   for (Backend backend : kBackends) allreduce_all_cases<TestType>(backend);
 }
 
-TEMPLATE_TEST_CASE("broadcast delivers the root's data from every root", "[comm][broadcast]",
-                   float, std::int64_t, coltrain::half) {
+TEMPLATE_TEST_CASE("broadcast delivers the root's data from every root", "[comm][broadcast]", float,
+                   std::int64_t, coltrain::half) {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
     for_each_tuning(comm, [&](Communicator& c) {
@@ -160,7 +160,8 @@ TEMPLATE_TEST_CASE("reduce_scatter gives each rank its block of the reduction",
                                   << count);
             const std::size_t first = count * static_cast<std::size_t>(c.rank());
             std::vector<TestType> expected(count);
-            for (std::size_t i = 0; i < count; ++i) expected[i] = reference<TestType>(op, p, first + i);
+            for (std::size_t i = 0; i < count; ++i)
+              expected[i] = reference<TestType>(op, p, first + i);
             const std::vector<TestType> all = inputs<TestType>(c.rank(), count * p);
             std::vector<TestType> output(count);
             c.reduce_scatter(std::span<const TestType>(all), std::span(output), op, algorithm);
@@ -171,7 +172,8 @@ TEMPLATE_TEST_CASE("reduce_scatter gives each rank its block of the reduction",
             std::vector<TestType> in_place = all;
             c.reduce_scatter(std::span(in_place), op, algorithm);
             wrong = 0;
-            for (std::size_t i = 0; i < count; ++i) wrong += !same_bits(in_place[first + i], expected[i]);
+            for (std::size_t i = 0; i < count; ++i)
+              wrong += !same_bits(in_place[first + i], expected[i]);
             CHECK(wrong == 0);
           }
         }
@@ -180,8 +182,8 @@ TEMPLATE_TEST_CASE("reduce_scatter gives each rank its block of the reduction",
   }
 }
 
-TEMPLATE_TEST_CASE("reduce leaves the reduction on the root", "[comm][reduce]", float,
-                   std::int32_t, coltrain::bfloat16) {
+TEMPLATE_TEST_CASE("reduce leaves the reduction on the root", "[comm][reduce]", float, std::int32_t,
+                   coltrain::bfloat16) {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
     const int p = comm.size();
@@ -237,14 +239,14 @@ TEST_CASE("barrier holds every rank until all have entered", "[comm][barrier]") 
 TEST_CASE("automatic picks an algorithm the collective has", "[comm][automatic]") {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
-    for (Collective collective : {Collective::kAllreduce, Collective::kBroadcast,
-                                  Collective::kAllgather, Collective::kReduceScatter,
-                                  Collective::kReduce, Collective::kBarrier}) {
+    for (Collective collective :
+         {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
+          Collective::kReduceScatter, Collective::kReduce, Collective::kBarrier}) {
       for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 16, std::size_t{1} << 26}) {
         const Algorithm chosen = comm.choose(collective, bytes);
         const auto supported = algorithms(backend, collective);
-        INFO(name_of(backend) << " " << name_of(collective) << " " << bytes << " bytes: "
-                              << name_of(chosen));
+        INFO(name_of(backend) << " " << name_of(collective) << " " << bytes
+                              << " bytes: " << name_of(chosen));
         CHECK(chosen != Algorithm::kAutomatic);
         CHECK(std::find(supported.begin(), supported.end(), chosen) != supported.end());
       }
@@ -258,13 +260,13 @@ TEST_CASE("invalid calls are rejected before any communication", "[comm][errors]
   std::vector<float> short_output(3);
   CHECK_THROWS_WITH(tcp.allreduce(std::span(data), ReduceOp::kSum, Algorithm::kNative),
                     Catch::Contains("'native' needs the MPI backend"));
-  CHECK_THROWS_WITH(tcp.allgather(std::span<const float>(data), std::span(short_output),
-                                  Algorithm::kTree),
-                    Catch::Contains("output has 3 elements"));
+  CHECK_THROWS_WITH(
+      tcp.allgather(std::span<const float>(data), std::span(short_output), Algorithm::kTree),
+      Catch::Contains("output has 3 elements"));
   std::vector<float> gathered(4 * static_cast<std::size_t>(tcp.size()));
-  CHECK_THROWS_WITH(tcp.allgather(std::span<const float>(data), std::span(gathered),
-                                  Algorithm::kTree),
-                    Catch::Contains("allgather has no algorithm 'tree'"));
+  CHECK_THROWS_WITH(
+      tcp.allgather(std::span<const float>(data), std::span(gathered), Algorithm::kTree),
+      Catch::Contains("allgather has no algorithm 'tree'"));
   CHECK_THROWS_WITH(tcp.allreduce(std::span<const float>(data), std::span(short_output)),
                     Catch::Contains("output has 3 elements, expected 4"));
   CHECK_THROWS_WITH(tcp.broadcast(std::span(data), tcp.size()),

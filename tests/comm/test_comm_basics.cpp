@@ -1,5 +1,5 @@
-// Single-process pieces of the collectives: names and parsing, header checks, reduction kernels, the
-// block partition and the cost model.
+// Single-process pieces of the collectives: names and parsing, header checks, reduction kernels,
+// the block partition and the cost model.
 #include <catch2/catch.hpp>
 
 #include <coltrain/comm/algorithms/common.hpp>
@@ -23,7 +23,8 @@ TEST_CASE("every enum name parses back to its value", "[comm][types]") {
                  Collective::kReduceScatter, Collective::kReduce, Collective::kBarrier}) {
     CHECK(parse_collective(name_of(c)) == c);
   }
-  for (auto op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+  for (auto op :
+       {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
     CHECK(parse_reduce_op(name_of(op)) == op);
   }
   for (auto a : {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,

@@ -1,5 +1,5 @@
-// The check macros turn library status codes into BackendError. The error-string functions they call work
-// without a GPU, so these run on any machine with the CUDA toolkit.
+// The check macros turn library status codes into BackendError. The error-string functions they
+// call work without a GPU, so these run on any machine with the CUDA toolkit.
 #include <catch2/catch.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -30,7 +30,8 @@ TEST_CASE("COLTRAIN_CHECK_CUDA passes success through and evaluates its argument
   CHECK(calls == 1);
 }
 
-TEST_CASE("COLTRAIN_CHECK_CUDA throws with CUDA's name, message, the call and file:line", "[cuda]") {
+TEST_CASE("COLTRAIN_CHECK_CUDA throws with CUDA's name, message, the call and file:line",
+          "[cuda]") {
   calls = 0;
   try {
     COLTRAIN_CHECK_CUDA(count_call(cudaErrorInvalidValue));

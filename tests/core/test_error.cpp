@@ -14,8 +14,9 @@ TEST_CASE("error message names every context field that is set", "[error]") {
   context.sequence = 42;
   const coltrain::MismatchError error("count differs: 10 vs 12", context);
   const std::string what = error.what();
-  CHECK(what == "coltrain: count differs: 10 vs 12 [rank 3, peer 1, operation allreduce, "
-                "sequence #42]");
+  CHECK(what ==
+        "coltrain: count differs: 10 vs 12 [rank 3, peer 1, operation allreduce, "
+        "sequence #42]");
   CHECK(error.message() == "count differs: 10 vs 12");
   REQUIRE(error.context().rank);
   CHECK(*error.context().rank == 3);
@@ -43,7 +44,8 @@ TEST_CASE("exception hierarchy lets callers catch by kind", "[error]") {
   STATIC_REQUIRE(std::is_base_of_v<coltrain::Error, coltrain::ConfigError>);
   STATIC_REQUIRE(std::is_base_of_v<coltrain::Error, coltrain::IoError>);
   STATIC_REQUIRE(std::is_base_of_v<std::runtime_error, coltrain::Error>);
-  CHECK_THROWS_AS(throw coltrain::PeerLostError("peer 2 closed the connection"), coltrain::CommError);
+  CHECK_THROWS_AS(throw coltrain::PeerLostError("peer 2 closed the connection"),
+                  coltrain::CommError);
 }
 
 TEST_CASE("backend error carries library, code, call and source line", "[error]") {

@@ -34,8 +34,8 @@ TEST_CASE("print_root prints on rank 0 only and ignores the level", "[log]") {
 }
 
 TEST_CASE("log level names parse, and unknown names are rejected", "[log]") {
-  for (auto level : {coltrain::LogLevel::kError, coltrain::LogLevel::kWarn, coltrain::LogLevel::kInfo,
-                     coltrain::LogLevel::kDebug}) {
+  for (auto level : {coltrain::LogLevel::kError, coltrain::LogLevel::kWarn,
+                     coltrain::LogLevel::kInfo, coltrain::LogLevel::kDebug}) {
     CHECK(coltrain::parse_log_level(coltrain::name_of(level)) == level);
   }
   CHECK_THROWS_WITH(coltrain::parse_log_level("verbose"), Contains("'verbose'"));

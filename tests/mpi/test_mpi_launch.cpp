@@ -1,7 +1,7 @@
-// Under mpiexec, the launcher's environment and MPI must agree on who is who, and MPI failures become
-// BackendError with MPI's own message.
-#include <catch2/catch.hpp>
+// Under mpiexec, the launcher's environment and MPI must agree on who is who, and MPI failures
+// become BackendError with MPI's own message.
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>

@@ -1,8 +1,9 @@
-// Catch2 main for GPU tests. With no usable CUDA device it prints "skipped: no CUDA device" and exits with
-// kSkipReturnCode, which CTest reports as a skipped test (SKIP_RETURN_CODE), never as a pass.
+// Catch2 main for GPU tests. With no usable CUDA device it prints "skipped: no CUDA device" and
+// exits with kSkipReturnCode, which CTest reports as a skipped test (SKIP_RETURN_CODE), never as a
+// pass.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 

@@ -1,10 +1,10 @@
-// Catch2 main for tests launched with mpiexec. Every rank runs every test case; a test fails when it
-// fails on any rank. Rank 0's report goes to stdout as usual; the other ranks' reports are held back and
-// printed to stderr, under a rank header, only when that rank failed, so a passing run reads like a
-// single-process run.
+// Catch2 main for tests launched with mpiexec. Every rank runs every test case; a test fails when
+// it fails on any rank. Rank 0's report goes to stdout as usual; the other ranks' reports are held
+// back and printed to stderr, under a rank header, only when that rank failed, so a passing run
+// reads like a single-process run.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+#include <catch2/catch.hpp>
 
 #include <coltrain/core/error.hpp>
 

@@ -1,13 +1,14 @@
 #pragma once
-// Runs the ranks of a TCP job as child processes of a Catch test, the way torchrun would: each child
-// gets RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that was free a moment ago, runs the
-// test's function for its rank, and exits 0 when it returned, 1 when it threw (after writing the
-// exception to stderr). The parent collects each rank's exit status and everything it wrote, and
-// kills the ranks that outlive a hard timeout, so a hanging rank fails the test instead of the run.
+// Runs the ranks of a TCP job as child processes of a Catch test, the way torchrun would: each
+// child gets RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that was free a moment ago,
+// runs the test's function for its rank, and exits 0 when it returned, 1 when it threw (after
+// writing the exception to stderr). The parent collects each rank's exit status and everything it
+// wrote, and kills the ranks that outlive a hard timeout, so a hanging rank fails the test instead
+// of the run.
 //
-// Call it from a single-threaded test (fork() copies only the calling thread). A rank's function must
-// not use Catch assertions: the child's Catch state dies with it. It reports failures by throwing,
-// for example with expect().
+// Call it from a single-threaded test (fork() copies only the calling thread). A rank's function
+// must not use Catch assertions: the child's Catch state dies with it. It reports failures by
+// throwing, for example with expect().
 
 #include <coltrain/comm/socket.hpp>
 
@@ -41,7 +42,7 @@ struct RankOutcome {
   bool passed() const { return !timed_out && signal == 0 && exit_code == 0; }
 
   std::string describe() const {
-    std::string how = timed_out ? "was killed at the launcher's hard timeout"
+    std::string how = timed_out     ? "was killed at the launcher's hard timeout"
                       : signal != 0 ? "died of signal " + std::to_string(signal)
                                     : "exited with status " + std::to_string(exit_code);
     return "rank " + std::to_string(rank) + " " + how + "; its output:\n" + output;
@@ -49,7 +50,8 @@ struct RankOutcome {
 };
 
 struct LaunchOptions {
-  // Set in every rank (COLTRAIN_TIMEOUT...), after the launcher's own variables, which they override.
+  // Set in every rank (COLTRAIN_TIMEOUT...), after the launcher's own variables, which they
+  // override.
   std::map<std::string, std::string> env;
   std::chrono::milliseconds hard_timeout{std::chrono::seconds(30)};
 };
@@ -61,17 +63,22 @@ inline void expect(bool condition, const std::string& what) {
 
 // A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0).
 inline int free_tcp_port() {
-  const comm::detail::FileDescriptor probe = comm::detail::listen_ipv4(
-      {htonl(INADDR_LOOPBACK), 0}, 0, "a free port for a test job", {});
+  const comm::detail::FileDescriptor probe =
+      comm::detail::listen_ipv4({htonl(INADDR_LOOPBACK), 0}, 0, "a free port for a test job", {});
   return comm::detail::local_endpoint(probe.get()).port;
 }
 
 namespace detail {
 
 // The variables of other launchers that could contradict ours (a test run under mpiexec).
-inline constexpr const char* kForeignLaunchVariables[] = {
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"};
+inline constexpr const char* kForeignLaunchVariables[] = {"OMPI_COMM_WORLD_RANK",
+                                                          "OMPI_COMM_WORLD_SIZE",
+                                                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                          "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                          "PMI_RANK",
+                                                          "PMI_SIZE",
+                                                          "MPI_LOCALRANKID",
+                                                          "MPI_LOCALNRANKS"};
 
 [[noreturn]] inline void run_rank(int rank, int world_size, int port, int output,
                                   const std::function<void(int)>& body,
@@ -103,7 +110,8 @@ inline constexpr const char* kForeignLaunchVariables[] = {
   }
   std::cout.flush();
   std::cerr.flush();
-  // _exit: the parent's atexit handlers and static destructors (Catch's) are not the child's to run.
+  // _exit: the parent's atexit handlers and static destructors (Catch's) are not the child's to
+  // run.
   ::_exit(status);
 }
 

@@ -85,8 +85,8 @@ TEST_CASE("ring neighbours exchange messages of every size both ways at once", "
     const int n = transport.size();
     expect(transport.rank() == rank, "rank() is RANK");
     if (n == 1) {
-      expect_throws<coltrain::InvalidArgument>(
-          [&] { transport.isend(0, header_of(0, 0), {}); }, "a send to oneself");
+      expect_throws<coltrain::InvalidArgument>([&] { transport.isend(0, header_of(0, 0), {}); },
+                                               "a send to oneself");
       return;
     }
     const int right = (rank + 1) % n;
@@ -195,46 +195,49 @@ TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it",
   constexpr int kVictim = 3;
   LaunchOptions options;
   options.env["COLTRAIN_TIMEOUT"] = "10";
-  const auto outcomes = launch_ranks(4, [killed](int rank) {
-    TcpTransport transport = connect_from_env();
-    constexpr std::size_t kBytes = 1 << 20;
-    const std::vector<std::byte> outgoing = payload_of(rank, 0, kBytes);
-    std::vector<std::byte> incoming(kBytes);
-    if (rank == kVictim) {
-      std::vector<std::vector<std::byte>> buffers(kVictim, std::vector<std::byte>(kBytes));
-      for (std::uint64_t round = 0;; ++round) {
-        std::vector<TcpTransport::Request> requests;
-        for (int peer = 0; peer < kVictim; ++peer) {
-          requests.push_back(transport.isend(peer, header_of(round, kBytes), outgoing));
-          requests.push_back(transport.irecv(peer, header_of(round, kBytes),
-                                             buffers[static_cast<std::size_t>(peer)]));
-        }
-        if (round == 5) {
-          transport.wait(requests[0]);  // mid-exchange: some messages out, others not
-          if (killed) ::raise(SIGKILL);
-          ::_exit(3);
-        }
-        for (const auto& request : requests) transport.wait(request);
-      }
-    }
-    auto start = std::chrono::steady_clock::now();
-    const std::string lost = expect_throws<coltrain::PeerLostError>(
-        [&] {
+  const auto outcomes = launch_ranks(
+      4,
+      [killed](int rank) {
+        TcpTransport transport = connect_from_env();
+        constexpr std::size_t kBytes = 1 << 20;
+        const std::vector<std::byte> outgoing = payload_of(rank, 0, kBytes);
+        std::vector<std::byte> incoming(kBytes);
+        if (rank == kVictim) {
+          std::vector<std::vector<std::byte>> buffers(kVictim, std::vector<std::byte>(kBytes));
           for (std::uint64_t round = 0;; ++round) {
-            start = std::chrono::steady_clock::now();
-            const auto send = transport.isend(kVictim, header_of(round, kBytes), outgoing);
-            const auto receive = transport.irecv(kVictim, header_of(round, kBytes), incoming);
-            transport.wait(send);
-            transport.wait(receive);
+            std::vector<TcpTransport::Request> requests;
+            for (int peer = 0; peer < kVictim; ++peer) {
+              requests.push_back(transport.isend(peer, header_of(round, kBytes), outgoing));
+              requests.push_back(transport.irecv(peer, header_of(round, kBytes),
+                                                 buffers[static_cast<std::size_t>(peer)]));
+            }
+            if (round == 5) {
+              transport.wait(requests[0]);  // mid-exchange: some messages out, others not
+              if (killed) ::raise(SIGKILL);
+              ::_exit(3);
+            }
+            for (const auto& request : requests) transport.wait(request);
           }
-        },
-        "exchanging with the dying rank");
-    std::cerr << "rank " << rank << " saw: " << lost << std::endl;
-    expect(seconds_since(start) < 3, "the loss was noticed well within COLTRAIN_TIMEOUT=10");
-    expect(lost.find("lost its connection to rank 3") != std::string::npos, "names rank 3");
-    expect_throws<coltrain::CommError>([&] { transport.irecv(kVictim, header_of(0, 0), {}); },
-                                       "a call after the loss");
-  }, options);
+        }
+        auto start = std::chrono::steady_clock::now();
+        const std::string lost = expect_throws<coltrain::PeerLostError>(
+            [&] {
+              for (std::uint64_t round = 0;; ++round) {
+                start = std::chrono::steady_clock::now();
+                const auto send = transport.isend(kVictim, header_of(round, kBytes), outgoing);
+                const auto receive = transport.irecv(kVictim, header_of(round, kBytes), incoming);
+                transport.wait(send);
+                transport.wait(receive);
+              }
+            },
+            "exchanging with the dying rank");
+        std::cerr << "rank " << rank << " saw: " << lost << std::endl;
+        expect(seconds_since(start) < 3, "the loss was noticed well within COLTRAIN_TIMEOUT=10");
+        expect(lost.find("lost its connection to rank 3") != std::string::npos, "names rank 3");
+        expect_throws<coltrain::CommError>([&] { transport.irecv(kVictim, header_of(0, 0), {}); },
+                                           "a call after the loss");
+      },
+      options);
   INFO(coltrain::testing::describe(outcomes));
   for (int rank = 0; rank < kVictim; ++rank) {
     CHECK(outcomes[static_cast<std::size_t>(rank)].passed());
@@ -261,8 +264,8 @@ TEST_CASE("a receive that never gets its message times out, and the peer hears o
           [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
       std::cerr << "rank 0 saw: " << timeout << std::endl;
       const double elapsed = seconds_since(start);
-      expect(elapsed >= 0.95 && elapsed < 3, "timed out after about 1 s, took " +
-                                                 std::to_string(elapsed) + " s");
+      expect(elapsed >= 0.95 && elapsed < 3,
+             "timed out after about 1 s, took " + std::to_string(elapsed) + " s");
       return;
     }
     // Rank 0 gives up after 1 s and closes its connections; this rank must not wait out its 10 s.
@@ -283,57 +286,62 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
   using coltrain::comm::detail::RendezvousHello;
   LaunchOptions options;
   options.env["COLTRAIN_LOG_LEVEL"] = "warn";
-  const auto outcomes = launch_ranks(3, [](int rank) {
-    const coltrain::LaunchEnv env = coltrain::detect_launch_env();
-    std::thread strangers;
-    if (rank == 0) {
-      strangers = std::thread([&env] {
-        namespace detail = coltrain::comm::detail;
-        const detail::Ipv4Endpoint master{htonl(INADDR_LOOPBACK),
-                                          static_cast<std::uint16_t>(env.master_port)};
-        const coltrain::Deadline deadline(5s);
-        auto visit = [&](std::span<const std::byte> bytes) {
-          detail::FileDescriptor socket =
-              detail::connect_with_retry(master, 0, deadline, "the rendezvous", 5s, {});
-          detail::send_exact(socket.get(), bytes, deadline);
-          return socket;
-        };
-        const std::string http = "GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: scanner\r\n\r\n";
-        visit(std::as_bytes(std::span(http)));
-        RendezvousHello other_job{};
-        other_job.world_size = 3;
-        other_job.rank = 1;
-        other_job.job_hash = detail::hash_job_id("some other job");
-        visit(detail::bytes_of_value(other_job));
-        RendezvousHello out_of_range = other_job;
-        out_of_range.rank = 9;
-        out_of_range.job_hash = detail::hash_job_id(coltrain::comm::comm_options_from_env().job_id);
-        visit(detail::bytes_of_value(out_of_range));
-        visit(std::as_bytes(std::span("CTRV", 4)));  // closes after 4 of 32 bytes
-        // Holds a silent connection open while the job bootstraps: it must block no one.
-        const detail::FileDescriptor silent = visit({});
-        std::this_thread::sleep_for(500ms);
-      });
-    } else {
-      std::this_thread::sleep_for(200ms);  // the strangers come first
-    }
-    TcpTransport transport(env, coltrain::comm::comm_options_from_env());
-    if (strangers.joinable()) strangers.join();
-    const int right = (rank + 1) % 3;
-    const int left = (rank + 2) % 3;
-    const std::vector<std::byte> outgoing = payload_of(rank, 0, 4096);
-    std::vector<std::byte> incoming(4096);
-    const auto send = transport.isend(right, header_of(0, 4096), outgoing);
-    transport.wait(transport.irecv(left, header_of(0, 4096), incoming));
-    transport.wait(send);
-    expect(incoming == payload_of(left, 0, 4096), "the job works after the strangers left");
-  }, options);
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+        std::thread strangers;
+        if (rank == 0) {
+          strangers = std::thread([&env] {
+            namespace detail = coltrain::comm::detail;
+            const detail::Ipv4Endpoint master{htonl(INADDR_LOOPBACK),
+                                              static_cast<std::uint16_t>(env.master_port)};
+            const coltrain::Deadline deadline(5s);
+            auto visit = [&](std::span<const std::byte> bytes) {
+              detail::FileDescriptor socket =
+                  detail::connect_with_retry(master, 0, deadline, "the rendezvous", 5s, {});
+              detail::send_exact(socket.get(), bytes, deadline);
+              return socket;
+            };
+            const std::string http =
+                "GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: scanner\r\n\r\n";
+            visit(std::as_bytes(std::span(http)));
+            RendezvousHello other_job{};
+            other_job.world_size = 3;
+            other_job.rank = 1;
+            other_job.job_hash = detail::hash_job_id("some other job");
+            visit(detail::bytes_of_value(other_job));
+            RendezvousHello out_of_range = other_job;
+            out_of_range.rank = 9;
+            out_of_range.job_hash =
+                detail::hash_job_id(coltrain::comm::comm_options_from_env().job_id);
+            visit(detail::bytes_of_value(out_of_range));
+            visit(std::as_bytes(std::span("CTRV", 4)));  // closes after 4 of 32 bytes
+            // Holds a silent connection open while the job bootstraps: it must block no one.
+            const detail::FileDescriptor silent = visit({});
+            std::this_thread::sleep_for(500ms);
+          });
+        } else {
+          std::this_thread::sleep_for(200ms);  // the strangers come first
+        }
+        TcpTransport transport(env, coltrain::comm::comm_options_from_env());
+        if (strangers.joinable()) strangers.join();
+        const int right = (rank + 1) % 3;
+        const int left = (rank + 2) % 3;
+        const std::vector<std::byte> outgoing = payload_of(rank, 0, 4096);
+        std::vector<std::byte> incoming(4096);
+        const auto send = transport.isend(right, header_of(0, 4096), outgoing);
+        transport.wait(transport.irecv(left, header_of(0, 4096), incoming));
+        transport.wait(send);
+        expect(incoming == payload_of(left, 0, 4096), "the job works after the strangers left");
+      },
+      options);
   require_all_passed(outcomes);
-  CHECK_THAT(outcomes[0].output,
-             Contains("dropped a connection to the rendezvous") &&
-                 Contains("does not speak coltrain's rendezvous protocol") &&
-                 Contains("COLTRAIN_JOB_ID differs") && Contains("claims rank 9") &&
-                 Contains("after 4 of 32 handshake bytes"));
+  CHECK_THAT(outcomes[0].output, Contains("dropped a connection to the rendezvous") &&
+                                     Contains("does not speak coltrain's rendezvous protocol") &&
+                                     Contains("COLTRAIN_JOB_ID differs") &&
+                                     Contains("claims rank 9") &&
+                                     Contains("after 4 of 32 handshake bytes"));
 }
 
 TEST_CASE("a rank that never shows up makes the others time out, naming it", "[tcp]") {
@@ -341,16 +349,19 @@ TEST_CASE("a rank that never shows up makes the others time out, naming it", "[t
   CAPTURE(absent);
   LaunchOptions options;
   options.env["COLTRAIN_TIMEOUT"] = "1";
-  const auto outcomes = launch_ranks(3, [absent](int rank) {
-    if (rank == absent) return;
-    const auto start = std::chrono::steady_clock::now();
-    const std::string timeout = expect_throws<coltrain::TimeoutError>(
-        [] { connect_from_env(); }, "bootstrap without rank " + std::to_string(absent));
-    std::cerr << "rank " << rank << " saw: " << timeout << std::endl;
-    const double elapsed = seconds_since(start);
-    expect(elapsed >= 0.95 && elapsed < 4, "gave up after about 1 s, took " +
-                                               std::to_string(elapsed) + " s");
-  }, options);
+  const auto outcomes = launch_ranks(
+      3,
+      [absent](int rank) {
+        if (rank == absent) return;
+        const auto start = std::chrono::steady_clock::now();
+        const std::string timeout = expect_throws<coltrain::TimeoutError>(
+            [] { connect_from_env(); }, "bootstrap without rank " + std::to_string(absent));
+        std::cerr << "rank " << rank << " saw: " << timeout << std::endl;
+        const double elapsed = seconds_since(start);
+        expect(elapsed >= 0.95 && elapsed < 4,
+               "gave up after about 1 s, took " + std::to_string(elapsed) + " s");
+      },
+      options);
   require_all_passed(outcomes);
   for (int rank = 0; rank < 3; ++rank) {
     if (rank == absent) continue;
@@ -367,16 +378,16 @@ TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communi
       if (rank == 0) {
         namespace detail = coltrain::comm::detail;
         const detail::FileDescriptor probe = detail::listen_ipv4(
-            {htonl(INADDR_LOOPBACK), static_cast<std::uint16_t>(env.master_port)}, 0,
-            "the probe", {});
+            {htonl(INADDR_LOOPBACK), static_cast<std::uint16_t>(env.master_port)}, 0, "the probe",
+            {});
       }
       const std::vector<std::byte> outgoing = payload_of(rank, round, 100);
       std::vector<std::byte> incoming(100);
       const auto send = transport.isend(1 - rank, header_of(round, 100), outgoing);
       transport.wait(transport.irecv(1 - rank, header_of(round, 100), incoming));
       transport.wait(send);
-      expect(incoming == payload_of(1 - rank, round, 100), "exchange in round " +
-                                                               std::to_string(round));
+      expect(incoming == payload_of(1 - rank, round, 100),
+             "exchange in round " + std::to_string(round));
     }
   });
   require_all_passed(outcomes);
@@ -385,13 +396,16 @@ TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communi
 TEST_CASE("COLTRAIN_SOCKET_IFNAME picks the data interface; an unknown one is named", "[tcp]") {
   LaunchOptions options;
   options.env["COLTRAIN_SOCKET_IFNAME"] = "lo";
-  const auto outcomes = launch_ranks(2, [](int rank) {
-    TcpTransport transport = connect_from_env();
-    std::vector<std::byte> byte(1);
-    const auto send = transport.isend(1 - rank, header_of(0, 1), byte);
-    transport.wait(transport.irecv(1 - rank, header_of(0, 1), byte));
-    transport.wait(send);
-  }, options);
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        std::vector<std::byte> byte(1);
+        const auto send = transport.isend(1 - rank, header_of(0, 1), byte);
+        transport.wait(transport.irecv(1 - rank, header_of(0, 1), byte));
+        transport.wait(send);
+      },
+      options);
   require_all_passed(outcomes);
 
   coltrain::LaunchEnv env;

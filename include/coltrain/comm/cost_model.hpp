@@ -1,9 +1,10 @@
 #pragma once
 // The alpha-beta-gamma cost model behind Algorithm::kAutomatic. A message of n bytes costs
-// alpha + n beta; reducing n bytes costs n gamma. Each algorithm's time is predicted from its step and
-// byte counts (docs/collectives.md derives them), and automatic picks the cheapest. The constants
-// are per backend, measured on the 2-core development machine with benchmarks/allreduce_bench (see
-// docs/benchmarks.md); other machines can set their own through Communicator::set_cost_model.
+// alpha + n beta; reducing n bytes costs n gamma. Each algorithm's time is predicted from its step
+// and byte counts (docs/collectives.md derives them), and automatic picks the cheapest. The
+// constants are per backend, measured on the 2-core development machine with
+// benchmarks/allreduce_bench (see docs/benchmarks.md); other machines can set their own through
+// Communicator::set_cost_model.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -18,9 +19,9 @@
 namespace coltrain::comm {
 
 struct LinkCosts {
-  double alpha_us = 0;         // per message
-  double beta_us_per_byte = 0;  // per byte moved
-  double gamma_us_per_byte = 0; // per byte reduced
+  double alpha_us = 0;           // per message
+  double beta_us_per_byte = 0;   // per byte moved
+  double gamma_us_per_byte = 0;  // per byte reduced
 };
 
 struct CostModel {
@@ -31,8 +32,8 @@ struct CostModel {
 
 // Fitted to allreduce_bench on the development machine (2 cores, loopback, MPICH 4.0.2, 2 ranks;
 // docs/benchmarks.md): alpha from 8-byte allreduces, beta from 64 MB, gamma from the reduction
-// kernel. MPI's own collectives are fast on small vectors and slow on large ones (its beta is fitted
-// at 64 MB, where MPICH reaches 1.7 GB/s and coltrain's ring 3.5).
+// kernel. MPI's own collectives are fast on small vectors and slow on large ones (its beta is
+// fitted at 64 MB, where MPICH reaches 1.7 GB/s and coltrain's ring 3.5).
 inline CostModel default_cost_model(Backend backend) {
   CostModel model;
   if (backend == Backend::kMpi) {
@@ -83,7 +84,8 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
                                 share * n * c.gamma_us_per_byte;
           if (!power_of_two) rabenseifner += 2 * c.alpha_us + 2 * n * c.beta_us_per_byte;
           if (algorithm == Algorithm::kHalvingDoubling) return rabenseifner;
-          const double doubling = lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
+          const double doubling =
+              lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
           return std::min(doubling, rabenseifner);
         }
         case Algorithm::kAutomatic:

@@ -1,7 +1,7 @@
 #pragma once
-// The header every coltrain message carries. It names the collective call the message belongs to, so a
-// rank whose peers called a different collective, count, dtype, op, root or algorithm gets an error
-// naming both ranks and both values instead of a hang or silently corrupted data.
+// The header every coltrain message carries. It names the collective call the message belongs to,
+// so a rank whose peers called a different collective, count, dtype, op, root or algorithm gets an
+// error naming both ranks and both values instead of a hang or silently corrupted data.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -66,12 +66,12 @@ inline void check_header(const MessageHeader& expected, const MessageHeader& rec
                         context);
   }
   auto differ = [&](const char* field, const std::string& mine, const std::string& theirs) {
-    throw MismatchError(std::string(field) + " differs between ranks: rank " + std::to_string(rank) +
-                            " has " + mine + ", rank " + std::to_string(peer) + " has " + theirs +
-                            "; rank " + std::to_string(rank) + " called " +
-                            detail::describe_call(expected) + ", rank " + std::to_string(peer) +
-                            " called " + detail::describe_call(received),
-                        context);
+    throw MismatchError(
+        std::string(field) + " differs between ranks: rank " + std::to_string(rank) + " has " +
+            mine + ", rank " + std::to_string(peer) + " has " + theirs + "; rank " +
+            std::to_string(rank) + " called " + detail::describe_call(expected) + ", rank " +
+            std::to_string(peer) + " called " + detail::describe_call(received),
+        context);
   };
   if (received.sequence != expected.sequence) {
     differ("collective sequence number", std::to_string(expected.sequence),

@@ -77,8 +77,8 @@ void native_allreduce(MpiTransport& transport, const T* input, T* output, std::s
 
 template <class T>
 void native_broadcast(MpiTransport& transport, T* data, std::size_t count, int root) {
-  COLTRAIN_CHECK_MPI(MPI_Bcast(data, detail::mpi_count(count * sizeof(T)), MPI_BYTE, root,
-                               transport.comm()));
+  COLTRAIN_CHECK_MPI(
+      MPI_Bcast(data, detail::mpi_count(count * sizeof(T)), MPI_BYTE, root, transport.comm()));
 }
 
 template <class T>
@@ -114,8 +114,8 @@ template <ReducibleElement T>
 void native_reduce(MpiTransport& transport, const T* input, T* output, std::size_t count, int root,
                    ReduceOp op) {
   const bool is_root = transport.rank() == root;
-  // In place, the root reduces from a copy rather than with MPI_IN_PLACE: MPICH 4.0.2's shared-memory
-  // MPI_Reduce crashes on MPI_IN_PLACE once the root has changed between calls.
+  // In place, the root reduces from a copy rather than with MPI_IN_PLACE: MPICH 4.0.2's
+  // shared-memory MPI_Reduce crashes on MPI_IN_PLACE once the root has changed between calls.
   std::vector<T> copy;
   if (is_root && input == output) {
     copy.assign(input, input + count);

@@ -18,8 +18,9 @@ struct CommOptions {
   // Network interface whose IPv4 address the TCP transport listens on and advertises; empty: the
   // address this host uses to reach MASTER_ADDR.
   std::string socket_ifname;
-  // Identifies the job in TCP handshakes, so processes of another job that reach our ports are turned
-  // away. The same on every rank: COLTRAIN_JOB_ID, else SLURM_JOB_ID, else TORCHELASTIC_RUN_ID.
+  // Identifies the job in TCP handshakes, so processes of another job that reach our ports are
+  // turned away. The same on every rank: COLTRAIN_JOB_ID, else SLURM_JOB_ID, else
+  // TORCHELASTIC_RUN_ID.
   std::string job_id;
 };
 

@@ -1,9 +1,9 @@
 #pragma once
 // Elementwise reductions on the CPU, used by every algorithm. Each op is one plain loop over
 // contiguous arrays with the op hoisted out of it, which g++ and clang vectorise (AVX2/AVX-512 with
-// -march=native; SSE2 otherwise): `out = a op b` allowing out == a, so one kernel serves in-place and
-// out-of-place reductions. Integers wrap on overflow (computed in the unsigned type, as two's-complement
-// hardware does) instead of being undefined behaviour.
+// -march=native; SSE2 otherwise): `out = a op b` allowing out == a, so one kernel serves in-place
+// and out-of-place reductions. Integers wrap on overflow (computed in the unsigned type, as
+// two's-complement hardware does) instead of being undefined behaviour.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -20,7 +20,7 @@ namespace coltrain::comm {
 // The element types the algorithms reduce; f16 and bf16 are widened to float before they get here.
 template <class T>
 concept ReducibleElement = std::same_as<T, float> || std::same_as<T, double> ||
-                           std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
+    std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
 
 namespace detail {
 
@@ -46,8 +46,8 @@ COLTRAIN_FORCE_INLINE T multiply(T a, T b) {
 
 }  // namespace detail
 
-// out[i] = a[i] op b[i] for i < n; out may equal a (or b). kAvg reduces as kSum: the division by the
-// number of ranks happens once, at the end (divide_by_ranks).
+// out[i] = a[i] op b[i] for i < n; out may equal a (or b). kAvg reduces as kSum: the division by
+// the number of ranks happens once, at the end (divide_by_ranks).
 template <ReducibleElement T>
 void reduce_into(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
   switch (op) {
@@ -68,8 +68,8 @@ void reduce_into(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
   throw InvalidArgument("unknown reduction op " + std::to_string(static_cast<int>(op)));
 }
 
-// The last step of kAvg: data[i] /= ranks. A true division (not a multiplication by 1/ranks), so that
-// exactly divisible sums give exact results; integers truncate toward zero.
+// The last step of kAvg: data[i] /= ranks. A true division (not a multiplication by 1/ranks), so
+// that exactly divisible sums give exact results; integers truncate toward zero.
 template <ReducibleElement T>
 void divide_by_ranks(T* data, std::size_t n, int ranks) {
   const T divisor = static_cast<T>(ranks);

@@ -1,7 +1,7 @@
 #pragma once
-// The thin layer between the TCP transport and the POSIX socket API: an owning file descriptor, IPv4
-// endpoints, and the few socket operations bootstrap and transport need, each turning a failed system
-// call into a coltrain exception that says what was attempted, with whom, and why it failed.
+// The thin layer between the TCP transport and the POSIX socket API: an owning file descriptor,
+// IPv4 endpoints, and the few socket operations bootstrap and transport need, each turning a failed
+// system call into a coltrain exception that says what was attempted, with whom, and why it failed.
 //
 // Every socket is created non-blocking and close-on-exec: bootstrap waits with poll() against a
 // Deadline, and the transport's progress engine never blocks in a read or write. Writes pass
@@ -38,8 +38,8 @@
 
 namespace coltrain::comm::detail {
 
-// Socket buffers for data connections: a ring step of 1 MB chunks keeps several chunks in flight, and
-// fewer buffer-full stalls mean fewer sleeps. Linux caps the request at net.core.[rw]mem_max.
+// Socket buffers for data connections: a ring step of 1 MB chunks keeps several chunks in flight,
+// and fewer buffer-full stalls mean fewer sleeps. Linux caps the request at net.core.[rw]mem_max.
 inline constexpr int kSocketBufferBytes = 4 << 20;
 
 inline std::string errno_text(int error) { return std::generic_category().message(error); }
@@ -133,9 +133,9 @@ inline std::uint32_t resolve_ipv4(const std::string& host, std::string_view vari
   const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (rc != 0 || found == nullptr) {
     const std::string reason = rc == EAI_SYSTEM ? errno_text(errno) : ::gai_strerror(rc);
-    throw ConfigError("cannot resolve " + std::string(variable) + "=" + host +
-                          " to an IPv4 address: " + reason,
-                      context);
+    throw ConfigError(
+        "cannot resolve " + std::string(variable) + "=" + host + " to an IPv4 address: " + reason,
+        context);
   }
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, &::freeaddrinfo);
   return reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr.s_addr;
@@ -213,8 +213,7 @@ inline std::uint32_t route_source_address(const Ipv4Endpoint& remote, const Erro
   const FileDescriptor owner(fd);
   const sockaddr_in to = remote.to_sockaddr();
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
-    throw_system_error("find the local address that reaches " + remote.to_string(), errno,
-                       context);
+    throw_system_error("find the local address that reaches " + remote.to_string(), errno, context);
   }
   return local_endpoint(fd).address;
 }
@@ -222,8 +221,8 @@ inline std::uint32_t route_source_address(const Ipv4Endpoint& remote, const Erro
 // A listening socket on `at` (port 0: an ephemeral port; read it back with local_endpoint).
 // SO_REUSEADDR lets a new job bind the port while the last job's connections sit in TIME_WAIT.
 // `buffer_bytes` (if nonzero) is inherited by the accepted connections.
-inline FileDescriptor listen_ipv4(const Ipv4Endpoint& at, int buffer_bytes, std::string_view purpose,
-                                  const ErrorContext& context) {
+inline FileDescriptor listen_ipv4(const Ipv4Endpoint& at, int buffer_bytes,
+                                  std::string_view purpose, const ErrorContext& context) {
   FileDescriptor socket = make_tcp_socket(context);
   set_int_option(socket.get(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR", context);
   if (buffer_bytes > 0) set_buffer_sizes(socket.get(), buffer_bytes, context);
@@ -236,8 +235,8 @@ inline FileDescriptor listen_ipv4(const Ipv4Endpoint& at, int buffer_bytes, std:
                         context);
     }
     if (error == EADDRINUSE) {
-      throw CommError(what + ": " + errno_text(error) + " (another job, or another program, holds " +
-                          "this port)",
+      throw CommError(what + ": " + errno_text(error) +
+                          " (another job, or another program, holds " + "this port)",
                       context);
     }
     throw_system_error(what, error, context);
@@ -296,9 +295,10 @@ inline int try_connect(int fd, const Ipv4Endpoint& to, const Deadline& deadline)
   return error;
 }
 
-// Connects to `to`, retrying transient failures with a growing pause until `deadline`, so that ranks
-// may start in any order. `buffer_bytes` (if nonzero) sizes the socket buffers before the handshake.
-// Throws TimeoutError when the deadline passes: "could not connect to <target> within ...".
+// Connects to `to`, retrying transient failures with a growing pause until `deadline`, so that
+// ranks may start in any order. `buffer_bytes` (if nonzero) sizes the socket buffers before the
+// handshake. Throws TimeoutError when the deadline passes: "could not connect to <target> within
+// ...".
 inline FileDescriptor connect_with_retry(const Ipv4Endpoint& to, int buffer_bytes,
                                          const Deadline& deadline, std::string_view target,
                                          Clock::duration timeout, const ErrorContext& context) {
@@ -322,8 +322,8 @@ inline FileDescriptor connect_with_retry(const Ipv4Endpoint& to, int buffer_byte
     pause = std::min<Clock::duration>(pause * 2, kLongestPause);
   }
   throw TimeoutError("could not connect to " + std::string(target) + " at " + to.to_string() +
-                         " within " + format_seconds(timeout) + " (COLTRAIN_TIMEOUT); last error: " +
-                         errno_text(last_error),
+                         " within " + format_seconds(timeout) +
+                         " (COLTRAIN_TIMEOUT); last error: " + errno_text(last_error),
                      context);
 }
 
@@ -354,7 +354,8 @@ inline IoResult send_exact(int fd, std::span<const std::byte> bytes, const Deadl
   return {};
 }
 
-// Reads exactly `bytes.size()` bytes from a non-blocking socket, waiting in poll() until `deadline`.
+// Reads exactly `bytes.size()` bytes from a non-blocking socket, waiting in poll() until
+// `deadline`.
 inline IoResult recv_exact(int fd, std::span<std::byte> bytes, const Deadline& deadline) {
   while (!bytes.empty()) {
     const ssize_t received = ::recv(fd, bytes.data(), bytes.size(), 0);

@@ -2,7 +2,8 @@
 // Bootstrapping a TCP job: from the launcher's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE to one
 // connected socket per pair of ranks.
 //
-// 1. Every rank opens a data listener on an ephemeral port, on the address of COLTRAIN_SOCKET_IFNAME,
+// 1. Every rank opens a data listener on an ephemeral port, on the address of
+// COLTRAIN_SOCKET_IFNAME,
 //    else on the address this host uses to reach MASTER_ADDR.
 // 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT; ranks 1..n-1 connect (retrying, so ranks may start
 //    in any order) and send a RendezvousHello with their data address. Rank 0 checks each hello and
@@ -12,11 +13,12 @@
 //    rendezvous port, so that the next job or communicator can bind it. If ranks are missing at the
 //    deadline, the table it sends instead names them, so every rank's TimeoutError says who never
 //    came.
-// 4. Full mesh: for each pair, the higher rank connects to the lower rank's data listener and sends a
+// 4. Full mesh: for each pair, the higher rank connects to the lower rank's data listener and sends
+// a
 //    MeshHello carrying the nonce; the lower rank admits only hellos with this job's nonce.
 //
-// Handshakes travel in host byte order, as message headers do: a job's ranks share one architecture.
-// Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
+// Handshakes travel in host byte order, as message headers do: a job's ranks share one
+// architecture. Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
 
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/socket.hpp>
@@ -172,8 +174,8 @@ std::vector<Arrival<Hello>> collect_handshakes(int listener, int first_rank, int
     for (std::size_t i = 0; i < pending.size(); ++i) {
       if (ready[i + 1].revents == 0) continue;
       Pending& connection = pending[i];
-      const std::span<std::byte> rest = writable_bytes_of_value(connection.hello).subspan(
-          connection.filled);
+      const std::span<std::byte> rest =
+          writable_bytes_of_value(connection.hello).subspan(connection.filled);
       const ssize_t received = ::recv(connection.socket.get(), rest.data(), rest.size(), 0);
       if (received == 0) {
         drop(connection, "it closed the connection after " + std::to_string(connection.filled) +
@@ -254,8 +256,8 @@ inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpo
              std::to_string(kTcpProtocolVersion);
     }
     if (hello.world_size != world_size) {
-      return "it belongs to a job of " + std::to_string(hello.world_size) + " ranks, this one has " +
-             std::to_string(world_size) + " (WORLD_SIZE differs)";
+      return "it belongs to a job of " + std::to_string(hello.world_size) +
+             " ranks, this one has " + std::to_string(world_size) + " (WORLD_SIZE differs)";
     }
     if (hello.job_hash != job_hash) return "it belongs to another job (COLTRAIN_JOB_ID differs)";
     return {};
@@ -273,10 +275,9 @@ inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpo
       table.entries[rank] = {arrivals[rank].hello.data_address, arrivals[rank].hello.data_port, 0};
     }
   }
-  const RendezvousTable header{kRendezvousMagic, kTcpProtocolVersion, world_size,
-                               missing.empty() ? TableStatus::kComplete
-                                               : TableStatus::kRanksMissing,
-                               table.nonce};
+  const RendezvousTable header{
+      kRendezvousMagic, kTcpProtocolVersion, world_size,
+      missing.empty() ? TableStatus::kComplete : TableStatus::kRanksMissing, table.nonce};
   std::vector<std::byte> message(sizeof header + table.entries.size() * sizeof(PeerAddress));
   std::memcpy(message.data(), &header, sizeof header);
   std::memcpy(message.data() + sizeof header, table.entries.data(),
@@ -291,7 +292,8 @@ inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpo
     ErrorContext peer_context = context;
     peer_context.peer = static_cast<int>(rank);
     if (sent.status == IoStatus::kTimedOut) {
-      throw TimeoutError("rank " + std::to_string(rank) + " did not take the address table within " +
+      throw TimeoutError("rank " + std::to_string(rank) +
+                             " did not take the address table within " +
                              format_seconds(options.timeout) + " (COLTRAIN_TIMEOUT)",
                          peer_context);
     }
@@ -319,14 +321,15 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
   peer_context.peer = 0;
   FileDescriptor socket;
   try {
-    socket = connect_with_retry(master, 0, deadline, "rank 0's rendezvous (MASTER_ADDR:MASTER_PORT)",
-                                options.timeout, peer_context);
+    socket =
+        connect_with_retry(master, 0, deadline, "rank 0's rendezvous (MASTER_ADDR:MASTER_PORT)",
+                           options.timeout, peer_context);
   } catch (const TimeoutError& e) {
     throw TimeoutError("rank 0 never arrived: " + e.message(), e.context());
   }
 
-  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion, world_size, rank, job_hash,
-                              own_data.address, own_data.port, 0};
+  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion, world_size,    rank,
+                              job_hash,         own_data.address,    own_data.port, 0};
   const Deadline answer_deadline(options.timeout + kRendezvousAnswerGrace);
   RendezvousTable header;
   IoResult io = send_exact(socket.get(), bytes_of_value(hello), deadline);
@@ -334,9 +337,10 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
     io = recv_exact(socket.get(), writable_bytes_of_value(header), answer_deadline);
   }
   if (io.status == IoStatus::kTimedOut) {
-    throw TimeoutError("rank 0 sent no address table within " +
-                           format_seconds(options.timeout) + " (COLTRAIN_TIMEOUT) of this rank's "
-                           "arrival at the rendezvous at " + master.to_string(),
+    throw TimeoutError("rank 0 sent no address table within " + format_seconds(options.timeout) +
+                           " (COLTRAIN_TIMEOUT) of this rank's "
+                           "arrival at the rendezvous at " +
+                           master.to_string(),
                        peer_context);
   }
   if (io.status == IoStatus::kClosed) {
@@ -355,8 +359,7 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
                         peer_context);
   }
 
-  AddressTable table{header.nonce,
-                     std::vector<PeerAddress>(static_cast<std::size_t>(world_size))};
+  AddressTable table{header.nonce, std::vector<PeerAddress>(static_cast<std::size_t>(world_size))};
   io = recv_exact(socket.get(), std::as_writable_bytes(std::span(table.entries)), answer_deadline);
   if (io.status != IoStatus::kDone) {
     throw PeerLostError("rank 0 broke off the address table (" +
@@ -368,21 +371,17 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
     for (std::size_t r = 1; r < table.entries.size(); ++r) {
       if (table.entries[r].port == 0) missing.push_back(static_cast<int>(r));
     }
-    throw TimeoutError(never_arrived_message(missing, master, options.timeout) +
-                           " (reported by rank 0)",
-                       context);
+    throw TimeoutError(
+        never_arrived_message(missing, master, options.timeout) + " (reported by rank 0)", context);
   }
   return table;
 }
 
 // Connects every pair of ranks; returns the sockets indexed by peer rank (empty at this rank).
-inline std::vector<FileDescriptor> connect_full_mesh(int rank, int world_size,
-                                                     const AddressTable& table,
-                                                     const FileDescriptor& data_listener,
-                                                     std::uint64_t job_hash,
-                                                     const CommOptions& options,
-                                                     const Logger& logger,
-                                                     const ErrorContext& context) {
+inline std::vector<FileDescriptor> connect_full_mesh(
+    int rank, int world_size, const AddressTable& table, const FileDescriptor& data_listener,
+    std::uint64_t job_hash, const CommOptions& options, const Logger& logger,
+    const ErrorContext& context) {
   std::vector<FileDescriptor> peers(static_cast<std::size_t>(world_size));
   const Deadline deadline(options.timeout);
   const MeshHello hello{kMeshMagic, kTcpProtocolVersion, world_size, rank, job_hash, table.nonce};
@@ -425,7 +424,8 @@ inline std::vector<FileDescriptor> connect_full_mesh(int rank, int world_size,
       "the data listener at " + listening.to_string(), logger, context);
   const std::vector<int> missing = missing_ranks(arrivals, rank + 1);
   if (!missing.empty()) {
-    throw TimeoutError(describe_ranks(missing) + " never connected to this rank's data listener at " +
+    throw TimeoutError(describe_ranks(missing) +
+                           " never connected to this rank's data listener at " +
                            listening.to_string() + " within " + format_seconds(options.timeout) +
                            " (COLTRAIN_TIMEOUT); " + (missing.size() == 1 ? "it" : "they") +
                            " received the address table, then failed or stalled",
@@ -466,15 +466,13 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   const Ipv4Endpoint own_data = local_endpoint(data_listener.get());
   const std::uint64_t job_hash = hash_job_id(options.job_id);
 
-  const AddressTable table =
-      env.rank == 0
-          ? serve_rendezvous(master, own_data, env.world_size, job_hash, options, deadline, logger,
-                             context)
-          : join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
-                            deadline, context);
-  std::vector<FileDescriptor> peers = connect_full_mesh(env.rank, env.world_size, table,
-                                                        data_listener, job_hash, options, logger,
-                                                        context);
+  const AddressTable table = env.rank == 0
+                                 ? serve_rendezvous(master, own_data, env.world_size, job_hash,
+                                                    options, deadline, logger, context)
+                                 : join_rendezvous(master, own_data, env.rank, env.world_size,
+                                                   job_hash, options, deadline, context);
+  std::vector<FileDescriptor> peers = connect_full_mesh(
+      env.rank, env.world_size, table, data_listener, job_hash, options, logger, context);
   logger.info("TCP mesh of ", env.world_size, " ranks ready in ", elapsed.seconds() * 1e3,
               " ms; this rank's data listener was ", own_data.to_string());
   return peers;

@@ -7,18 +7,20 @@
 // for every peer with pending work until the awaited request is done:
 // - Sends: one sendmsg() gathers the headers and payloads of the queued messages straight from the
 //   callers' buffers; a partial write resumes where it stopped.
-// - Receives: bytes are read into a small per-peer inbox until a whole header is there; the header is
+// - Receives: bytes are read into a small per-peer inbox until a whole header is there; the header
+// is
 //   checked against the oldest posted receive (check_header) before any payload lands in the
-//   caller's buffer. The rest of the payload is then read straight into the caller's buffer, with the
-//   inbox as a second iovec, so one recvmsg() finishes a payload and picks up the next header. Small
-//   messages thus cost one read each, or less, and large ones are not copied.
+//   caller's buffer. The rest of the payload is then read straight into the caller's buffer, with
+//   the inbox as a second iovec, so one recvmsg() finishes a payload and picks up the next header.
+//   Small messages thus cost one read each, or less, and large ones are not copied.
 // - Waiting: a few tens of microseconds of non-blocking attempts catch a reply that is about to
 //   arrive (a loopback round trip is ~8 us when polled, ~100 us through a sleep and wake-up); after
 //   that the rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
 // - Errors: a lost peer is a PeerLostError naming it, no progress for CommOptions::timeout is a
-//   TimeoutError naming what was awaited from whom, a wrong header a MismatchError. Any error breaks
-//   the transport: it shuts all its connections at once, so peers blocked on this rank fail fast with
-//   PeerLostError instead of waiting out their timeouts, and every later call throws CommError.
+//   TimeoutError naming what was awaited from whom, a wrong header a MismatchError. Any error
+//   breaks the transport: it shuts all its connections at once, so peers blocked on this rank fail
+//   fast with PeerLostError instead of waiting out their timeouts, and every later call throws
+//   CommError.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
@@ -55,10 +57,10 @@ namespace coltrain::comm {
 namespace detail {
 
 // How long a waiting rank keeps making non-blocking attempts before it sleeps in poll(). Waking up
-// costs up to milliseconds on a VM (a halted vCPU must be rescheduled), which halves the bandwidth of
-// a pipelined ring, so a rank with a core of its own spins through the gaps between chunks. Ranks
-// that outnumber the cores spin only a little longer than a loopback round trip, so that they do not
-// starve each other.
+// costs up to milliseconds on a VM (a halted vCPU must be rescheduled), which halves the bandwidth
+// of a pipelined ring, so a rank with a core of its own spins through the gaps between chunks.
+// Ranks that outnumber the cores spin only a little longer than a loopback round trip, so that they
+// do not starve each other.
 inline constexpr auto kSpinWithOwnCore = std::chrono::microseconds(2000);
 inline constexpr auto kSpinWhenSharingCores = std::chrono::microseconds(50);
 
@@ -90,8 +92,8 @@ struct PendingReceive {
   std::size_t received = 0;  // payload bytes in place
 };
 
-// One peer's connection and its queues. Tickets count posted and completed operations per direction;
-// ticket t is complete once t < completed.
+// One peer's connection and its queues. Tickets count posted and completed operations per
+// direction; ticket t is complete once t < completed.
 struct PeerChannel {
   FileDescriptor socket;
   std::deque<PendingSend> sends;
@@ -128,7 +130,9 @@ class TcpTransport {
 
   // As above, logging the rendezvous (strangers turned away, timings) through `logger`.
   TcpTransport(const LaunchEnv& env, const CommOptions& options, const Logger& logger)
-      : options_(options), rank_(env.rank), size_(env.world_size),
+      : options_(options),
+        rank_(env.rank),
+        size_(env.world_size),
         spin_before_sleep_(detail::spin_before_sleep(env)) {
     std::vector<detail::FileDescriptor> sockets = detail::bootstrap_tcp_mesh(env, options_, logger);
     peers_.resize(sockets.size());
@@ -209,8 +213,9 @@ class TcpTransport {
                             context(peer, header));
     }
     if (header.bytes != payload_bytes) {
-      throw InvalidArgument(std::string(call) + ": header.bytes is " + std::to_string(header.bytes) +
-                                " but the payload has " + std::to_string(payload_bytes) + " bytes",
+      throw InvalidArgument(std::string(call) + ": header.bytes is " +
+                                std::to_string(header.bytes) + " but the payload has " +
+                                std::to_string(payload_bytes) + " bytes",
                             context(peer, header));
     }
     return peers_[static_cast<std::size_t>(peer)];
@@ -226,7 +231,8 @@ class TcpTransport {
   bool complete(const Request& request) const {
     if (request.peer < 0) return true;
     const PeerChannel& channel = peers_[static_cast<std::size_t>(request.peer)];
-    return request.ticket < (request.is_send ? channel.sends_completed : channel.receives_completed);
+    return request.ticket <
+           (request.is_send ? channel.sends_completed : channel.receives_completed);
   }
 
   void progress_until(const Request& request) {
@@ -276,14 +282,14 @@ class TcpTransport {
   bool progress_sends(int peer, PeerChannel& channel) {
     std::array<iovec, detail::kMaxSendIovecs> iov;
     std::size_t count = 0;
-    for (auto it = channel.sends.begin();
-         it != channel.sends.end() && count + 2 <= iov.size(); ++it) {
+    for (auto it = channel.sends.begin(); it != channel.sends.end() && count + 2 <= iov.size();
+         ++it) {
       if (it->sent < detail::kHeaderBytes) {
         iov[count++] = {reinterpret_cast<std::byte*>(&it->header) + it->sent,
                         detail::kHeaderBytes - it->sent};
       }
-      const std::size_t payload_sent = it->sent > detail::kHeaderBytes
-                                           ? it->sent - detail::kHeaderBytes : 0;
+      const std::size_t payload_sent =
+          it->sent > detail::kHeaderBytes ? it->sent - detail::kHeaderBytes : 0;
       if (payload_sent < it->payload.size()) {
         iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent,
                         it->payload.size() - payload_sent};
@@ -374,8 +380,8 @@ class TcpTransport {
         front.header_checked = true;
         progressed = true;
       }
-      const std::size_t take = std::min(channel.inbox_size(),
-                                        front.payload.size() - front.received);
+      const std::size_t take =
+          std::min(channel.inbox_size(), front.payload.size() - front.received);
       if (take > 0) {
         std::memcpy(front.payload.data() + front.received,
                     channel.inbox.get() + channel.inbox_begin, take);
@@ -400,16 +406,16 @@ class TcpTransport {
                                            const std::string& reason, bool lost) const {
     if (!lost) {
       throw CommError("rank " + std::to_string(rank_) + " failed on its connection to rank " +
-                           std::to_string(peer) + " (" + reason + ") during " +
-                           std::string(name_of(in_flight.collective)) + " #" +
-                           std::to_string(in_flight.sequence),
-                       context(peer, in_flight));
+                          std::to_string(peer) + " (" + reason + ") during " +
+                          std::string(name_of(in_flight.collective)) + " #" +
+                          std::to_string(in_flight.sequence),
+                      context(peer, in_flight));
     }
     throw PeerLostError("rank " + std::to_string(rank_) + " lost its connection to rank " +
-                             std::to_string(peer) + " (" + reason + ") during " +
-                             std::string(name_of(in_flight.collective)) + " #" +
-                             std::to_string(in_flight.sequence),
-                         context(peer, in_flight));
+                            std::to_string(peer) + " (" + reason + ") during " +
+                            std::string(name_of(in_flight.collective)) + " #" +
+                            std::to_string(in_flight.sequence),
+                        context(peer, in_flight));
   }
 
   TimeoutError timeout_error(const Request& request) const {

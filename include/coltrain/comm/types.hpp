@@ -1,6 +1,7 @@
 #pragma once
-// The vocabulary of coltrain's collectives: which collective, which reduction, which algorithm, which
-// backend. Each enum has a name for messages and a parser for command lines and environment variables.
+// The vocabulary of coltrain's collectives: which collective, which reduction, which algorithm,
+// which backend. Each enum has a name for messages and a parser for command lines and environment
+// variables.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -30,8 +31,8 @@ enum class ReduceOp : std::uint8_t {
   kAvg,  // sum, then divided by the number of ranks (integers: truncated, as NCCL does)
 };
 
-// How a collective is carried out. The trade-offs, with p ranks, n bytes, latency a, time per byte b
-// and reduction time per byte g (docs/collectives.md derives them):
+// How a collective is carried out. The trade-offs, with p ranks, n bytes, latency a, time per byte
+// b and reduction time per byte g (docs/collectives.md derives them):
 enum class Algorithm : std::uint8_t {
   kNative,           // the backend's own collective (MPI_Allreduce...); MPI backend only
   kRing,             // 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng: bandwidth-optimal, latency grows with p
@@ -45,7 +46,8 @@ enum class Backend : std::uint8_t { kMpi, kTcp };
 namespace detail {
 
 template <class Enum, std::size_t N>
-Enum parse_enum(std::string_view text, const std::array<std::pair<std::string_view, Enum>, N>& names,
+Enum parse_enum(std::string_view text,
+                const std::array<std::pair<std::string_view, Enum>, N>& names,
                 std::string_view what) {
   std::string valid;
   for (const auto& [name, value] : names) {
@@ -58,8 +60,8 @@ Enum parse_enum(std::string_view text, const std::array<std::pair<std::string_vi
 }
 
 template <class Enum, std::size_t N>
-constexpr std::string_view enum_name(Enum value,
-                                     const std::array<std::pair<std::string_view, Enum>, N>& names) {
+constexpr std::string_view enum_name(
+    Enum value, const std::array<std::pair<std::string_view, Enum>, N>& names) {
   for (const auto& [name, candidate] : names) {
     if (candidate == value) return name;
   }
@@ -98,10 +100,18 @@ inline constexpr std::array<std::pair<std::string_view, Backend>, 2> kBackendNam
 
 }  // namespace detail
 
-constexpr std::string_view name_of(Collective c) { return detail::enum_name(c, detail::kCollectiveNames); }
-constexpr std::string_view name_of(ReduceOp op) { return detail::enum_name(op, detail::kReduceOpNames); }
-constexpr std::string_view name_of(Algorithm a) { return detail::enum_name(a, detail::kAlgorithmNames); }
-constexpr std::string_view name_of(Backend b) { return detail::enum_name(b, detail::kBackendNames); }
+constexpr std::string_view name_of(Collective c) {
+  return detail::enum_name(c, detail::kCollectiveNames);
+}
+constexpr std::string_view name_of(ReduceOp op) {
+  return detail::enum_name(op, detail::kReduceOpNames);
+}
+constexpr std::string_view name_of(Algorithm a) {
+  return detail::enum_name(a, detail::kAlgorithmNames);
+}
+constexpr std::string_view name_of(Backend b) {
+  return detail::enum_name(b, detail::kBackendNames);
+}
 
 inline Collective parse_collective(std::string_view text) {
   return detail::parse_enum(text, detail::kCollectiveNames, "collective");

@@ -1,7 +1,7 @@
 #pragma once
-// The one place that decides how coltrain's headers compile: which compiler (g++, mpicxx, nvcc), which
-// optional backends are present, and the portable host/device annotations. Every other header includes
-// this one first, so a translation unit sees one consistent answer.
+// The one place that decides how coltrain's headers compile: which compiler (g++, mpicxx, nvcc),
+// which optional backends are present, and the portable host/device annotations. Every other header
+// includes this one first, so a translation unit sees one consistent answer.
 
 #define COLTRAIN_VERSION_MAJOR 0
 #define COLTRAIN_VERSION_MINOR 1
@@ -37,8 +37,8 @@
 
 // Optional backends. Each is detected by the presence of its header, which is what `mpicxx` or
 // `-I/usr/local/cuda/include` provide, and can be forced with -DCOLTRAIN_WITH_X=0 or =1. The CMake
-// target always defines them explicitly, so that an mpi.h that happens to be on the include path is not
-// used unless the target also links MPI.
+// target always defines them explicitly, so that an mpi.h that happens to be on the include path is
+// not used unless the target also links MPI.
 #ifndef COLTRAIN_WITH_MPI
 #if __has_include(<mpi.h>)
 #define COLTRAIN_WITH_MPI 1

@@ -443,7 +443,8 @@ using ElementType = typename detail::ElementTypeOf<D>::type;
 
 namespace coltrain::detail {
 
-// The constants of a 16-bit float format, as std::numeric_limits names them; bit patterns for values.
+// The constants of a 16-bit float format, as std::numeric_limits names them; bit patterns for
+// values.
 struct HalfFormat {
   static constexpr int digits = 11, digits10 = 3, max_digits10 = 5;
   static constexpr int min_exponent = -13, min_exponent10 = -4;

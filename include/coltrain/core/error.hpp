@@ -1,8 +1,8 @@
 #pragma once
-// coltrain's exceptions. Each carries the context an HPC user needs to find the fault in a job of many
-// ranks: which rank, which peer, which operation and its sequence number, which file and offset. The
-// check macros at the end turn MPI, CUDA, cuBLAS, cuDNN and NCCL return codes into BackendError with the
-// library's own message and the file:line of the call.
+// coltrain's exceptions. Each carries the context an HPC user needs to find the fault in a job of
+// many ranks: which rank, which peer, which operation and its sequence number, which file and
+// offset. The check macros at the end turn MPI, CUDA, cuBLAS, cuDNN and NCCL return codes into
+// BackendError with the library's own message and the file:line of the call.
 
 #include <coltrain/core/config.hpp>
 
@@ -19,11 +19,11 @@ namespace coltrain {
 struct ErrorContext {
   std::optional<int> rank;
   std::optional<int> peer;
-  std::string operation;             // "allreduce", "connect", "read IDX header"...
+  std::string operation;                  // "allreduce", "connect", "read IDX header"...
   std::optional<std::uint64_t> sequence;  // the collective's sequence number on its communicator
-  std::string file;                  // a data file, or the source file of a failed call
+  std::string file;                       // a data file, or the source file of a failed call
   std::optional<std::uint64_t> offset;    // byte offset in `file` (data files)
-  std::optional<int> line;           // source line (failed library calls)
+  std::optional<int> line;                // source line (failed library calls)
 };
 
 namespace detail {
@@ -41,8 +41,10 @@ inline std::string describe(const ErrorContext& c) {
   if (!c.operation.empty()) field("operation ", c.operation);
   if (c.sequence) field("sequence #", *c.sequence);
   if (!c.file.empty()) {
-    if (c.line) field(c.file, ':', *c.line);
-    else field("file ", c.file);
+    if (c.line)
+      field(c.file, ':', *c.line);
+    else
+      field("file ", c.file);
   }
   if (c.offset) field("offset ", *c.offset);
   return out.str();
@@ -82,12 +84,14 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
-// A file could not be opened, read or written, or its contents are malformed; names the file and offset.
+// A file could not be opened, read or written, or its contents are malformed; names the file and
+// offset.
 class IoError : public Error {
   using Error::Error;
 };
 
-// Communication failed. Subclasses say how; the context names the rank, peer, operation and sequence.
+// Communication failed. Subclasses say how; the context names the rank, peer, operation and
+// sequence.
 class CommError : public Error {
   using Error::Error;
 };
@@ -125,8 +129,9 @@ class BackendError : public Error {
 
 namespace detail {
 
-[[noreturn]] inline void throw_backend_error(const char* library, long code, const std::string& reason,
-                                             const char* call, const char* file, int line) {
+[[noreturn]] inline void throw_backend_error(const char* library, long code,
+                                             const std::string& reason, const char* call,
+                                             const char* file, int line) {
   ErrorContext context;
   context.operation = call;
   context.file = file;
@@ -137,33 +142,33 @@ namespace detail {
 }  // namespace detail
 }  // namespace coltrain
 
-// The check macros expand at the call site, where the library's own header is already included, so this
-// header needs none of them. Each evaluates its argument exactly once; the call is quoted as written,
-// before its macros (MPI_COMM_WORLD...) expand.
+// The check macros expand at the call site, where the library's own header is already included, so
+// this header needs none of them. Each evaluates its argument exactly once; the call is quoted as
+// written, before its macros (MPI_COMM_WORLD...) expand.
 
 // Shared body: unless `call` returned `success`, throws BackendError with `describe(status)` as the
 // library's message.
-#define COLTRAIN_DETAIL_CHECK(library, call, call_text, success, describe)                       \
-  do {                                                                                           \
-    const auto coltrain_status_ = (call);                                                        \
-    if (coltrain_status_ != (success)) {                                                         \
-      ::coltrain::detail::throw_backend_error(library, static_cast<long>(coltrain_status_),     \
-                                              describe(coltrain_status_), call_text, __FILE__,   \
-                                              __LINE__);                                         \
-    }                                                                                            \
+#define COLTRAIN_DETAIL_CHECK(library, call, call_text, success, describe)                     \
+  do {                                                                                         \
+    const auto coltrain_status_ = (call);                                                      \
+    if (coltrain_status_ != (success)) {                                                       \
+      ::coltrain::detail::throw_backend_error(library, static_cast<long>(coltrain_status_),    \
+                                              describe(coltrain_status_), call_text, __FILE__, \
+                                              __LINE__);                                       \
+    }                                                                                          \
   } while (0)
 
-#define COLTRAIN_CHECK_MPI(call)                                                                 \
-  COLTRAIN_DETAIL_CHECK("MPI", call, #call, MPI_SUCCESS, [](int status) {                        \
-    char text[MPI_MAX_ERROR_STRING];                                                             \
-    int length = 0;                                                                              \
-    MPI_Error_string(status, text, &length);                                                     \
-    return std::string(text, length);                                                            \
+#define COLTRAIN_CHECK_MPI(call)                                          \
+  COLTRAIN_DETAIL_CHECK("MPI", call, #call, MPI_SUCCESS, [](int status) { \
+    char text[MPI_MAX_ERROR_STRING];                                      \
+    int length = 0;                                                       \
+    MPI_Error_string(status, text, &length);                              \
+    return std::string(text, length);                                     \
   })
 
-#define COLTRAIN_CHECK_CUDA(call)                                                                \
-  COLTRAIN_DETAIL_CHECK("CUDA", call, #call, cudaSuccess, [](cudaError_t status) {               \
-    return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";      \
+#define COLTRAIN_CHECK_CUDA(call)                                                           \
+  COLTRAIN_DETAIL_CHECK("CUDA", call, #call, cudaSuccess, [](cudaError_t status) {          \
+    return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")"; \
   })
 
 // After a kernel launch: reports launch-configuration errors at the line of the launch.
@@ -175,7 +180,7 @@ namespace detail {
 #define COLTRAIN_CHECK_CUDNN(call) \
   COLTRAIN_DETAIL_CHECK("cuDNN", call, #call, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 
-// NCCL's nonblocking communicators return ncclInProgress from calls still running; code that uses them
-// checks for it before this macro.
+// NCCL's nonblocking communicators return ncclInProgress from calls still running; code that uses
+// them checks for it before this macro.
 #define COLTRAIN_CHECK_NCCL(call) \
   COLTRAIN_DETAIL_CHECK("NCCL", call, #call, ncclSuccess, ncclGetErrorString)

@@ -1,10 +1,12 @@
 #pragma once
-// Rank-prefixed logging for jobs of many processes, and rank-0 printing for results. A Logger is a value
-// owned by whoever needs it (no global logger), so two communicators in one process log independently.
+// Rank-prefixed logging for jobs of many processes, and rank-0 printing for results. A Logger is a
+// value owned by whoever needs it (no global logger), so two communicators in one process log
+// independently.
 //
-// Log lines go to stderr as "[coltrain rank 1/4] warn: message"; each line is written with one call so
-// lines from several threads do not interleave. print_root() writes plain lines to stdout on rank 0 only:
-// that is what a user reads (tables, epoch lines), and it must not depend on the log level.
+// Log lines go to stderr as "[coltrain rank 1/4] warn: message"; each line is written with one call
+// so lines from several threads do not interleave. print_root() writes plain lines to stdout on
+// rank 0 only: that is what a user reads (tables, epoch lines), and it must not depend on the log
+// level.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -21,10 +23,14 @@ enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
 inline std::string_view name_of(LogLevel level) {
   switch (level) {
-    case LogLevel::kError: return "error";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kDebug: return "debug";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
   }
   return "unknown";
 }
@@ -52,7 +58,10 @@ class Logger {
  public:
   Logger(int rank, int world_size, LogLevel level = log_level_from_env(),
          std::ostream& log_stream = std::cerr, std::ostream& print_stream = std::cout)
-      : rank_(rank), world_size_(world_size), level_(level), log_(&log_stream),
+      : rank_(rank),
+        world_size_(world_size),
+        level_(level),
+        log_(&log_stream),
         print_(&print_stream) {}
 
   int rank() const noexcept { return rank_; }
@@ -60,20 +69,34 @@ class Logger {
   LogLevel level() const noexcept { return level_; }
   bool enabled(LogLevel level) const noexcept { return level <= level_; }
 
-  template <class... Parts> void error(const Parts&... parts) const { log(LogLevel::kError, parts...); }
-  template <class... Parts> void warn(const Parts&... parts) const { log(LogLevel::kWarn, parts...); }
-  template <class... Parts> void info(const Parts&... parts) const { log(LogLevel::kInfo, parts...); }
-  template <class... Parts> void debug(const Parts&... parts) const { log(LogLevel::kDebug, parts...); }
+  template <class... Parts>
+  void error(const Parts&... parts) const {
+    log(LogLevel::kError, parts...);
+  }
+  template <class... Parts>
+  void warn(const Parts&... parts) const {
+    log(LogLevel::kWarn, parts...);
+  }
+  template <class... Parts>
+  void info(const Parts&... parts) const {
+    log(LogLevel::kInfo, parts...);
+  }
+  template <class... Parts>
+  void debug(const Parts&... parts) const {
+    log(LogLevel::kDebug, parts...);
+  }
 
   // One line on rank 0's stdout, whatever the level; other ranks print nothing.
-  template <class... Parts> void print_root(const Parts&... parts) const {
+  template <class... Parts>
+  void print_root(const Parts&... parts) const {
     if (rank_ != 0) return;
     std::ostringstream line;
     (line << ... << parts) << '\n';
     write(*print_, line.str());
   }
 
-  template <class... Parts> void log(LogLevel level, const Parts&... parts) const {
+  template <class... Parts>
+  void log(LogLevel level, const Parts&... parts) const {
     if (!enabled(level)) return;
     std::ostringstream line;
     line << "[coltrain rank " << rank_ << '/' << world_size_ << "] " << name_of(level) << ": ";

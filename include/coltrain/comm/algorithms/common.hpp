@@ -1,6 +1,6 @@
 #pragma once
-// What the algorithms share: how an array is cut into blocks and chunks, the tuning knobs, and typed
-// views of buffers as the bytes a Transport moves.
+// What the algorithms share: how an array is cut into blocks and chunks, the tuning knobs, and
+// typed views of buffers as the bytes a Transport moves.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
@@ -46,14 +46,15 @@ class Blocks {
 };
 
 // How many chunks each of the blocks of `blocks` is cut into: the same number for every block, so
-// that chunk j of any block is one pipeline unit; at least one, so empty blocks still carry a header.
+// that chunk j of any block is one pipeline unit; at least one, so empty blocks still carry a
+// header.
 template <class T>
 std::size_t chunks_per_block(const Blocks& blocks, const AlgorithmTuning& tuning) {
   const std::size_t largest_bytes = blocks.size(0) * sizeof(T);
   const std::size_t floor_bytes = std::min(tuning.min_chunk_bytes, tuning.chunk_bytes);
-  const std::size_t chunk_bytes = std::clamp(largest_bytes / std::max<std::size_t>(1,
-                                                 tuning.min_chunks_per_block),
-                                             floor_bytes, tuning.chunk_bytes);
+  const std::size_t chunk_bytes =
+      std::clamp(largest_bytes / std::max<std::size_t>(1, tuning.min_chunks_per_block), floor_bytes,
+                 tuning.chunk_bytes);
   const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
   return std::max<std::size_t>(1, (blocks.size(0) + chunk_elements - 1) / chunk_elements);
 }
@@ -109,8 +110,13 @@ class ReceivePipeline {
   template <class RangeOf>
   ReceivePipeline(Tr& transport, int peer, const MessageHeader& call, std::size_t units,
                   std::size_t slot_elements, RangeOf range_of)
-      : transport_(transport), peer_(peer), call_(call), units_(units),
-        slot_elements_(slot_elements), buffer_(kSlots * slot_elements), range_of_(range_of) {
+      : transport_(transport),
+        peer_(peer),
+        call_(call),
+        units_(units),
+        slot_elements_(slot_elements),
+        buffer_(kSlots * slot_elements),
+        range_of_(range_of) {
     for (std::size_t u = 0; u < std::min(kSlots, units_); ++u) post(u);
   }
 

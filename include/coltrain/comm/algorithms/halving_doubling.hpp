@@ -1,13 +1,13 @@
 #pragma once
 // Rabenseifner's allreduce: a reduce-scatter by recursive halving (lg p exchanges, each with the
 // partner whose rank differs in one bit, halving the data each time) and an allgather by recursive
-// doubling (the same exchanges in reverse). With p = 2^k ranks and n bytes: 2 lg(p) steps, each rank
-// sends 2(p-1)/p n bytes and reduces (p-1)/p n bytes: bandwidth-optimal like ring, with lg p instead of
-// p latencies.
+// doubling (the same exchanges in reverse). With p = 2^k ranks and n bytes: 2 lg(p) steps, each
+// rank sends 2(p-1)/p n bytes and reduces (p-1)/p n bytes: bandwidth-optimal like ring, with lg p
+// instead of p latencies.
 //
 // Other p: with q the largest power of two below p and e = p - q, the first 2e ranks pair up; each
-// even one hands its whole vector to the odd one after it (which reduces) and sits out while q ranks
-// run the algorithm, then receives the result: 2 extra steps of n bytes on those ranks.
+// even one hands its whole vector to the odd one after it (which reduces) and sits out while q
+// ranks run the algorithm, then receives the result: 2 extra steps of n bytes on those ranks.
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
@@ -54,8 +54,8 @@ void halving_doubling_allreduce(Tr& transport, const T* input, T* output, std::s
       virtual_rank = -1;
     } else {
       scratch.resize(count);
-      auto receive = transport.irecv(r - 1, whole, detail::writable_bytes_of(scratch.data(),
-                                                                            everything));
+      auto receive =
+          transport.irecv(r - 1, whole, detail::writable_bytes_of(scratch.data(), everything));
       transport.wait(receive);
       reduce_into(output, output, scratch.data(), count, op);
       virtual_rank = r / 2;

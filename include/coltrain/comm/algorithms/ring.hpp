@@ -3,8 +3,9 @@
 // into p segments and every segment into chunks; a chunk is forwarded as soon as it is reduced (or
 // received), so receiving, reducing and sending overlap. With p ranks and n bytes:
 //   allreduce:      2(p-1) steps, each rank sends 2(p-1)/p n bytes, reduces (p-1)/p n bytes
-//   reduce-scatter: p-1 steps, (p-1)/p of the input sent;  allgather: p-1 steps, (p-1)/p of the output
-//   broadcast, reduce: a pipelined chain from or to the root: n bytes per link, p-1 + chunks steps
+//   reduce-scatter: p-1 steps, (p-1)/p of the input sent;  allgather: p-1 steps, (p-1)/p of the
+//   output broadcast, reduce: a pipelined chain from or to the root: n bytes per link, p-1 + chunks
+//   steps
 // Bandwidth-optimal; the latency term grows with p, so small messages prefer tree or
 // halving-doubling.
 
@@ -19,12 +20,15 @@ namespace coltrain::comm {
 
 namespace detail {
 
-// The ring's layout: `count` elements in p segments, each cut into the same number of chunks. A unit
-// u is chunk u % chunks of the segment that moves at step u / chunks.
+// The ring's layout: `count` elements in p segments, each cut into the same number of chunks. A
+// unit u is chunk u % chunks of the segment that moves at step u / chunks.
 template <class T>
 struct RingLayout {
   RingLayout(int p, int r, std::size_t count, const AlgorithmTuning& tuning)
-      : p(p), r(r), right((r + 1) % p), left((r + p - 1) % p),
+      : p(p),
+        r(r),
+        right((r + 1) % p),
+        left((r + p - 1) % p),
         segments(count, static_cast<std::size_t>(p)),
         chunks(chunks_per_block<T>(segments, tuning)),
         units(static_cast<std::size_t>(p - 1) * chunks) {}
@@ -47,8 +51,8 @@ struct RingLayout {
 
 // Reduce-scatter steps: step s sends segment r-1-s and receives segment r-2-s, so that afterwards
 // work[segment r] holds the reduction over all ranks, and the other segments of work hold partial
-// results. `input` may equal `work`. Each chunk of segment r is handed to `on_final(range)` as soon as
-// it is complete. Returns the sends, still in flight: unit u's send reads the chunk that the
+// results. `input` may equal `work`. Each chunk of segment r is handed to `on_final(range)` as soon
+// as it is complete. Returns the sends, still in flight: unit u's send reads the chunk that the
 // allgather's unit u later receives into.
 template <Transport Tr, ReducibleElement T, class OnFinal>
 std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport,
@@ -83,9 +87,9 @@ std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport,
 }
 
 // Allgather steps: on entry the chunks of data[segment r] are being sent (`sends` holds them, in
-// order, possibly after earlier sends); step s sends segment r-s and receives segment r-s-1 straight
-// into `data`. Before a receive lands in a chunk, the earlier send `reads[u]` from that chunk, if
-// any, must be done.
+// order, possibly after earlier sends); step s sends segment r-s and receives segment r-s-1
+// straight into `data`. Before a receive lands in a chunk, the earlier send `reads[u]` from that
+// chunk, if any, must be done.
 template <Transport Tr, class T>
 void ring_allgather_steps(Tr& transport, const RingLayout<T>& ring, T* data,
                           const MessageHeader& call, std::vector<typename Tr::Request>& sends,
@@ -94,8 +98,8 @@ void ring_allgather_steps(Tr& transport, const RingLayout<T>& ring, T* data,
   for (std::size_t u = 0; u < ring.units; ++u) {
     if (u < reads.size()) transport.wait(reads[u]);
     const Range range = ring.unit_range(u, 1);
-    receives[u] = transport.irecv(ring.left, message<T>(call, range.size),
-                                  writable_bytes_of(data, range));
+    receives[u] =
+        transport.irecv(ring.left, message<T>(call, range.size), writable_bytes_of(data, range));
   }
   for (std::size_t u = 0; u < ring.units; ++u) {
     transport.wait(receives[u]);
@@ -139,15 +143,15 @@ void ring_allreduce(Tr& transport, const T* input, T* output, std::size_t count,
   auto reduce_scatter_sends = detail::ring_reduce_scatter_steps(
       transport, ring, input, output, op, call, [&](detail::Range range) {
         if (op == ReduceOp::kAvg) divide_by_ranks(output + range.begin, range.size, p);
-        allgather_sends.push_back(transport.isend(
-            ring.right, detail::message<T>(call, range.size), detail::bytes_of(output, range)));
+        allgather_sends.push_back(transport.isend(ring.right, detail::message<T>(call, range.size),
+                                                  detail::bytes_of(output, range)));
       });
   detail::ring_allgather_steps(transport, ring, output, call, allgather_sends,
                                reduce_scatter_sends);
 }
 
-// input: count * p elements; output: this rank's count elements of the reduction. `scratch` is reused
-// across calls to hold the partial results.
+// input: count * p elements; output: this rank's count elements of the reduction. `scratch` is
+// reused across calls to hold the partial results.
 template <Transport Tr, ReducibleElement T>
 void ring_reduce_scatter(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
                          const MessageHeader& call, const AlgorithmTuning& tuning,
@@ -254,8 +258,8 @@ void ring_reduce(Tr& transport, const T* input, T* output, std::size_t count, in
     scratch.resize(count);
     work = scratch.data();
   }
-  detail::ReceivePipeline<Tr, T> receives(transport, away_from_root, call, chunks,
-                                          pieces.size(0), range_of);
+  detail::ReceivePipeline<Tr, T> receives(transport, away_from_root, call, chunks, pieces.size(0),
+                                          range_of);
   for (std::size_t j = 0; j < chunks; ++j) {
     const detail::Range range = range_of(j);
     reduce_into(work + range.begin, input + range.begin, receives.wait(j), range.size, op);
