@@ -178,34 +178,31 @@ COLTRAIN_HOST_DEVICE constexpr std::uint16_t bf16_nan_from_float_bits(std::uint3
   return static_cast<std::uint16_t>((float_bits >> 16) | 0x0040u);
 }
 
+// Written without branches, every case computed and the right one selected, so that loops of
+// conversions vectorise (the f16 path of the collectives converts every element twice).
 COLTRAIN_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float value) {
   const std::uint32_t x = bits_of(value);
-  if (is_nan_bits(x)) return half_nan_from_float_bits(x);
 #if COLTRAIN_DEVICE_CODE
-  if (!__builtin_is_constant_evaluated()) return __half_as_ushort(__float2half_rn(value));
+  if (!__builtin_is_constant_evaluated() && !is_nan_bits(x)) {
+    return __half_as_ushort(__float2half_rn(value));
+  }
 #endif
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t magnitude = x & 0x7fffffffu;
+  // A normal half: rebias the exponent (127 - 15 = 112) and round off 13 mantissa bits, ties to
+  // even. A carry out of the mantissa correctly increments the exponent.
+  const std::uint32_t rebiased = magnitude - (112u << 23);
+  const std::uint32_t normal = (rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13;
+  // Below 2^-14 the result counts units of 2^-24, the ulp of 0.5f: adding 0.5f makes the FPU round
+  // the value to that unit, ties to even, and 2^-25 and below to zero. Every float subnormal is
+  // covered; it needs round-to-nearest and no flush-to-zero, the defaults.
+  const std::uint32_t subnormal =
+      bits_of(float_from_bits(magnitude) + 0.5f) - bits_of(0.5f);
+  std::uint32_t result = magnitude >= 0x38800000u ? normal : subnormal;
   // From 65520, half an ulp above the largest half (65504), RNE rounds to Inf.
-  if (magnitude >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (magnitude >= 0x38800000u) {
-    // A normal half: rebias the exponent (127 - 15 = 112) and round off 13 mantissa bits. A carry
-    // out of the mantissa correctly increments the exponent.
-    const std::uint32_t rebiased = magnitude - (112u << 23);
-    return static_cast<std::uint16_t>(sign |
-                                      ((rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13));
-  }
-  // Up to 2^-25, half the smallest subnormal, the value rounds to (signed) zero; 2^-25 is a tie
-  // that goes to the even zero. This covers every float subnormal.
-  if (magnitude <= 0x33000000u) return static_cast<std::uint16_t>(sign);
-  // A subnormal half counts units of 2^-24: shift the 24-bit significand down to that unit.
-  const std::uint32_t significand = (magnitude & 0x007fffffu) | 0x00800000u;
-  const std::uint32_t shift = 126u - (magnitude >> 23);  // 14..24
-  const std::uint32_t kept = significand >> shift;
-  const std::uint32_t dropped = significand & ((1u << shift) - 1u);
-  const std::uint32_t halfway = 1u << (shift - 1u);
-  const bool round_up = dropped > halfway || (dropped == halfway && (kept & 1u) != 0);
-  return static_cast<std::uint16_t>(sign | (kept + (round_up ? 1u : 0u)));
+  result = magnitude >= 0x477ff000u ? 0x7c00u : result;
+  result = is_nan_bits(x) ? half_nan_from_float_bits(x) & 0x7fffu : result;
+  return static_cast<std::uint16_t>(sign | result);
 }
 
 COLTRAIN_HOST_DEVICE constexpr float half_bits_to_float(std::uint16_t bits) {
