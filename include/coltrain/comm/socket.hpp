@@ -235,9 +235,9 @@ inline FileDescriptor listen_ipv4(const Ipv4Endpoint& at, int buffer_bytes,
                         context);
     }
     if (error == EADDRINUSE) {
-      throw CommError(what + ": " + errno_text(error) +
-                          " (another job, or another program, holds " + "this port)",
-                      context);
+      throw CommError(
+          what + ": " + errno_text(error) + " (another job, or another program, holds this port)",
+          context);
     }
     throw_system_error(what, error, context);
   }
@@ -297,8 +297,7 @@ inline int try_connect(int fd, const Ipv4Endpoint& to, const Deadline& deadline)
 
 // Connects to `to`, retrying transient failures with a growing pause until `deadline`, so that
 // ranks may start in any order. `buffer_bytes` (if nonzero) sizes the socket buffers before the
-// handshake. Throws TimeoutError when the deadline passes: "could not connect to <target> within
-// ...".
+// handshake. Throws TimeoutError, "could not connect to <target> ...", when the deadline passes.
 inline FileDescriptor connect_with_retry(const Ipv4Endpoint& to, int buffer_bytes,
                                          const Deadline& deadline, std::string_view target,
                                          Clock::duration timeout, const ErrorContext& context) {
@@ -354,8 +353,7 @@ inline IoResult send_exact(int fd, std::span<const std::byte> bytes, const Deadl
   return {};
 }
 
-// Reads exactly `bytes.size()` bytes from a non-blocking socket, waiting in poll() until
-// `deadline`.
+// Reads all of `bytes` from a non-blocking socket, waiting in poll() until `deadline`.
 inline IoResult recv_exact(int fd, std::span<std::byte> bytes, const Deadline& deadline) {
   while (!bytes.empty()) {
     const ssize_t received = ::recv(fd, bytes.data(), bytes.size(), 0);

@@ -3,8 +3,7 @@
 // connected socket per pair of ranks.
 //
 // 1. Every rank opens a data listener on an ephemeral port, on the address of
-// COLTRAIN_SOCKET_IFNAME,
-//    else on the address this host uses to reach MASTER_ADDR.
+//    COLTRAIN_SOCKET_IFNAME, else on the address this host uses to reach MASTER_ADDR.
 // 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT; ranks 1..n-1 connect (retrying, so ranks may start
 //    in any order) and send a RendezvousHello with their data address. Rank 0 checks each hello and
 //    drops, with a warning, any connection that is not a rank of this job: a port scanner or a
@@ -13,9 +12,8 @@
 //    rendezvous port, so that the next job or communicator can bind it. If ranks are missing at the
 //    deadline, the table it sends instead names them, so every rank's TimeoutError says who never
 //    came.
-// 4. Full mesh: for each pair, the higher rank connects to the lower rank's data listener and sends
-// a
-//    MeshHello carrying the nonce; the lower rank admits only hellos with this job's nonce.
+// 4. Full mesh: for each pair, the higher rank connects to the lower rank's data listener and
+//    sends a MeshHello carrying the nonce; the lower rank admits only hellos with this job's nonce.
 //
 // Handshakes travel in host byte order, as message headers do: a job's ranks share one
 // architecture. Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
