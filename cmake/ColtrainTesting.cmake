@@ -128,3 +128,31 @@ function(coltrain_add_header_checks)
     set_tests_properties(${checks} PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
   endforeach()
 endfunction()
+
+# coltrain_add_parity_test(NAME n SOURCES s... SCRIPT py [LINK t...])
+# Parity with PyTorch: the test "<n>.references" runs `python SCRIPT --out DIR` (PyTorch writes its
+# results as safetensors), then every Catch test case in n becomes "<n>.<case>" and compares against DIR,
+# found through COLTRAIN_PARITY_DIR. Without a Python that imports torch the suite is one test, "<n>",
+# that reports "skipped: PyTorch is not installed" (CTest: skipped), so a missing PyTorch is visible.
+function(coltrain_add_parity_test)
+  cmake_parse_arguments(ARG "" "NAME;SCRIPT" "SOURCES;LINK" ${ARGN})
+  add_executable(${ARG_NAME} ${ARG_SOURCES}
+                 "${PROJECT_SOURCE_DIR}/tests/support/catch_parity_main.cpp")
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
+                                            ${ARG_LINK})
+  if(COLTRAIN_PYTHON_HAS_TORCH)
+    set(dir "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_references")
+    add_test(NAME ${ARG_NAME}.references
+             COMMAND "${COLTRAIN_PYTHON}" "${ARG_SCRIPT}" --out "${dir}")
+    set_tests_properties(${ARG_NAME}.references PROPERTIES LABELS "unit;parity"
+                         TIMEOUT ${COLTRAIN_TEST_TIMEOUT} FIXTURES_SETUP ${ARG_NAME}_references)
+    catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}."
+                         PROPERTIES LABELS "unit;parity" TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
+                                    ENVIRONMENT "COLTRAIN_PARITY_DIR=${dir}"
+                                    FIXTURES_REQUIRED ${ARG_NAME}_references)
+  else()
+    add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME})
+    set_tests_properties(${ARG_NAME} PROPERTIES LABELS "unit;parity" TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
+                                                SKIP_RETURN_CODE ${COLTRAIN_SKIP_RETURN_CODE})
+  endif()
+endfunction()

@@ -1,0 +1,75 @@
+#pragma once
+// ReLU: max(x, 0), elementwise, any shape. The gradient passes where the output is positive.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/nn/compute_precision.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace coltrain::nn {
+
+namespace detail {
+// Elementwise loops are split across the pool only when they are long enough to pay for it.
+inline constexpr std::int64_t kParallelElementwiseMin = 1 << 15;
+
+template <class Device, class F>
+void parallel_elementwise(Context<Device>& ctx, std::int64_t n, F&& f) {
+  if (n < kParallelElementwiseMin)
+    f(std::int64_t{0}, n);
+  else
+    ctx.pool().parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) { f(begin, end); });
+}
+}  // namespace detail
+
+template <class In, class T, class Device>
+class ReluLayer {
+ public:
+  using Input = In;
+  using Output = In;
+  static constexpr std::size_t kParameterCount = 0;
+
+  void initialize(Rng&) {}
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const T* x = in.data();
+    T* y = out.data();
+    const T zero = detail::to_storage_value<T>(compute_t<T>(0));
+    detail::parallel_elementwise(ctx, in.numel(), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i)
+        y[i] = detail::to_compute_value<compute_t<T>>(x[i]) > 0 ? x[i] : zero;
+    });
+  }
+
+  void backward(tensor::TensorView<const T, Device>, tensor::TensorView<const T, Device> out,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    if (grad_in.empty()) return;
+    const T* y = out.data();
+    const T* dy = grad_out.data();
+    T* dx = grad_in.data();
+    const T zero = detail::to_storage_value<T>(compute_t<T>(0));
+    detail::parallel_elementwise(ctx, out.numel(), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i)
+        dx[i] = detail::to_compute_value<compute_t<T>>(y[i]) > 0 ? dy[i] : zero;
+    });
+  }
+
+  template <class F>
+  void visit_parameters(F&&, const std::string&) {}
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+};
+
+// torch.nn.ReLU.
+struct ReLU {
+  template <class In, class T, class Device>
+  using Bind = ReluLayer<In, T, Device>;
+};
+
+}  // namespace coltrain::nn

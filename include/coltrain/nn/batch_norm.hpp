@@ -1,0 +1,198 @@
+#pragma once
+// BatchNorm2d<Momentum, Eps>: per-channel batch normalisation of NCHW samples, as
+// torch.nn.BatchNorm2d: in training, batch statistics normalise (biased variance) and the running
+// statistics move by `Momentum` (running_var takes the unbiased variance); in evaluation the running
+// statistics normalise. Parameters weight (gamma) and bias (beta); buffers running_mean, running_var
+// and num_batches_tracked, with PyTorch's names.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/nn/compute_precision.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/nn/parameter.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace coltrain::nn {
+
+template <double Momentum, double Eps, class In, class T, class Device>
+class BatchNorm2dLayer {
+  static_assert(In::kRank == 3, "coltrain::nn::BatchNorm2d: the input must be an image, StaticShape<C, H, W>");
+  static_assert(Momentum >= 0.0 && Momentum <= 1.0, "coltrain::nn::BatchNorm2d: momentum must lie in [0, 1]");
+  static_assert(Eps > 0.0, "coltrain::nn::BatchNorm2d: eps must be positive");
+  using S = compute_t<T>;
+  static constexpr std::int64_t kC = In::kDims[0];
+  static constexpr std::int64_t kPlane = In::kDims[1] * In::kDims[2];
+
+ public:
+  using Input = In;
+  using Output = In;
+  static constexpr std::size_t kParameterCount = 2 * In::kDims[0];
+
+  BatchNorm2dLayer()
+      : weight_({kC}), bias_({kC}), running_mean_({kC}), running_var_({kC}), batches_tracked_(tensor::Shape{}),
+        mean_({kC}), inv_std_({kC}) {}
+
+  void initialize(Rng&) {
+    for (std::int64_t c = 0; c < kC; ++c) {
+      weight_.value.data()[c] = detail::to_storage_value<T>(S(1));
+      bias_.value.data()[c] = detail::to_storage_value<T>(S(0));
+      running_mean_.data()[c] = S(0);
+      running_var_.data()[c] = S(1);
+    }
+    batches_tracked_.data()[0] = 0;
+  }
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    const bool training = ctx.training();
+    if (training && batch * kPlane < 2)
+      throw InvalidArgument("BatchNorm2d: training needs more than one value per channel, got a batch of " +
+                            std::to_string(batch) + " samples of " + std::to_string(kPlane) + " pixels");
+    const T* x = in.data();
+    T* y = out.data();
+    const double count = static_cast<double>(batch * kPlane);
+    for_each_channel(ctx, batch, [&](std::int64_t c) {
+      double mean, var;
+      if (training) {
+        double sum = 0;
+        for (std::int64_t b = 0; b < batch; ++b) sum += plane_sum(x + (b * kC + c) * kPlane, S(0));
+        mean = sum / count;
+        double squares = 0;
+        for (std::int64_t b = 0; b < batch; ++b)
+          squares += plane_square_sum(x + (b * kC + c) * kPlane, static_cast<S>(mean));
+        var = squares / count;
+        S& rm = running_mean_.data()[c];
+        S& rv = running_var_.data()[c];
+        rm = static_cast<S>((1.0 - Momentum) * rm + Momentum * mean);
+        rv = static_cast<S>((1.0 - Momentum) * rv + Momentum * var * count / (count - 1.0));
+      } else {
+        mean = running_mean_.data()[c];
+        var = running_var_.data()[c];
+      }
+      const S inv_std = static_cast<S>(1.0 / std::sqrt(var + Eps));
+      mean_.data()[c] = static_cast<S>(mean);
+      inv_std_.data()[c] = inv_std;
+      const S scale = detail::to_compute_value<S>(weight_.value.data()[c]) * inv_std;
+      const S shift = detail::to_compute_value<S>(bias_.value.data()[c]) - static_cast<S>(mean) * scale;
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const T* src = x + (b * kC + c) * kPlane;
+        T* dst = y + (b * kC + c) * kPlane;
+        for (std::int64_t i = 0; i < kPlane; ++i)
+          dst[i] = detail::to_storage_value<T>(detail::to_compute_value<S>(src[i]) * scale + shift);
+      }
+    });
+    if (training) batches_tracked_.data()[0] += 1;
+  }
+
+  // Training mode: the batch statistics depend on the input, which adds the two mean terms;
+  // evaluation mode: a fixed affine map.
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    const bool training = ctx.training();
+    const T* x = in.data();
+    const T* dy = grad_out.data();
+    T* dx = grad_in.empty() ? nullptr : grad_in.data();
+    weight_delta_.resize({kC});
+    bias_delta_.resize({kC});
+    const double count = static_cast<double>(batch * kPlane);
+    for_each_channel(ctx, batch, [&](std::int64_t c) {
+      const S mean = mean_.data()[c];
+      const S inv_std = inv_std_.data()[c];
+      double sum_dy = 0, sum_dy_xhat = 0;
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const T* xs = x + (b * kC + c) * kPlane;
+        const T* gs = dy + (b * kC + c) * kPlane;
+        S a = 0, d = 0;
+        for (std::int64_t i = 0; i < kPlane; ++i) {
+          const S g = detail::to_compute_value<S>(gs[i]);
+          a += g;
+          d += g * (detail::to_compute_value<S>(xs[i]) - mean);
+        }
+        sum_dy += a;
+        sum_dy_xhat += d;
+      }
+      sum_dy_xhat *= inv_std;
+      weight_delta_.data()[c] = static_cast<S>(sum_dy_xhat);
+      bias_delta_.data()[c] = static_cast<S>(sum_dy);
+      if (!dx) return;
+      const S gamma = detail::to_compute_value<S>(weight_.value.data()[c]);
+      const S k = gamma * inv_std;
+      const S mean_dy = training ? static_cast<S>(sum_dy / count) : S(0);
+      const S mean_dy_xhat = training ? static_cast<S>(sum_dy_xhat / count) : S(0);
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const T* xs = x + (b * kC + c) * kPlane;
+        const T* gs = dy + (b * kC + c) * kPlane;
+        T* ds = dx + (b * kC + c) * kPlane;
+        for (std::int64_t i = 0; i < kPlane; ++i) {
+          const S xhat = (detail::to_compute_value<S>(xs[i]) - mean) * inv_std;
+          ds[i] = detail::to_storage_value<T>(k * (detail::to_compute_value<S>(gs[i]) - mean_dy - xhat * mean_dy_xhat));
+        }
+      }
+    });
+    detail::accumulate<T, S>(weight_.grad.view(), weight_delta_.view());
+    detail::accumulate<T, S>(bias_.grad.view(), bias_delta_.view());
+  }
+
+  template <class F>
+  void visit_parameters(F&& f, const std::string& prefix) {
+    f(prefix + "weight", weight_);
+    f(prefix + "bias", bias_);
+  }
+  template <class F>
+  void visit_buffers(F&& f, const std::string& prefix) {
+    f(prefix + "running_mean", running_mean_);
+    f(prefix + "running_var", running_var_);
+    f(prefix + "num_batches_tracked", batches_tracked_);
+  }
+
+ private:
+  template <class F>
+  static void for_each_channel(Context<Device>& ctx, std::int64_t batch, F&& f) {
+    if (batch * kC * kPlane < (1 << 15)) {
+      for (std::int64_t c = 0; c < kC; ++c) f(c);
+      return;
+    }
+    ctx.pool().parallel_for(kC, [&](std::int64_t begin, std::int64_t end, int) {
+      for (std::int64_t c = begin; c < end; ++c) f(c);
+    });
+  }
+  // Sums of one plane in S (short, vectorisable), accumulated across planes in double.
+  static double plane_sum(const T* p, S) {
+    S sum = 0;
+    for (std::int64_t i = 0; i < kPlane; ++i) sum += detail::to_compute_value<S>(p[i]);
+    return sum;
+  }
+  static double plane_square_sum(const T* p, S mean) {
+    S sum = 0;
+    for (std::int64_t i = 0; i < kPlane; ++i) {
+      const S d = detail::to_compute_value<S>(p[i]) - mean;
+      sum += d * d;
+    }
+    return sum;
+  }
+
+  Parameter<T, Device> weight_;
+  Parameter<T, Device> bias_;
+  tensor::Tensor<S, Device> running_mean_, running_var_;
+  tensor::Tensor<std::int64_t, Device> batches_tracked_;
+  tensor::Tensor<S, Device> mean_, inv_std_;  // of the last forward, for backward
+  tensor::Tensor<S, Device> weight_delta_, bias_delta_;
+};
+
+// torch.nn.BatchNorm2d(C, eps=Eps, momentum=Momentum); C comes from the input shape.
+template <double Momentum = 0.1, double Eps = 1e-5>
+struct BatchNorm2d {
+  template <class In, class T, class Device>
+  using Bind = BatchNorm2dLayer<Momentum, Eps, In, T, Device>;
+};
+
+}  // namespace coltrain::nn

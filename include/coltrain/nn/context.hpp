@@ -1,0 +1,43 @@
+#pragma once
+// What a layer needs besides its tensors: the threads to run on, whether it is training (BatchNorm
+// and Dropout behave differently), and a seed and step counter for reproducible random masks.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/thread_pool.hpp>
+#include <coltrain/tensor/device.hpp>
+
+#include <cstdint>
+
+namespace coltrain::nn {
+
+enum class Mode { kTrain, kEval };
+
+template <class Device>
+class Context;
+
+template <>
+class Context<tensor::Cpu> {
+ public:
+  explicit Context(int threads = 1, std::uint64_t seed = 0) : pool_(threads), seed_(seed) {}
+
+  ThreadPool& pool() { return pool_; }
+  int threads() const { return pool_.size(); }
+
+  Mode mode() const { return mode_; }
+  bool training() const { return mode_ == Mode::kTrain; }
+  void set_mode(Mode mode) { mode_ = mode; }
+
+  // Random masks are a function of (seed, step, layer, element), so a run is reproducible and a
+  // resumed run draws the same masks as an uninterrupted one.
+  std::uint64_t seed() const { return seed_; }
+  std::uint64_t step() const { return step_; }
+  void set_step(std::uint64_t step) { step_ = step; }
+
+ private:
+  ThreadPool pool_;
+  Mode mode_ = Mode::kTrain;
+  std::uint64_t seed_ = 0;
+  std::uint64_t step_ = 0;
+};
+
+}  // namespace coltrain::nn

@@ -1,0 +1,287 @@
+#pragma once
+// Conv2d<OutChannels, Kernel, Stride, Padding, Bias>: 2-D convolution on NCHW samples (torch.nn.Conv2d
+// with a square kernel, zero padding, no dilation or groups); weight [out, in, kh, kw].
+//
+// CPU: im2col + GEMM. Each thread takes a contiguous share of the batch; small feature maps are
+// packed several images to a GEMM, so that the product stays wide enough for Eigen's kernel
+// (out[Cout, G*HW] = W[Cout, K] * col[K, G*HW], K = Cin*k*k). The columns are rebuilt in backward
+// instead of kept: recomputing them is cheap next to the GEMMs and saves batch x K x HW floats per
+// layer.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/nn/compute_precision.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/nn/parameter.hpp>
+#include <coltrain/tensor/cpu_gemm.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace coltrain::nn {
+
+namespace detail {
+
+// Geometry of a convolution or pooling window, as plain numbers for the kernels.
+struct Window {
+  std::int64_t channels, height, width;  // input
+  std::int64_t kernel, stride, padding;
+  std::int64_t out_height, out_width;
+  std::int64_t out_size() const { return out_height * out_width; }
+};
+
+// col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0 outside).
+template <class S>
+void im2col(const S* image, const Window& w, S* col, std::int64_t ld, std::int64_t column_offset) {
+  const std::int64_t k = w.kernel;
+  for (std::int64_t c = 0; c < w.channels; ++c) {
+    const S* plane = image + c * w.height * w.width;
+    for (std::int64_t kh = 0; kh < k; ++kh) {
+      for (std::int64_t kw = 0; kw < k; ++kw) {
+        S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
+        for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
+          const std::int64_t ih = oh * w.stride - w.padding + kh;
+          S* dst = row + oh * w.out_width;
+          if (ih < 0 || ih >= w.height) {
+            std::fill_n(dst, w.out_width, S(0));
+            continue;
+          }
+          const S* src = plane + ih * w.width;
+          if (w.stride == 1) {
+            // Output columns whose input column lies inside the image: [ow_begin, ow_end).
+            const std::int64_t shift = kw - w.padding;
+            const std::int64_t ow_begin = std::clamp<std::int64_t>(-shift, 0, w.out_width);
+            const std::int64_t ow_end = std::clamp<std::int64_t>(w.width - shift, ow_begin, w.out_width);
+            std::fill(dst, dst + ow_begin, S(0));
+            std::copy(src + ow_begin + shift, src + ow_end + shift, dst + ow_begin);
+            std::fill(dst + ow_end, dst + w.out_width, S(0));
+          } else {
+            for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
+              const std::int64_t iw = ow * w.stride - w.padding + kw;
+              dst[ow] = (iw >= 0 && iw < w.width) ? src[iw] : S(0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: image += the columns folded back onto the pixels they were read from.
+template <class S>
+void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, const Window& w, S* image) {
+  const std::int64_t k = w.kernel;
+  for (std::int64_t c = 0; c < w.channels; ++c) {
+    S* plane = image + c * w.height * w.width;
+    for (std::int64_t kh = 0; kh < k; ++kh) {
+      for (std::int64_t kw = 0; kw < k; ++kw) {
+        const S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
+        for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
+          const std::int64_t ih = oh * w.stride - w.padding + kh;
+          if (ih < 0 || ih >= w.height) continue;
+          const S* src = row + oh * w.out_width;
+          S* dst = plane + ih * w.width;
+          if (w.stride == 1) {
+            const std::int64_t shift = kw - w.padding;
+            const std::int64_t ow_begin = std::clamp<std::int64_t>(-shift, 0, w.out_width);
+            const std::int64_t ow_end = std::clamp<std::int64_t>(w.width - shift, ow_begin, w.out_width);
+            for (std::int64_t ow = ow_begin; ow < ow_end; ++ow) dst[ow + shift] += src[ow];
+          } else {
+            for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
+              const std::int64_t iw = ow * w.stride - w.padding + kw;
+              if (iw >= 0 && iw < w.width) dst[iw] += src[ow];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride, std::size_t Padding,
+          bool HasBias, class In, class T, class Device>
+class Conv2dLayer {
+  static_assert(In::kRank == 3,
+                "coltrain::nn::Conv2d: the input must be an image, StaticShape<C, H, W>; a flat "
+                "input cannot be convolved");
+  static_assert(OutChannels > 0 && Kernel > 0 && Stride > 0,
+                "coltrain::nn::Conv2d: channels, kernel and stride must be positive");
+  static_assert(Kernel <= In::kDims[1] + 2 * Padding && Kernel <= In::kDims[2] + 2 * Padding,
+                "coltrain::nn::Conv2d: the kernel is larger than the padded input image");
+  using S = compute_t<T>;
+  static constexpr std::int64_t kCin = In::kDims[0], kH = In::kDims[1], kW = In::kDims[2];
+  static constexpr std::int64_t kOutH = (kH + 2 * Padding - Kernel) / Stride + 1;
+  static constexpr std::int64_t kOutW = (kW + 2 * Padding - Kernel) / Stride + 1;
+  static constexpr std::int64_t kCout = OutChannels;
+  static constexpr std::int64_t kK = kCin * Kernel * Kernel;  // GEMM depth
+  static constexpr std::int64_t kHw = kOutH * kOutW;
+  // Images per GEMM: enough for about 256 output columns.
+  static constexpr std::int64_t kGroup = std::max<std::int64_t>(1, (256 + kHw - 1) / kHw);
+
+ public:
+  using Input = In;
+  using Output = Chw<OutChannels, kOutH, kOutW>;
+  static constexpr std::size_t kParameterCount =
+      OutChannels * In::kDims[0] * Kernel * Kernel + (HasBias ? OutChannels : 0);
+
+  Conv2dLayer()
+      : weight_({kCout, kCin, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Kernel)}),
+        bias_({HasBias ? kCout : 0}) {}
+
+  void initialize(Rng& rng) {
+    kaiming_uniform_default(weight_.value.span(), kK, rng);
+    if constexpr (HasBias) bias_uniform_default(bias_.value.span(), kK, rng);
+  }
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    auto x = detail::compute_view<T>(in, in_scratch_);
+    auto w = detail::compute_view<T>(weight_.value.view(), weight_scratch_);
+    auto y = detail::compute_target<T>(out, out_scratch_);
+    const S* bias = nullptr;
+    if constexpr (HasBias) bias = detail::compute_view<T>(bias_.value.view(), bias_scratch_).data();
+    prepare_workspaces(ctx.threads());
+    ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
+      Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
+      for (std::int64_t first = begin; first < end; first += kGroup) {
+        const std::int64_t count = std::min(kGroup, end - first);
+        const std::int64_t ld = count * kHw;
+        for (std::int64_t g = 0; g < count; ++g)
+          detail::im2col(x.data() + (first + g) * kCin * kH * kW, window(), ws.col.data(), ld, g * kHw);
+        S* target = count == 1 ? y.data() + first * kCout * kHw : ws.product.data();
+        tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kNo, kCout, ld, kK, S(1), w.data(), kK,
+                     ws.col.data(), ld, S(0), target, ld);
+        for (std::int64_t g = 0; g < count; ++g) {
+          S* image = y.data() + (first + g) * kCout * kHw;
+          for (std::int64_t c = 0; c < kCout; ++c) {
+            S* dst = image + c * kHw;
+            if (count > 1) std::copy_n(ws.product.data() + c * ld + g * kHw, kHw, dst);
+            if (bias)
+              for (std::int64_t i = 0; i < kHw; ++i) dst[i] += bias[c];
+          }
+        }
+      }
+    });
+    detail::store_result<T, S>(y, out);
+  }
+
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    auto x = detail::compute_view<T>(in, in_scratch_);
+    auto dy = detail::compute_view<T>(grad_out, grad_out_scratch_);
+    auto w = detail::compute_view<T>(weight_.value.view(), weight_scratch_);
+    const bool want_input_grad = !grad_in.empty();
+    tensor::TensorView<S, Device> dx;
+    if (want_input_grad) {
+      dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
+      std::fill_n(dx.data(), dx.numel(), S(0));
+    }
+    prepare_workspaces(ctx.threads());
+    const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
+    ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
+      Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
+      std::fill_n(ws.weight_grad.data(), kCout * kK, S(0));
+      std::fill_n(ws.bias_grad.data(), kCout, S(0));
+      for (std::int64_t first = begin; first < end; first += kGroup) {
+        const std::int64_t count = std::min(kGroup, end - first);
+        const std::int64_t ld = count * kHw;
+        // The output gradient of the group as one [Cout, G*HW] matrix.
+        const S* dy_group = dy.data() + first * kCout * kHw;
+        if (count > 1) {
+          for (std::int64_t g = 0; g < count; ++g)
+            for (std::int64_t c = 0; c < kCout; ++c)
+              std::copy_n(dy.data() + ((first + g) * kCout + c) * kHw, kHw,
+                          ws.product.data() + c * ld + g * kHw);
+          dy_group = ws.product.data();
+        }
+        for (std::int64_t c = 0; c < kCout; ++c) {
+          S sum = 0;
+          for (std::int64_t i = 0; i < ld; ++i) sum += dy_group[c * ld + i];
+          ws.bias_grad.data()[c] += sum;
+        }
+        for (std::int64_t g = 0; g < count; ++g)
+          detail::im2col(x.data() + (first + g) * kCin * kH * kW, window(), ws.col.data(), ld, g * kHw);
+        // dW += dY * col^T
+        tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kYes, kCout, kK, ld, S(1), dy_group, ld,
+                     ws.col.data(), ld, S(1), ws.weight_grad.data(), kK);
+        if (want_input_grad) {
+          // dcol = W^T * dY, folded back onto the input images.
+          tensor::gemm(tensor::Transpose::kYes, tensor::Transpose::kNo, kK, ld, kCout, S(1), w.data(), kK,
+                       dy_group, ld, S(0), ws.col.data(), ld);
+          for (std::int64_t g = 0; g < count; ++g)
+            detail::col2im_add(ws.col.data(), ld, g * kHw, window(), dx.data() + (first + g) * kCin * kH * kW);
+        }
+      }
+    });
+    // Sum the threads' partial weight gradients (in a fixed order, so results are reproducible).
+    weight_delta_.resize(weight_.grad.shape());
+    S* dw = weight_delta_.data();
+    std::fill_n(dw, kCout * kK, S(0));
+    bias_delta_.resize({kCout});
+    S* db = bias_delta_.data();
+    std::fill_n(db, kCout, S(0));
+    for (int t = 0; t < parts; ++t) {
+      const Workspace& ws = workspaces_[static_cast<std::size_t>(t)];
+      for (std::int64_t i = 0; i < kCout * kK; ++i) dw[i] += ws.weight_grad.data()[i];
+      for (std::int64_t c = 0; c < kCout; ++c) db[c] += ws.bias_grad.data()[c];
+    }
+    detail::accumulate<T, S>(weight_.grad.view(), weight_delta_.view());
+    if constexpr (HasBias) detail::accumulate<T, S>(bias_.grad.view(), bias_delta_.view());
+    if (want_input_grad) detail::store_result<T, S>(dx, grad_in);
+  }
+
+  template <class F>
+  void visit_parameters(F&& f, const std::string& prefix) {
+    f(prefix + "weight", weight_);
+    if constexpr (HasBias) f(prefix + "bias", bias_);
+  }
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+
+ private:
+  struct Workspace {
+    tensor::Tensor<S, Device> col, product, weight_grad, bias_grad;
+  };
+
+  static constexpr detail::Window window() {
+    return {kCin, kH, kW, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Stride),
+            static_cast<std::int64_t>(Padding), kOutH, kOutW};
+  }
+
+  void prepare_workspaces(int threads) {
+    if (workspaces_.size() >= static_cast<std::size_t>(threads)) return;
+    workspaces_.resize(static_cast<std::size_t>(threads));
+    for (Workspace& ws : workspaces_) {
+      ws.col.resize({kK, kGroup * kHw});
+      ws.product.resize({kCout, kGroup * kHw});
+      ws.weight_grad.resize({kCout, kK});
+      ws.bias_grad.resize({kCout});
+    }
+  }
+
+  Parameter<T, Device> weight_;
+  Parameter<T, Device> bias_;
+  std::vector<Workspace> workspaces_;
+  tensor::Tensor<S, Device> in_scratch_, weight_scratch_, bias_scratch_, out_scratch_;
+  tensor::Tensor<S, Device> grad_out_scratch_, grad_in_scratch_, weight_delta_, bias_delta_;
+};
+
+// torch.nn.Conv2d(in, OutChannels, Kernel, stride=Stride, padding=Padding, bias=HasBias).
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Padding = 0,
+          bool HasBias = true>
+struct Conv2d {
+  template <class In, class T, class Device>
+  using Bind = Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, In, T, Device>;
+};
+
+}  // namespace coltrain::nn

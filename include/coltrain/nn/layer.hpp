@@ -1,0 +1,76 @@
+#pragma once
+// How layers are written and composed.
+//
+// A layer *spec* is an empty type the user writes (Linear<128>, Conv2d<32, 3>, ReLU). It becomes a
+// concrete layer when bound to the shape of one input sample, a storage type and a device:
+// `Spec::template Bind<In, T, Device>`. A bound layer provides
+//
+//   using Input = In;  using Output = StaticShape<...>;          // computed at compile time
+//   static constexpr std::size_t kParameterCount;
+//   void initialize(Rng&);
+//   void forward(TensorView<const T, D> in, TensorView<T, D> out, Context<D>&);
+//   void backward(TensorView<const T, D> in, TensorView<const T, D> out,
+//                 TensorView<const T, D> grad_out, TensorView<T, D> grad_in, Context<D>&);
+//   template <class F> void visit_parameters(F&& f, const std::string& prefix);  // f(name, Parameter&)
+//   template <class F> void visit_buffers(F&& f, const std::string& prefix);     // f(name, Tensor&)
+//
+// Tensors carry the batch as their first axis. backward() adds to the parameter gradients and
+// writes grad_in unless grad_in is empty (the first layer's input needs no gradient). A shape that
+// does not fit is a static_assert in the bound layer, with a message that names the layer.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/tensor/shape.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace coltrain::nn {
+
+using tensor::Chw;
+using tensor::Flat;
+using tensor::StaticShape;
+
+// A string usable as a template argument: Named<"conv1", Conv2d<32, 3>>.
+template <std::size_t N>
+struct FixedString {
+  constexpr FixedString(const char (&text)[N]) { std::copy_n(text, N, value); }  // NOLINT: implicit on purpose
+  constexpr std::string_view view() const { return {value, N - 1}; }
+  char value[N];
+};
+
+// Gives a layer the name its PyTorch twin's attribute has ("conv1"), so that parameters are named
+// "conv1.weight" instead of by position ("0.weight", as in torch.nn.Sequential).
+template <FixedString Name, class Spec>
+struct Named {
+  static constexpr std::string_view kName = Name.view();
+  using Inner = Spec;
+  template <class In, class T, class Device>
+  using Bind = typename Spec::template Bind<In, T, Device>;
+};
+
+// The shape of one input sample; the first entry of a network's top-level Sequential.
+template <std::size_t... Dims>
+struct Input {
+  using Shape = StaticShape<Dims...>;
+};
+
+// N copies of Block, spliced into the enclosing Sequential (so they are numbered 0..N-1 there, as
+// torch.nn.Sequential(*blocks) numbers them).
+template <std::size_t N, class Block>
+struct Repeat {};
+
+// The name a spec has at position `index` of a Sequential.
+template <class Spec>
+std::string child_name(std::size_t index) {
+  if constexpr (requires { Spec::kName; })
+    return std::string(Spec::kName);
+  else
+    return std::to_string(index);
+}
+
+template <class Spec, class In, class T, class Device>
+using bind_t = typename Spec::template Bind<In, T, Device>;
+
+}  // namespace coltrain::nn

@@ -1,0 +1,110 @@
+#pragma once
+// Network<Spec, T, Device>: a whole model as one type. Spec is a Sequential that starts with
+// Input<...>; T is the storage type of parameters and activations (float; double for gradient
+// checks; half or bfloat16 under mixed precision); Device is tensor::Cpu (or tensor::Cuda).
+//
+//   using Net = Sequential<Input<1, 28, 28>, Flatten, Linear<128>, ReLU, Linear<10>>;
+//   Network<Net> net({.threads = 2});
+//   auto logits = net.forward(images);   // [batch, 10]
+//   net.backward(grad_logits);           // parameter gradients accumulate
+//
+// Parameters and buffers are visited in PyTorch's state_dict order and names.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/nn/parameter.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace coltrain::nn {
+
+struct NetworkOptions {
+  int threads = 1;          // CPU threads for the kernels (the caller's thread counts)
+  std::uint64_t seed = 0;   // parameter initialisation and dropout masks
+};
+
+template <class Spec, class T = float, class Device = tensor::Cpu>
+class Network {
+  static_assert(!std::is_void_v<typename Spec::DeclaredInput>,
+                "coltrain::nn::Network: the model must start with Input<...>, e.g. "
+                "Sequential<Input<1, 28, 28>, ...>");
+
+ public:
+  using Input = typename Spec::DeclaredInput;
+  using Body = bind_t<Spec, Input, T, Device>;
+  using Output = typename Body::Output;
+  using value_type = T;
+  using device_type = Device;
+  static constexpr std::size_t kParameterCount = Body::kParameterCount;
+
+  explicit Network(NetworkOptions options = {}) : context_(options.threads, options.seed) {
+    Rng rng(options.seed);
+    body_.initialize(rng);
+  }
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  // Runs the model on a batch [batch, Input...] and returns the output [batch, Output...], which
+  // stays valid until the next forward(). The input is copied, so the caller may reuse its buffer.
+  tensor::TensorView<const T, Device> forward(tensor::TensorView<const T, Device> input) {
+    check_shape(input.shape(), Input::batch(input.shape().rank() ? input.extent(0) : 0), "input");
+    const std::int64_t batch = input.extent(0);
+    input_.resize(input.shape());
+    std::copy_n(input.data(), input.numel(), input_.data());
+    output_.resize(Output::batch(batch));
+    if (training()) context_.set_step(context_.step() + 1);  // a fresh dropout mask per step
+    body_.forward(input_.view(), output_.view(), context_);
+    return output_.view();
+  }
+
+  // Back-propagates d(loss)/d(output) of the last forward(); parameter gradients accumulate.
+  void backward(tensor::TensorView<const T, Device> grad_output) {
+    check_shape(grad_output.shape(), output_.shape(), "output gradient");
+    body_.backward(input_.view(), output_.view(), grad_output, {}, context_);
+  }
+
+  void zero_grad() {
+    visit_parameters([](const std::string&, Parameter<T, Device>& p) {
+      std::fill_n(p.grad.data(), p.grad.numel(), T{});
+    });
+  }
+
+  void train() { context_.set_mode(Mode::kTrain); }
+  void eval() { context_.set_mode(Mode::kEval); }
+  bool training() const { return context_.training(); }
+
+  // f(const std::string& name, Parameter<T, Device>&), in state_dict order.
+  template <class F>
+  void visit_parameters(F&& f) {
+    body_.visit_parameters(f, "");
+  }
+  // f(const std::string& name, Tensor<U, Device>&) for non-learnable state (BatchNorm statistics).
+  template <class F>
+  void visit_buffers(F&& f) {
+    body_.visit_buffers(f, "");
+  }
+
+  Context<Device>& context() { return context_; }
+  Body& body() { return body_; }
+
+ private:
+  static void check_shape(const tensor::Shape& got, const tensor::Shape& expected, const char* what) {
+    if (got == expected && got.rank() > 0) return;
+    throw InvalidArgument(std::string("the network's ") + what + " has shape " + got.to_string() +
+                          ", expected " + expected.to_string() + " ([batch, sample shape...])");
+  }
+
+  Context<Device> context_;
+  Body body_;
+  tensor::Tensor<T, Device> input_;
+  tensor::Tensor<T, Device> output_;
+};
+
+}  // namespace coltrain::nn

@@ -1,0 +1,253 @@
+#pragma once
+// Pooling on NCHW samples: MaxPool2d<Kernel, Stride, Padding> and AvgPool2d<Kernel, Stride, Padding>
+// (torch.nn.MaxPool2d / AvgPool2d; Stride defaults to Kernel; average pooling counts the zero padding,
+// PyTorch's count_include_pad=True), and GlobalAvgPool, which averages each channel to one value and
+// yields a flat [C] sample (torch's AdaptiveAvgPool2d(1) followed by Flatten).
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/nn/compute_precision.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace coltrain::nn {
+
+namespace detail {
+
+inline constexpr std::int64_t kParallelPlanesMin = 1 << 15;
+
+// Runs f(plane_index) for every (sample, channel) plane of a batch, split across the pool.
+template <class Device, class F>
+void for_each_plane(Context<Device>& ctx, std::int64_t planes, std::int64_t plane_size, F&& f) {
+  if (planes * plane_size < kParallelPlanesMin) {
+    for (std::int64_t p = 0; p < planes; ++p) f(p);
+    return;
+  }
+  ctx.pool().parallel_for(planes, [&](std::int64_t begin, std::int64_t end, int) {
+    for (std::int64_t p = begin; p < end; ++p) f(p);
+  });
+}
+
+template <class In, std::size_t Kernel, std::size_t Stride, std::size_t Padding>
+struct PoolGeometry {
+  static_assert(In::kRank == 3, "coltrain::nn pooling: the input must be an image, StaticShape<C, H, W>");
+  static_assert(Kernel > 0 && Stride > 0, "coltrain::nn pooling: kernel and stride must be positive");
+  static_assert(2 * Padding <= Kernel, "coltrain::nn pooling: padding may be at most half the kernel");
+  static_assert(Kernel <= In::kDims[1] + 2 * Padding && Kernel <= In::kDims[2] + 2 * Padding,
+                "coltrain::nn pooling: the window is larger than the padded input image");
+  static constexpr std::int64_t kC = In::kDims[0], kH = In::kDims[1], kW = In::kDims[2];
+  static constexpr std::int64_t kOutH = (kH + 2 * Padding - Kernel) / Stride + 1;
+  static constexpr std::int64_t kOutW = (kW + 2 * Padding - Kernel) / Stride + 1;
+  using Output = Chw<In::kDims[0], kOutH, kOutW>;
+};
+
+}  // namespace detail
+
+template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T, class Device>
+class MaxPool2dLayer {
+  using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
+  using S = compute_t<T>;
+  static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;
+  static constexpr std::int64_t kOutH = Geometry::kOutH, kOutW = Geometry::kOutW;
+
+ public:
+  using Input = In;
+  using Output = typename Geometry::Output;
+  static constexpr std::size_t kParameterCount = 0;
+
+  void initialize(Rng&) {}
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const std::int64_t planes = in.extent(0) * kC;
+    argmax_.resize({planes * kOutH * kOutW});
+    const T* x = in.data();
+    T* y = out.data();
+    std::int32_t* index = argmax_.data();
+    detail::for_each_plane(ctx, planes, kH * kW, [&](std::int64_t p) {
+      const T* src = x + p * kH * kW;
+      for (std::int64_t oh = 0; oh < kOutH; ++oh) {
+        for (std::int64_t ow = 0; ow < kOutW; ++ow) {
+          S best = -std::numeric_limits<S>::infinity();
+          std::int32_t best_index = -1;
+          for (std::int64_t kh = 0; kh < static_cast<std::int64_t>(Kernel); ++kh) {
+            const std::int64_t ih = oh * static_cast<std::int64_t>(Stride) - static_cast<std::int64_t>(Padding) + kh;
+            if (ih < 0 || ih >= kH) continue;
+            for (std::int64_t kw = 0; kw < static_cast<std::int64_t>(Kernel); ++kw) {
+              const std::int64_t iw = ow * static_cast<std::int64_t>(Stride) - static_cast<std::int64_t>(Padding) + kw;
+              if (iw < 0 || iw >= kW) continue;
+              const S v = detail::to_compute_value<S>(src[ih * kW + iw]);
+              // The first maximum wins, and a NaN propagates, as in PyTorch.
+              if (best_index < 0 || v > best || (v != v && best == best)) {
+                best = v;
+                best_index = static_cast<std::int32_t>(ih * kW + iw);
+              }
+            }
+          }
+          const std::int64_t o = (p * kOutH + oh) * kOutW + ow;
+          y[o] = src[best_index];
+          index[o] = best_index;
+        }
+      }
+    });
+  }
+
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    if (grad_in.empty()) return;
+    const std::int64_t planes = in.extent(0) * kC;
+    auto dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
+    const T* dy = grad_out.data();
+    const std::int32_t* index = argmax_.data();
+    detail::for_each_plane(ctx, planes, kH * kW, [&](std::int64_t p) {
+      S* dst = dx.data() + p * kH * kW;
+      std::fill_n(dst, kH * kW, S(0));
+      for (std::int64_t o = p * kOutH * kOutW; o < (p + 1) * kOutH * kOutW; ++o)
+        dst[index[o]] += detail::to_compute_value<S>(dy[o]);
+    });
+    detail::store_result<T, S>(dx, grad_in);
+  }
+
+  template <class F>
+  void visit_parameters(F&&, const std::string&) {}
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+
+ private:
+  tensor::Tensor<std::int32_t, Device> argmax_;  // per output: the input position it came from
+  tensor::Tensor<S, Device> grad_in_scratch_;
+};
+
+template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T, class Device>
+class AvgPool2dLayer {
+  using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
+  using S = compute_t<T>;
+  static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;
+  static constexpr std::int64_t kOutH = Geometry::kOutH, kOutW = Geometry::kOutW;
+  static constexpr std::int64_t kK = Kernel, kS = Stride, kP = Padding;
+
+ public:
+  using Input = In;
+  using Output = typename Geometry::Output;
+  static constexpr std::size_t kParameterCount = 0;
+
+  void initialize(Rng&) {}
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const std::int64_t planes = in.extent(0) * kC;
+    const T* x = in.data();
+    T* y = out.data();
+    const S scale = S(1) / static_cast<S>(kK * kK);
+    detail::for_each_plane(ctx, planes, kH * kW, [&](std::int64_t p) {
+      const T* src = x + p * kH * kW;
+      for (std::int64_t oh = 0; oh < kOutH; ++oh)
+        for (std::int64_t ow = 0; ow < kOutW; ++ow) {
+          S sum = 0;
+          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0); ih < std::min(oh * kS - kP + kK, kH); ++ih)
+            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0); iw < std::min(ow * kS - kP + kK, kW); ++iw)
+              sum += detail::to_compute_value<S>(src[ih * kW + iw]);
+          y[(p * kOutH + oh) * kOutW + ow] = detail::to_storage_value<T>(sum * scale);
+        }
+    });
+  }
+
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    if (grad_in.empty()) return;
+    const std::int64_t planes = in.extent(0) * kC;
+    auto dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
+    const T* dy = grad_out.data();
+    const S scale = S(1) / static_cast<S>(kK * kK);
+    detail::for_each_plane(ctx, planes, kH * kW, [&](std::int64_t p) {
+      S* dst = dx.data() + p * kH * kW;
+      std::fill_n(dst, kH * kW, S(0));
+      for (std::int64_t oh = 0; oh < kOutH; ++oh)
+        for (std::int64_t ow = 0; ow < kOutW; ++ow) {
+          const S g = detail::to_compute_value<S>(dy[(p * kOutH + oh) * kOutW + ow]) * scale;
+          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0); ih < std::min(oh * kS - kP + kK, kH); ++ih)
+            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0); iw < std::min(ow * kS - kP + kK, kW); ++iw)
+              dst[ih * kW + iw] += g;
+        }
+    });
+    detail::store_result<T, S>(dx, grad_in);
+  }
+
+  template <class F>
+  void visit_parameters(F&&, const std::string&) {}
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+
+ private:
+  tensor::Tensor<S, Device> grad_in_scratch_;
+};
+
+template <class In, class T, class Device>
+class GlobalAvgPoolLayer {
+  static_assert(In::kRank == 3, "coltrain::nn::GlobalAvgPool: the input must be an image, StaticShape<C, H, W>");
+  using S = compute_t<T>;
+  static constexpr std::int64_t kC = In::kDims[0];
+  static constexpr std::int64_t kPlane = In::kDims[1] * In::kDims[2];
+
+ public:
+  using Input = In;
+  using Output = Flat<In::kDims[0]>;
+  static constexpr std::size_t kParameterCount = 0;
+
+  void initialize(Rng&) {}
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const T* x = in.data();
+    T* y = out.data();
+    detail::for_each_plane(ctx, in.extent(0) * kC, kPlane, [&](std::int64_t p) {
+      S sum = 0;
+      for (std::int64_t i = 0; i < kPlane; ++i) sum += detail::to_compute_value<S>(x[p * kPlane + i]);
+      y[p] = detail::to_storage_value<T>(sum / static_cast<S>(kPlane));
+    });
+  }
+
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    if (grad_in.empty()) return;
+    const T* dy = grad_out.data();
+    T* dx = grad_in.data();
+    detail::for_each_plane(ctx, in.extent(0) * kC, kPlane, [&](std::int64_t p) {
+      const T g = detail::to_storage_value<T>(detail::to_compute_value<S>(dy[p]) / static_cast<S>(kPlane));
+      std::fill_n(dx + p * kPlane, kPlane, g);
+    });
+  }
+
+  template <class F>
+  void visit_parameters(F&&, const std::string&) {}
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+};
+
+template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>
+struct MaxPool2d {
+  template <class In, class T, class Device>
+  using Bind = MaxPool2dLayer<Kernel, Stride, Padding, In, T, Device>;
+};
+
+template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>
+struct AvgPool2d {
+  template <class In, class T, class Device>
+  using Bind = AvgPool2dLayer<Kernel, Stride, Padding, In, T, Device>;
+};
+
+struct GlobalAvgPool {
+  template <class In, class T, class Device>
+  using Bind = GlobalAvgPoolLayer<In, T, Device>;
+};
+
+}  // namespace coltrain::nn

@@ -1,0 +1,155 @@
+#pragma once
+// Residual<Body, Shortcut, After>: out = After(Body(x) + Shortcut(x)), the building block of ResNets.
+// Shortcut is IdentityShortcut (x itself; the body must keep the shape) or any layer spec, usually
+// Projection<Out, Stride> (a 1x1 convolution and BatchNorm, "option B" of He et al.). After is
+// NoActivation or ReLU (the basic block's final ReLU). Parameter names follow the PyTorch blocks of
+// the CIFAR ResNets: the body's layers directly under the block ("conv1", "bn1"...), the shortcut's
+// under "shortcut." ("shortcut.0.weight").
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/nn/batch_norm.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/nn/conv2d.hpp>
+#include <coltrain/nn/init.hpp>
+#include <coltrain/nn/layer.hpp>
+#include <coltrain/nn/sequential.hpp>
+#include <coltrain/tensor/tensor.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace coltrain::nn {
+
+struct IdentityShortcut {};
+struct NoActivation {};
+
+// The projection shortcut: Conv2d 1x1 with stride and no bias, then BatchNorm2d.
+template <std::size_t OutChannels, std::size_t Stride>
+using Projection = Sequential<Conv2d<OutChannels, 1, Stride, 0, false>, BatchNorm2d<>>;
+
+template <class BodySpec, class ShortcutSpec, class AfterSpec, class In, class T, class Device>
+class ResidualLayer {
+  static constexpr bool kIdentity = std::is_same_v<ShortcutSpec, IdentityShortcut>;
+  static constexpr bool kActivation = !std::is_same_v<AfterSpec, NoActivation>;
+  using BodyLayer = bind_t<BodySpec, In, T, Device>;
+  using Out = typename BodyLayer::Output;
+  static_assert(!kIdentity || std::is_same_v<In, Out>,
+                "coltrain::nn::Residual: the body changes the sample shape, so the identity shortcut "
+                "cannot be added to it; use a projection shortcut, Residual<Body, Projection<C, S>>");
+
+  struct NoLayer {
+    using Output = Out;
+    static constexpr std::size_t kParameterCount = 0;
+  };
+  template <class Spec>
+  struct BindOrNone {
+    using type = bind_t<Spec, In, T, Device>;
+  };
+  using ShortcutLayer =
+      typename std::conditional_t<kIdentity, std::type_identity<NoLayer>, BindOrNone<ShortcutSpec>>::type;
+  static_assert(std::is_same_v<typename ShortcutLayer::Output, Out>,
+                "coltrain::nn::Residual: the shortcut's output shape differs from the body's");
+  template <class Spec>
+  struct BindAfter {
+    using type = bind_t<Spec, Out, T, Device>;
+  };
+  using AfterLayer =
+      typename std::conditional_t<kActivation, BindAfter<AfterSpec>, std::type_identity<NoLayer>>::type;
+
+ public:
+  using Input = In;
+  using Output = Out;
+  static constexpr std::size_t kParameterCount =
+      BodyLayer::kParameterCount + ShortcutLayer::kParameterCount + AfterLayer::kParameterCount;
+
+  void initialize(Rng& rng) {
+    body_.initialize(rng);
+    if constexpr (!kIdentity) shortcut_.initialize(rng);
+  }
+
+  void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
+               Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    const tensor::Shape shape = Out::batch(batch);
+    body_out_.resize(shape);
+    body_.forward(in, body_out_.view(), ctx);
+    const T* added = in.data();
+    if constexpr (!kIdentity) {
+      shortcut_out_.resize(shape);
+      shortcut_.forward(in, shortcut_out_.view(), ctx);
+      added = shortcut_out_.data();
+    }
+    T* sum = out.data();
+    if constexpr (kActivation) {
+      sum_.resize(shape);
+      sum = sum_.data();
+    }
+    add(ctx, body_out_.data(), added, sum, body_out_.numel());
+    if constexpr (kActivation) after_.forward(sum_.view(), out, ctx);
+  }
+
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device> out,
+                tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
+                Context<Device>& ctx) {
+    tensor::TensorView<const T, Device> grad_sum = grad_out;
+    if constexpr (kActivation) {
+      grad_sum_.resize(grad_out.shape());
+      after_.backward(sum_.view(), out, grad_out, grad_sum_.view(), ctx);
+      grad_sum = grad_sum_.view();
+    }
+    const bool want_input_grad = !grad_in.empty();
+    // The body writes grad_in; the shortcut's share is added to it.
+    body_.backward(in, body_out_.view(), grad_sum, grad_in, ctx);
+    if constexpr (kIdentity) {
+      if (want_input_grad) add(ctx, grad_in.data(), grad_sum.data(), grad_in.data(), grad_in.numel());
+    } else {
+      tensor::TensorView<T, Device> shortcut_grad;
+      if (want_input_grad) {
+        grad_shortcut_in_.resize(in.shape());
+        shortcut_grad = grad_shortcut_in_.view();
+      }
+      shortcut_.backward(in, shortcut_out_.view(), grad_sum, shortcut_grad, ctx);
+      if (want_input_grad)
+        add(ctx, grad_in.data(), grad_shortcut_in_.data(), grad_in.data(), grad_in.numel());
+    }
+  }
+
+  template <class F>
+  void visit_parameters(F&& f, const std::string& prefix) {
+    body_.visit_parameters(f, prefix);
+    if constexpr (!kIdentity) shortcut_.visit_parameters(f, prefix + "shortcut.");
+  }
+  template <class F>
+  void visit_buffers(F&& f, const std::string& prefix) {
+    body_.visit_buffers(f, prefix);
+    if constexpr (!kIdentity) shortcut_.visit_buffers(f, prefix + "shortcut.");
+  }
+
+ private:
+  static void add(Context<Device>& ctx, const T* a, const T* b, T* out, std::int64_t n) {
+    using S = compute_t<T>;
+    auto run = [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i)
+        out[i] = detail::to_storage_value<T>(detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]));
+    };
+    if (n < (1 << 15))
+      run(0, n);
+    else
+      ctx.pool().parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) { run(begin, end); });
+  }
+
+  BodyLayer body_;
+  [[no_unique_address]] std::conditional_t<kIdentity, NoLayer, ShortcutLayer> shortcut_;
+  [[no_unique_address]] std::conditional_t<kActivation, AfterLayer, NoLayer> after_;
+  tensor::Tensor<T, Device> body_out_, shortcut_out_, sum_, grad_sum_, grad_shortcut_in_;
+};
+
+template <class Body, class Shortcut = IdentityShortcut, class After = NoActivation>
+struct Residual {
+  template <class In, class T, class Device>
+  using Bind = ResidualLayer<Body, Shortcut, After, In, T, Device>;
+};
+
+}  // namespace coltrain::nn

@@ -1,0 +1,78 @@
+#pragma once
+// Owned, uninitialised-free memory for tensors: `Storage<T, Device>`. The host specialisation is
+// 64-byte aligned (a cache line and an AVX-512 vector), so that Eigen and the compiler can use aligned
+// vector loads. Memory is zeroed when allocated, so nothing ever reads garbage. The CUDA
+// specialisation lives with the CUDA path.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/tensor/device.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace coltrain::tensor {
+
+inline constexpr std::size_t kHostAlignment = 64;
+
+template <class T, class Device>
+class Storage;
+
+template <class T>
+class Storage<T, Cpu> {
+  static_assert(std::is_trivially_copyable_v<T>, "coltrain: tensor elements are trivially copyable");
+
+ public:
+  Storage() = default;
+  explicit Storage(std::size_t count) { allocate(count); }
+  Storage(const Storage& other) : Storage(other.size_) {
+    if (size_) std::memcpy(data_, other.data_, size_ * sizeof(T));
+  }
+  Storage& operator=(const Storage& other) {
+    if (this != &other) {
+      Storage copy(other);
+      swap(copy);
+    }
+    return *this;
+  }
+  Storage(Storage&& other) noexcept { swap(other); }
+  Storage& operator=(Storage&& other) noexcept {
+    Storage moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  ~Storage() { std::free(data_); }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+  void swap(Storage& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+  }
+
+ private:
+  void allocate(std::size_t count) {
+    if (count == 0) return;
+    if (count > (SIZE_MAX - kHostAlignment) / sizeof(T))
+      throw InvalidArgument("tensor of " + std::to_string(count) + " elements is too large");
+    // aligned_alloc wants a multiple of the alignment.
+    const std::size_t bytes = (count * sizeof(T) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    data_ = static_cast<T*>(std::aligned_alloc(kHostAlignment, bytes));
+    if (data_ == nullptr) throw std::bad_alloc();
+    std::memset(static_cast<void*>(data_), 0, bytes);
+    size_ = count;
+  }
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace coltrain::tensor
