@@ -2,9 +2,10 @@
 // A fork-join pool for the CPU kernels. The calling thread does the first share of the work, so a
 // pool of size 1 starts no thread at all. Workers spin briefly before they sleep on an atomic
 // (futex) wait: a training step issues thousands of short parallel loops, and a wake-up through the
-// kernel costs more than many of them.
+// kernel costs more than many of them. Workers flush subnormal floats to zero (see denormals.hpp).
 
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/denormals.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <algorithm>
@@ -106,6 +107,7 @@ class ThreadPool {
   }
 
   void work(int index) {
+    const FlushDenormalsScope flush;  // workers run only coltrain's kernels
     std::uint64_t seen = 0;
     for (;;) {
       for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {

@@ -36,45 +36,64 @@ struct Window {
 };
 
 // col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0 outside).
-template <class S>
-void im2col(const S* image, const Window& w, S* col, std::int64_t ld, std::int64_t column_offset) {
-  const std::int64_t k = w.kernel;
-  for (std::int64_t c = 0; c < w.channels; ++c) {
-    const S* plane = image + c * w.height * w.width;
-    for (std::int64_t kh = 0; kh < k; ++kh) {
-      for (std::int64_t kw = 0; kw < k; ++kw) {
-        S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
-        for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
-          const std::int64_t ih = oh * w.stride - w.padding + kh;
-          S* dst = row + oh * w.out_width;
-          if (ih < 0 || ih >= w.height) {
-            std::fill_n(dst, w.out_width, S(0));
-            continue;
-          }
-          const S* src = plane + ih * w.width;
-          if (w.stride == 1) {
-            // Output columns whose input column lies inside the image: [ow_begin, ow_end).
-            const std::int64_t shift = kw - w.padding;
-            const std::int64_t ow_begin = std::clamp<std::int64_t>(-shift, 0, w.out_width);
-            const std::int64_t ow_end = std::clamp<std::int64_t>(w.width - shift, ow_begin, w.out_width);
-            std::fill(dst, dst + ow_begin, S(0));
-            std::copy(src + ow_begin + shift, src + ow_end + shift, dst + ow_begin);
-            std::fill(dst + ow_end, dst + w.out_width, S(0));
-          } else {
+// The window is a template argument so that every loop bound is a constant. With stride 1 the image
+// is first copied into `padded`, whose zero border (C x (H+2p) x (W+2p), zeroed by its owner and never
+// written here) replaces all bounds checks: each row of the columns is then a copy of OW contiguous
+// values, which compiles to a few vector moves instead of a call to memmove.
+template <Window w, class S>
+void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset, S* padded) {
+  constexpr std::int64_t k = w.kernel;
+  if constexpr (w.stride == 1) {
+    constexpr std::int64_t ph = w.height + 2 * w.padding, pw = w.width + 2 * w.padding;
+    const S* source = image;
+    if constexpr (w.padding > 0) {
+      for (std::int64_t c = 0; c < w.channels; ++c)
+        for (std::int64_t h = 0; h < w.height; ++h)
+          std::copy_n(image + (c * w.height + h) * w.width, w.width,
+                      padded + (c * ph + h + w.padding) * pw + w.padding);
+      source = padded;
+    }
+    for (std::int64_t c = 0; c < w.channels; ++c)
+      for (std::int64_t kh = 0; kh < k; ++kh)
+        for (std::int64_t kw = 0; kw < k; ++kw) {
+          S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
+          const S* src = source + (c * ph + kh) * pw + kw;
+          for (std::int64_t oh = 0; oh < w.out_height; ++oh)
+            std::copy_n(src + oh * pw, w.out_width, row + oh * w.out_width);
+        }
+  } else {
+    for (std::int64_t c = 0; c < w.channels; ++c) {
+      const S* plane = image + c * w.height * w.width;
+      for (std::int64_t kh = 0; kh < k; ++kh)
+        for (std::int64_t kw = 0; kw < k; ++kw) {
+          S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
+          for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
+            const std::int64_t ih = oh * w.stride - w.padding + kh;
+            S* dst = row + oh * w.out_width;
+            if (ih < 0 || ih >= w.height) {
+              std::fill_n(dst, w.out_width, S(0));
+              continue;
+            }
+            const S* src = plane + ih * w.width;
             for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
               const std::int64_t iw = ow * w.stride - w.padding + kw;
               dst[ow] = (iw >= 0 && iw < w.width) ? src[iw] : S(0);
             }
           }
         }
-      }
     }
   }
 }
 
+// Elements of im2col's `padded` scratch for a window.
+constexpr std::int64_t padded_size(const Window& w) {
+  return w.stride == 1 && w.padding > 0 ? w.channels * (w.height + 2 * w.padding) * (w.width + 2 * w.padding)
+                                        : 0;
+}
+
 // The adjoint of im2col: image += the columns folded back onto the pixels they were read from.
-template <class S>
-void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, const Window& w, S* image) {
+template <Window w, class S>
+void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, S* image) {
   const std::int64_t k = w.kernel;
   for (std::int64_t c = 0; c < w.channels; ++c) {
     S* plane = image + c * w.height * w.width;
@@ -124,12 +143,22 @@ class Conv2dLayer {
   static constexpr std::int64_t kHw = kOutH * kOutW;
   // Images per GEMM: enough for about 256 output columns.
   static constexpr std::int64_t kGroup = std::max<std::int64_t>(1, (256 + kHw - 1) / kHw);
+  static constexpr std::int64_t kKernel = Kernel, kStride = Stride, kPadding = Padding;
+  static constexpr detail::Window kWindow{kCin, kH, kW, kKernel, kStride, kPadding, kOutH, kOutW};
+  // With stride 1 the input gradient is itself a convolution: of the output gradient, padded by
+  // k-1-p, with the kernel flipped and its in/out channels swapped. That GEMM has depth Cout*k*k
+  // instead of Cout, and needs no scatter-add (col2im).
+  static constexpr bool kGradientAsConvolution = Stride == 1 && Padding < Kernel;
+  static constexpr detail::Window kGradientWindow{kCout, kOutH, kOutW, kKernel, 1,
+                                                  kKernel - 1 - std::min(kPadding, kKernel - 1), kH, kW};
+  static constexpr std::int64_t kInHw = kH * kW;
 
  public:
   using Input = In;
   using Output = Chw<OutChannels, kOutH, kOutW>;
   static constexpr std::size_t kParameterCount =
       OutChannels * In::kDims[0] * Kernel * Kernel + (HasBias ? OutChannels : 0);
+  static constexpr std::size_t kForwardMacs = static_cast<std::size_t>(kCout * kK * kHw);
 
   Conv2dLayer()
       : weight_({kCout, kCin, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Kernel)}),
@@ -155,7 +184,8 @@ class Conv2dLayer {
         const std::int64_t count = std::min(kGroup, end - first);
         const std::int64_t ld = count * kHw;
         for (std::int64_t g = 0; g < count; ++g)
-          detail::im2col(x.data() + (first + g) * kCin * kH * kW, window(), ws.col.data(), ld, g * kHw);
+          detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
+                                  ws.padded.data());
         S* target = count == 1 ? y.data() + first * kCout * kHw : ws.product.data();
         tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kNo, kCout, ld, kK, S(1), w.data(), kK,
                      ws.col.data(), ld, S(0), target, ld);
@@ -184,7 +214,11 @@ class Conv2dLayer {
     tensor::TensorView<S, Device> dx;
     if (want_input_grad) {
       dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
-      std::fill_n(dx.data(), dx.numel(), S(0));
+      if constexpr (kGradientAsConvolution) {
+        flip_weights(w.data());
+      } else {
+        std::fill_n(dx.data(), dx.numel(), S(0));  // col2im adds into it
+      }
     }
     prepare_workspaces(ctx.threads());
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
@@ -210,16 +244,33 @@ class Conv2dLayer {
           ws.bias_grad.data()[c] += sum;
         }
         for (std::int64_t g = 0; g < count; ++g)
-          detail::im2col(x.data() + (first + g) * kCin * kH * kW, window(), ws.col.data(), ld, g * kHw);
+          detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
+                                  ws.padded.data());
         // dW += dY * col^T
         tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kYes, kCout, kK, ld, S(1), dy_group, ld,
                      ws.col.data(), ld, S(1), ws.weight_grad.data(), kK);
         if (want_input_grad) {
-          // dcol = W^T * dY, folded back onto the input images.
-          tensor::gemm(tensor::Transpose::kYes, tensor::Transpose::kNo, kK, ld, kCout, S(1), w.data(), kK,
-                       dy_group, ld, S(0), ws.col.data(), ld);
-          for (std::int64_t g = 0; g < count; ++g)
-            detail::col2im_add(ws.col.data(), ld, g * kHw, window(), dx.data() + (first + g) * kCin * kH * kW);
+          if constexpr (kGradientAsConvolution) {
+            const std::int64_t ld_in = count * kInHw;
+            for (std::int64_t g = 0; g < count; ++g)
+              detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw, ws.gradient_col.data(),
+                                              ld_in, g * kInHw, ws.gradient_padded.data());
+            S* target = count == 1 ? dx.data() + first * kCin * kInHw : ws.gradient_product.data();
+            tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kNo, kCin, ld_in, kGradientK, S(1),
+                         flipped_.data(), kGradientK, ws.gradient_col.data(), ld_in, S(0), target, ld_in);
+            if (count > 1)
+              for (std::int64_t g = 0; g < count; ++g)
+                for (std::int64_t c = 0; c < kCin; ++c)
+                  std::copy_n(ws.gradient_product.data() + c * ld_in + g * kInHw, kInHw,
+                              dx.data() + ((first + g) * kCin + c) * kInHw);
+          } else {
+            // dcol = W^T * dY, folded back onto the input images.
+            tensor::gemm(tensor::Transpose::kYes, tensor::Transpose::kNo, kK, ld, kCout, S(1), w.data(), kK,
+                         dy_group, ld, S(0), ws.col.data(), ld);
+            for (std::int64_t g = 0; g < count; ++g)
+              detail::col2im_add<kWindow>(ws.col.data(), ld, g * kHw,
+                                          dx.data() + (first + g) * kCin * kInHw);
+          }
         }
       }
     });
@@ -249,13 +300,23 @@ class Conv2dLayer {
   void visit_buffers(F&&, const std::string&) {}
 
  private:
+  static constexpr std::int64_t kGradientK = kCout * kKernel * kKernel;
+
   struct Workspace {
-    tensor::Tensor<S, Device> col, product, weight_grad, bias_grad;
+    tensor::Tensor<S, Device> col, product, weight_grad, bias_grad, gradient_col, gradient_product;
+    tensor::Tensor<S, Device> padded, gradient_padded;  // im2col's zero-bordered copies
   };
 
-  static constexpr detail::Window window() {
-    return {kCin, kH, kW, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Stride),
-            static_cast<std::int64_t>(Padding), kOutH, kOutW};
+  // flipped_[ci][co][kh][kw] = W[co][ci][k-1-kh][k-1-kw]: the kernel of the input-gradient convolution.
+  void flip_weights(const S* w) {
+    flipped_.resize({kCin, kGradientK});
+    S* f = flipped_.data();
+    for (std::int64_t co = 0; co < kCout; ++co)
+      for (std::int64_t ci = 0; ci < kCin; ++ci)
+        for (std::int64_t kh = 0; kh < kKernel; ++kh)
+          for (std::int64_t kw = 0; kw < kKernel; ++kw)
+            f[ci * kGradientK + (co * kKernel + kh) * kKernel + kw] =
+                w[((co * kCin + ci) * kKernel + (kKernel - 1 - kh)) * kKernel + (kKernel - 1 - kw)];
   }
 
   void prepare_workspaces(int threads) {
@@ -266,12 +327,19 @@ class Conv2dLayer {
       ws.product.resize({kCout, kGroup * kHw});
       ws.weight_grad.resize({kCout, kK});
       ws.bias_grad.resize({kCout});
+      ws.padded.resize({detail::padded_size(kWindow)});
+      if constexpr (kGradientAsConvolution) {
+        ws.gradient_col.resize({kGradientK, kGroup * kInHw});
+        ws.gradient_product.resize({kCin, kGroup * kInHw});
+        ws.gradient_padded.resize({detail::padded_size(kGradientWindow)});
+      }
     }
   }
 
   Parameter<T, Device> weight_;
   Parameter<T, Device> bias_;
   std::vector<Workspace> workspaces_;
+  tensor::Tensor<S, Device> flipped_;
   tensor::Tensor<S, Device> in_scratch_, weight_scratch_, bias_scratch_, out_scratch_;
   tensor::Tensor<S, Device> grad_out_scratch_, grad_in_scratch_, weight_delta_, bias_delta_;
 };

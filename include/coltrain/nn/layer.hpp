@@ -7,6 +7,7 @@
 //
 //   using Input = In;  using Output = StaticShape<...>;          // computed at compile time
 //   static constexpr std::size_t kParameterCount;
+//   static constexpr std::size_t kForwardMacs;                     // optional, see forward_macs()
 //   void initialize(Rng&);
 //   void forward(TensorView<const T, D> in, TensorView<T, D> out, Context<D>&);
 //   void backward(TensorView<const T, D> in, TensorView<const T, D> out,
@@ -68,6 +69,16 @@ std::string child_name(std::size_t index) {
     return std::string(Spec::kName);
   else
     return std::to_string(index);
+}
+
+// Multiply-accumulates per sample of a bound layer's forward pass (GEMM-like layers declare
+// kForwardMacs; the rest count as 0), for FLOP rates: training costs about 3x the forward pass.
+template <class Layer>
+constexpr std::size_t forward_macs() {
+  if constexpr (requires { Layer::kForwardMacs; })
+    return Layer::kForwardMacs;
+  else
+    return 0;
 }
 
 template <class Spec, class In, class T, class Device>

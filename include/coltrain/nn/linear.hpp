@@ -30,6 +30,7 @@ class LinearLayer {
   using Input = In;
   using Output = Flat<Out>;
   static constexpr std::size_t kParameterCount = Out * In::kSize + (HasBias ? Out : 0);
+  static constexpr std::size_t kForwardMacs = Out * In::kSize;
 
   LinearLayer() : weight_({kOut, kIn}), bias_({HasBias ? kOut : 0}) {}
 

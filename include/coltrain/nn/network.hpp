@@ -11,6 +11,7 @@
 // Parameters and buffers are visited in PyTorch's state_dict order and names.
 
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/denormals.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/nn/context.hpp>
 #include <coltrain/nn/init.hpp>
@@ -43,6 +44,7 @@ class Network {
   using value_type = T;
   using device_type = Device;
   static constexpr std::size_t kParameterCount = Body::kParameterCount;
+  static constexpr std::size_t kForwardMacs = Body::kForwardMacs;  // per sample
 
   explicit Network(NetworkOptions options = {}) : context_(options.threads, options.seed) {
     Rng rng(options.seed);
@@ -56,6 +58,7 @@ class Network {
   tensor::TensorView<const T, Device> forward(tensor::TensorView<const T, Device> input) {
     check_shape(input.shape(), Input::batch(input.shape().rank() ? input.extent(0) : 0), "input");
     const std::int64_t batch = input.extent(0);
+    const FlushDenormalsScope flush;
     input_.resize(input.shape());
     std::copy_n(input.data(), input.numel(), input_.data());
     output_.resize(Output::batch(batch));
@@ -67,6 +70,7 @@ class Network {
   // Back-propagates d(loss)/d(output) of the last forward(); parameter gradients accumulate.
   void backward(tensor::TensorView<const T, Device> grad_output) {
     check_shape(grad_output.shape(), output_.shape(), "output gradient");
+    const FlushDenormalsScope flush;
     body_.backward(input_.view(), output_.view(), grad_output, {}, context_);
   }
 

@@ -63,6 +63,7 @@ class ResidualLayer {
   using Output = Out;
   static constexpr std::size_t kParameterCount =
       BodyLayer::kParameterCount + ShortcutLayer::kParameterCount + AfterLayer::kParameterCount;
+  static constexpr std::size_t kForwardMacs = forward_macs<BodyLayer>() + forward_macs<ShortcutLayer>();
 
   void initialize(Rng& rng) {
     body_.initialize(rng);

@@ -98,6 +98,7 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
   using Input = In;
   using Output = typename LayerAt<kCount - 1>::Output;
   static constexpr std::size_t kParameterCount = (std::size_t{0} + ... + Layers::kParameterCount);
+  static constexpr std::size_t kForwardMacs = (std::size_t{0} + ... + forward_macs<Layers>());
 
   void initialize(Rng& rng) {
     std::apply([&](auto&... layer) { (layer.initialize(rng), ...); }, layers_);

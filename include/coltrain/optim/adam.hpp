@@ -1,0 +1,252 @@
+#pragma once
+// Adam and AdamW as torch.optim.Adam and torch.optim.AdamW (PyTorch 1.13, single-tensor path,
+// amsgrad and maximize off). Per element, in float, with t the parameter's step count:
+//
+//   Adam:  g = grad + weight_decay * value          (L2 decay folded into the gradient)
+//   AdamW: value = value * (1 - lr * weight_decay)  (decoupled decay), g = grad
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g * g
+//   value = value - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//
+// The bias corrections and the step size are computed in double on the host and rounded to float
+// once, as PyTorch does with its Python scalars; each multiply and add rounds where PyTorch's
+// separate tensor operations round.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/optim/parameter_ref.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace coltrain::optim {
+namespace detail {
+
+struct AdamHyperparameters {
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  bool decoupled;  // AdamW
+};
+
+inline void check_adam_options(std::string_view name, double lr, double beta1, double beta2,
+                               double eps, double weight_decay) {
+  const std::string prefix = std::string(name) + ": invalid ";
+  if (!(lr >= 0)) throw InvalidArgument(prefix + "learning rate " + number_text(lr));
+  if (!(eps >= 0)) throw InvalidArgument(prefix + "epsilon " + number_text(eps));
+  if (!(beta1 >= 0 && beta1 < 1)) {
+    throw InvalidArgument(prefix + "beta1 " + number_text(beta1) + " (must be in [0, 1))");
+  }
+  if (!(beta2 >= 0 && beta2 < 1)) {
+    throw InvalidArgument(prefix + "beta2 " + number_text(beta2) + " (must be in [0, 1))");
+  }
+  if (!(weight_decay >= 0)) {
+    throw InvalidArgument(prefix + "weight_decay " + number_text(weight_decay));
+  }
+}
+
+// The state and update shared by Adam and AdamW; they differ only in how decay is applied.
+class AdamEngine {
+ public:
+  void step(std::span<const ParamRef> params, double lr, const AdamHyperparameters& h,
+            std::string_view name) {
+    check_lr(lr, name);
+    layout_.bind(params, name);
+    ensure_state(params);
+
+    const float beta1 = static_cast<float>(h.beta1);
+    const float beta2 = static_cast<float>(h.beta2);
+    const float one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+    const float one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+    const float eps = static_cast<float>(h.eps);
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      const ParamRef& param = params[p];
+      State& state = state_[p];
+      state.step += 1;
+      const double t = static_cast<double>(state.step);
+      const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+      const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
+      const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
+      const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+
+      const bool decay = h.weight_decay != 0 && param.weight_decay;
+      const float l2 = decay && !h.decoupled ? static_cast<float>(h.weight_decay) : 0.0f;
+      const bool decoupled = decay && h.decoupled;
+      const float shrink = static_cast<float>(1.0 - lr * h.weight_decay);
+
+      float* value = param.value.data();
+      const float* grad = param.grad.data();
+      float* m = state.exp_avg.data();
+      float* v = state.exp_avg_sq.data();
+      const std::size_t n = param.value.size();
+      for (std::size_t i = 0; i < n; ++i) {
+        float g = grad[i];
+        if (l2 != 0.0f) g = g + l2 * value[i];
+        if (decoupled) value[i] = value[i] * shrink;
+        m[i] = m[i] * beta1;
+        m[i] = m[i] + one_minus_beta1 * g;
+        v[i] = v[i] * beta2;
+        v[i] = v[i] + one_minus_beta2 * g * g;
+        const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
+        value[i] = value[i] + neg_step_size * m[i] / denom;
+      }
+    }
+  }
+
+  template <class F>
+  void for_each_state(F&& f) {
+    for (std::size_t p = 0; p < state_.size(); ++p) {
+      f(layout_.name(p) + ".exp_avg", std::span<float>(state_[p].exp_avg));
+      f(layout_.name(p) + ".exp_avg_sq", std::span<float>(state_[p].exp_avg_sq));
+    }
+  }
+
+  template <class F>
+  void for_each_state(F&& f) const {
+    for (std::size_t p = 0; p < state_.size(); ++p) {
+      f(layout_.name(p) + ".exp_avg", std::span<const float>(state_[p].exp_avg));
+      f(layout_.name(p) + ".exp_avg_sq", std::span<const float>(state_[p].exp_avg_sq));
+    }
+  }
+
+  template <class F>
+  void for_each_step(F&& f) {
+    for (std::size_t p = 0; p < state_.size(); ++p) f(layout_.name(p) + ".step", state_[p].step);
+  }
+
+  template <class F>
+  void for_each_step(F&& f) const {
+    for (std::size_t p = 0; p < state_.size(); ++p) {
+      f(layout_.name(p) + ".step", static_cast<const std::int64_t&>(state_[p].step));
+    }
+  }
+
+  std::int64_t step_count(std::size_t index) const {
+    if (index >= state_.size()) {
+      throw InvalidArgument("optimizer has no state for parameter #" + std::to_string(index) +
+                            " (" + std::to_string(state_.size()) + " parameters with state)");
+    }
+    return state_[index].step;
+  }
+
+  void allocate_state(std::span<const ParamRef> params, std::string_view name) {
+    layout_.bind(params, name);
+    ensure_state(params);
+  }
+
+ private:
+  struct State {
+    std::int64_t step = 0;
+    std::vector<float> exp_avg;
+    std::vector<float> exp_avg_sq;
+  };
+
+  // PyTorch creates zero moments and step 0 at a parameter's first step.
+  void ensure_state(std::span<const ParamRef> params) {
+    if (state_.size() == params.size()) return;
+    state_.resize(params.size());
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      state_[p].exp_avg.assign(params[p].value.size(), 0.0f);
+      state_[p].exp_avg_sq.assign(params[p].value.size(), 0.0f);
+    }
+  }
+
+  ParamLayout layout_;
+  std::vector<State> state_;
+};
+
+// Adam and AdamW differ in their decay and its default; everything else is this template.
+template <bool kDecoupled>
+struct AdamOptions {
+  double lr = 1e-3;  // used by step(params); step(params, lr) takes the schedule's value
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // Adam: L2, added to the gradient (default 0). AdamW: decoupled, value *= 1 - lr * weight_decay
+  // (default 1e-2).
+  double weight_decay = kDecoupled ? 1e-2 : 0.0;
+};
+
+template <bool kDecoupled>
+class AdamOptimizer {
+ public:
+  using Options = AdamOptions<kDecoupled>;
+  static constexpr std::string_view kName = kDecoupled ? "AdamW" : "Adam";
+
+  // Throws InvalidArgument for lr, eps or weight_decay < 0 and betas outside [0, 1).
+  explicit AdamOptimizer(Options options) : options_(options) {
+    check_adam_options(kName, options.lr, options.beta1, options.beta2, options.eps,
+                       options.weight_decay);
+  }
+  AdamOptimizer() : AdamOptimizer(Options{}) {}
+
+  const Options& options() const { return options_; }
+
+  // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
+  // must be the same, in the same order, at every step: state is kept by index.
+  void step(std::span<const ParamRef> params, double lr) {
+    AdamHyperparameters hyperparameters;
+    hyperparameters.beta1 = options_.beta1;
+    hyperparameters.beta2 = options_.beta2;
+    hyperparameters.eps = options_.eps;
+    hyperparameters.weight_decay = options_.weight_decay;
+    hyperparameters.decoupled = kDecoupled;
+    engine_.step(params, lr, hyperparameters, kName);
+  }
+  void step(std::span<const ParamRef> params) { step(params, options_.lr); }
+
+  // f(std::string name, std::span<float>) for "<parameter>.exp_avg" and "<parameter>.exp_avg_sq"
+  // of every parameter with state (all of them after the first step, none before).
+  template <class F>
+  void for_each_state(F&& f) {
+    engine_.for_each_state(static_cast<F&&>(f));
+  }
+  template <class F>
+  void for_each_state(F&& f) const {
+    engine_.for_each_state(static_cast<F&&>(f));
+  }
+
+  // f(std::string name, std::int64_t& step) for "<parameter>.step", PyTorch's per-parameter step
+  // count (a float tensor in PyTorch 1.13, an integer here).
+  template <class F>
+  void for_each_step(F&& f) {
+    engine_.for_each_step(static_cast<F&&>(f));
+  }
+  template <class F>
+  void for_each_step(F&& f) const {
+    engine_.for_each_step(static_cast<F&&>(f));
+  }
+
+  // The step count of parameter `index`; throws InvalidArgument before its first step.
+  std::int64_t step_count(std::size_t index) const { return engine_.step_count(index); }
+
+  // For loading a checkpoint: binds the layout and creates zero moments and step counts, exactly
+  // the state a first step starts from, for for_each_state and for_each_step to fill.
+  void allocate_state(std::span<const ParamRef> params) { engine_.allocate_state(params, kName); }
+
+ private:
+  Options options_;
+  AdamEngine engine_;
+};
+
+}  // namespace detail
+
+// torch.optim.Adam: weight decay as L2 added to the gradient; Options::weight_decay defaults to 0.
+class Adam : public detail::AdamOptimizer<false> {
+ public:
+  using AdamOptimizer::AdamOptimizer;
+};
+
+// torch.optim.AdamW: decoupled weight decay; Options::weight_decay defaults to 1e-2.
+class AdamW : public detail::AdamOptimizer<true> {
+ public:
+  using AdamOptimizer::AdamOptimizer;
+};
+
+}  // namespace coltrain::optim

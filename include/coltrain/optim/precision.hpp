@@ -1,0 +1,226 @@
+#pragma once
+// Precision policies and the optimizer wrapper that applies them.
+//
+// A policy is a type naming how a model stores its parameters and what a training step needs
+// around the optimizer: fp32 master weights (16-bit storage cannot accumulate small updates: an
+// update below half an ulp of the value is lost) and loss scaling (fp16's narrow exponent flushes
+// small gradients to zero; bf16 has float's exponent and does not need it).
+//
+// PrecisionOptimizer<Policy, Optimizer> runs a step in two halves so that data-parallel callers can
+// agree on skipping it in between:
+//
+//   bool finite = trainer.unscale_and_check();    // grads -> fp32, / loss scale, local check
+//   finite = allreduce_and(finite);               // every rank must take the same decision
+//   bool taken = trainer.apply(finite, schedule(step));
+//
+// step(lr) is both halves for a single process.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/optim/loss_scaler.hpp>
+#include <coltrain/optim/parameter_ref.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace coltrain::optim {
+
+// Parameters, gradients and optimizer all in float.
+struct Fp32 {
+  using Storage = float;
+  static constexpr bool kMasterWeights = false;
+  static constexpr bool kLossScaling = false;
+  static constexpr std::string_view kName = "fp32";
+};
+
+// fp16 parameters and gradients, fp32 master weights and optimizer, dynamic loss scaling (as
+// torch.cuda.amp with GradScaler, or Apex O2).
+struct MixedFp16 {
+  using Storage = half;
+  static constexpr bool kMasterWeights = true;
+  static constexpr bool kLossScaling = true;
+  static constexpr std::string_view kName = "fp16";
+};
+
+// bf16 parameters and gradients, fp32 master weights and optimizer, no loss scaling.
+struct MixedBf16 {
+  using Storage = bfloat16;
+  static constexpr bool kMasterWeights = true;
+  static constexpr bool kLossScaling = false;
+  static constexpr std::string_view kName = "bf16";
+};
+
+namespace detail {
+
+template <class P>
+concept HasPrecisionMembers = requires {
+  typename P::Storage;
+  { P::kMasterWeights } -> std::convertible_to<bool>;
+  { P::kLossScaling } -> std::convertible_to<bool>;
+  { P::kName } -> std::convertible_to<std::string_view>;
+};
+
+template <class T>
+inline constexpr bool kIsParameterStorage =
+    std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+}  // namespace detail
+
+// Storage is float, half or bfloat16; the optimizers work in float, so a 16-bit storage needs
+// master weights.
+template <class P>
+concept PrecisionPolicy = detail::HasPrecisionMembers<P> &&
+    detail::kIsParameterStorage<typename P::Storage> &&
+    (std::is_same_v<typename P::Storage, float> || P::kMasterWeights);
+
+// What PrecisionOptimizer needs of an optimizer (Sgd, Adam, AdamW).
+template <class O>
+concept ParamOptimizer = requires(O& optimizer, std::span<const ParamRef> params, double lr) {
+  optimizer.step(params, lr);
+};
+
+template <PrecisionPolicy Precision, ParamOptimizer Optimizer>
+class PrecisionOptimizer {
+ public:
+  using Storage = typename Precision::Storage;
+  using Param = TypedParamRef<Storage>;
+
+  // The views must stay valid for the lifetime of this object. With master weights, the fp32
+  // copies are taken now: load a checkpoint into the model before constructing, or into
+  // master_weights() afterwards. Throws InvalidArgument naming a parameter whose values and
+  // gradients differ in size.
+  PrecisionOptimizer(std::span<const Param> params, Optimizer optimizer,
+                     DynamicLossScaler::Options scaler_options = {})
+      : params_(params.begin(), params.end()),
+        optimizer_(std::move(optimizer)),
+        scaler_(scaler_options) {
+    for (std::size_t p = 0; p < params_.size(); ++p) check_param_ref(params_[p], p);
+    refs_.reserve(params_.size());
+    if constexpr (Precision::kMasterWeights) {
+      master_values_.resize(params_.size());
+      master_grads_.resize(params_.size());
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        const Param& param = params_[p];
+        master_values_[p].resize(param.value.size());
+        master_grads_[p].resize(param.grad.size());
+        for (std::size_t i = 0; i < param.value.size(); ++i) {
+          master_values_[p][i] = static_cast<float>(param.value[i]);
+        }
+        refs_.push_back({param.name, std::span<float>(master_values_[p]), master_grads_[p],
+                         param.weight_decay});
+      }
+    } else {
+      for (const Param& param : params_) {
+        refs_.push_back({param.name, param.value, param.grad, param.weight_decay});
+      }
+    }
+  }
+
+  // refs_ points into params_ and the master buffers: moving keeps those addresses, copying would
+  // not.
+  PrecisionOptimizer(const PrecisionOptimizer&) = delete;
+  PrecisionOptimizer& operator=(const PrecisionOptimizer&) = delete;
+  PrecisionOptimizer(PrecisionOptimizer&&) = default;
+  PrecisionOptimizer& operator=(PrecisionOptimizer&&) = default;
+
+  // First half of a step: brings the gradients to fp32 (into the master gradients, or in place for
+  // float storage) divided by the loss scale when scaling, and returns whether all of this rank's
+  // gradients are finite. Throws coltrain::Error if called twice without apply() in between (the
+  // second call would unscale in-place gradients twice).
+  bool unscale_and_check() {
+    if (unscaled_) {
+      throw Error("PrecisionOptimizer: unscale_and_check() called twice without apply()");
+    }
+    const float inv_scale = Precision::kLossScaling
+                                ? static_cast<float>(1.0 / static_cast<double>(scaler_.scale()))
+                                : 1.0f;
+    bool finite = true;
+    for (std::size_t p = 0; p < params_.size(); ++p) {
+      const std::span<const Storage> grad = params_[p].grad;
+      if constexpr (Precision::kMasterWeights) {
+        finite &= optim::unscale_and_check(grad, std::span<float>(master_grads_[p]), inv_scale);
+      } else if constexpr (Precision::kLossScaling) {
+        finite &= optim::unscale_and_check(grad, params_[p].grad, inv_scale);
+      } else {
+        for (float g : grad) finite &= std::isfinite(g);
+      }
+    }
+    unscaled_ = true;
+    return finite;
+  }
+
+  // Second half: all_finite is unscale_and_check's result, reduced across ranks by the caller.
+  // Updates the loss scale (when scaling); on non-finite gradients skips the step, leaving values
+  // and optimizer state untouched, for every policy; otherwise steps the optimizer at lr and, with
+  // master weights, rounds the masters into the model's values. Returns whether the step was
+  // taken. Throws coltrain::Error without unscale_and_check() first, InvalidArgument for a negative
+  // or NaN lr (before anything changes).
+  bool apply(bool all_finite, double lr) {
+    if (!unscaled_) throw Error("PrecisionOptimizer: apply() needs unscale_and_check() first");
+    detail::check_lr(lr, "PrecisionOptimizer");
+    unscaled_ = false;
+    if (all_finite) {
+      optimizer_.step(std::span<const ParamRef>(refs_), lr);
+      if constexpr (Precision::kMasterWeights) round_masters_into_model();
+    }
+    if constexpr (Precision::kLossScaling) scaler_.update(!all_finite);
+    return all_finite;
+  }
+
+  // Both halves, for a single process.
+  bool step(double lr) { return apply(unscale_and_check(), lr); }
+
+  // The factor to multiply the loss by before the backward pass; 1 without loss scaling.
+  float loss_scale() const {
+    if constexpr (Precision::kLossScaling) {
+      return scaler_.scale();
+    } else {
+      return 1.0f;
+    }
+  }
+
+  const Optimizer& optimizer() const { return optimizer_; }
+  Optimizer& optimizer() { return optimizer_; }
+
+  const DynamicLossScaler& scaler() const requires Precision::kLossScaling { return scaler_; }
+  DynamicLossScaler& scaler() requires Precision::kLossScaling { return scaler_; }
+
+  std::size_t size() const { return params_.size(); }
+
+  // The fp32 master copy of parameter `index`. After writing into it (a checkpoint), call
+  // round_masters_into_model().
+  std::span<const float> master_weights(
+      std::size_t index) const requires Precision::kMasterWeights {
+    return master_values_.at(index);
+  }
+  std::span<float> master_weights(std::size_t index) requires Precision::kMasterWeights {
+    return master_values_.at(index);
+  }
+
+  void round_masters_into_model() requires Precision::kMasterWeights {
+    for (std::size_t p = 0; p < params_.size(); ++p) {
+      const std::span<Storage> value = params_[p].value;
+      const std::vector<float>& master = master_values_[p];
+      for (std::size_t i = 0; i < value.size(); ++i) value[i] = Storage(master[i]);
+    }
+  }
+
+ private:
+  std::vector<Param> params_;
+  std::vector<std::vector<float>> master_values_;
+  std::vector<std::vector<float>> master_grads_;
+  std::vector<ParamRef> refs_;  // what the optimizer steps: masters, or the model itself
+  Optimizer optimizer_;
+  DynamicLossScaler scaler_;  // unused without loss scaling; kept so the layout is uniform
+  bool unscaled_ = false;
+};
+
+}  // namespace coltrain::optim

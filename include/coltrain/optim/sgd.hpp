@@ -1,0 +1,148 @@
+#pragma once
+// Stochastic gradient descent with momentum, dampening, Nesterov momentum and L2 weight decay,
+// computed as torch.optim.SGD (PyTorch 1.13, single-tensor path) computes it, per element in
+// float:
+//
+//   d = grad + weight_decay * value                       (if weight_decay != 0)
+//   buf = d                                               (first step: a copy, not a blend)
+//   buf = momentum * buf + (1 - dampening) * d            (later steps)
+//   d = nesterov ? d + momentum * buf : buf               (if momentum != 0)
+//   value = value - lr * d
+//
+// Hyperparameters are rounded to float once, as PyTorch's CPU kernels do with Python scalars, so
+// that the same loop can run as a CUDA kernel later.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/optim/parameter_ref.hpp>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace coltrain::optim {
+
+class Sgd {
+ public:
+  struct Options {
+    double lr = 0.01;  // used by step(params); step(params, lr) takes the schedule's value
+    double momentum = 0;
+    double dampening = 0;
+    double weight_decay = 0;
+    bool nesterov = false;
+  };
+
+  // Throws InvalidArgument for negative lr, momentum or weight decay, and for Nesterov without
+  // momentum or with dampening (PyTorch's checks).
+  explicit Sgd(Options options) : options_(options) {
+    if (!(options.lr >= 0)) {
+      throw InvalidArgument("SGD: invalid learning rate " + detail::number_text(options.lr));
+    }
+    if (!(options.momentum >= 0)) {
+      throw InvalidArgument("SGD: invalid momentum " + detail::number_text(options.momentum));
+    }
+    if (!(options.weight_decay >= 0)) {
+      throw InvalidArgument("SGD: invalid weight_decay " +
+                            detail::number_text(options.weight_decay));
+    }
+    if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
+      throw InvalidArgument("SGD: Nesterov momentum requires a momentum > 0 and zero dampening");
+    }
+  }
+  Sgd() : Sgd(Options{}) {}
+
+  const Options& options() const { return options_; }
+
+  // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
+  // must be the same, in the same order, at every step: the momentum buffers are kept by index.
+  void step(std::span<const ParamRef> params, double lr) {
+    detail::check_lr(lr, "SGD");
+    layout_.bind(params, "SGD");
+    if (state_.size() != params.size()) state_.resize(params.size());
+
+    const float momentum = static_cast<float>(options_.momentum);
+    const float blend = static_cast<float>(1.0 - options_.dampening);
+    const float neg_lr = static_cast<float>(-lr);
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      const ParamRef& param = params[p];
+      const bool decay = options_.weight_decay != 0 && param.weight_decay;
+      const float weight_decay = decay ? static_cast<float>(options_.weight_decay) : 0.0f;
+      float* value = param.value.data();
+      const float* grad = param.grad.data();
+      const std::size_t n = param.value.size();
+
+      if (options_.momentum == 0) {
+        for (std::size_t i = 0; i < n; ++i) {
+          float d = grad[i];
+          if (decay) d = d + weight_decay * value[i];
+          value[i] = value[i] + neg_lr * d;
+        }
+        continue;
+      }
+
+      State& state = state_[p];
+      const bool first = !state.has_buffer;
+      if (first) {
+        state.momentum_buffer.assign(n, 0.0f);
+        state.has_buffer = true;
+      }
+      float* buf = state.momentum_buffer.data();
+      for (std::size_t i = 0; i < n; ++i) {
+        float d = grad[i];
+        if (decay) d = d + weight_decay * value[i];
+        // Two roundings, as buf.mul_(momentum).add_(d, alpha=1 - dampening).
+        buf[i] = first ? d : buf[i] * momentum + blend * d;
+        d = options_.nesterov ? d + momentum * buf[i] : buf[i];
+        value[i] = value[i] + neg_lr * d;
+      }
+    }
+  }
+
+  void step(std::span<const ParamRef> params) { step(params, options_.lr); }
+
+  // Visits the state PyTorch's SGD keeps: f(std::string name, std::span<float>) with name
+  // "<parameter>.momentum_buffer", for each parameter that has a buffer (none before the first
+  // step, none without momentum).
+  template <class F>
+  void for_each_state(F&& f) {
+    for (std::size_t p = 0; p < state_.size(); ++p) {
+      if (!state_[p].has_buffer) continue;
+      f(layout_.name(p) + ".momentum_buffer", std::span<float>(state_[p].momentum_buffer));
+    }
+  }
+
+  template <class F>
+  void for_each_state(F&& f) const {
+    for (std::size_t p = 0; p < state_.size(); ++p) {
+      if (!state_[p].has_buffer) continue;
+      f(layout_.name(p) + ".momentum_buffer", std::span<const float>(state_[p].momentum_buffer));
+    }
+  }
+
+  // For loading a checkpoint: binds the layout and creates zero momentum buffers (when momentum
+  // != 0), which for_each_state then fills. The buffers count as present afterwards, as after
+  // PyTorch's load_state_dict, so the next step blends into them instead of copying the gradient.
+  void allocate_state(std::span<const ParamRef> params) {
+    layout_.bind(params, "SGD");
+    state_.resize(params.size());
+    if (options_.momentum == 0) return;
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      if (state_[p].has_buffer) continue;
+      state_[p].momentum_buffer.assign(params[p].value.size(), 0.0f);
+      state_[p].has_buffer = true;
+    }
+  }
+
+ private:
+  struct State {
+    std::vector<float> momentum_buffer;
+    bool has_buffer = false;
+  };
+
+  Options options_;
+  detail::ParamLayout layout_;
+  std::vector<State> state_;
+};
+
+}  // namespace coltrain::optim
