@@ -4,8 +4,14 @@
 
 #include <coltrain/comm.hpp>
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/denormals.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>
+#include <coltrain/core/thread_pool.hpp>
 #include <coltrain/core/timer.hpp>
+#include <coltrain/models.hpp>
+#include <coltrain/nn.hpp>
+#include <coltrain/optim.hpp>
+#include <coltrain/tensor.hpp>

@@ -111,14 +111,12 @@ class BatchNorm2dLayer {
       for (std::int64_t b = 0; b < batch; ++b) {
         const T* xs = x + (b * kC + c) * kPlane;
         const T* gs = dy + (b * kC + c) * kPlane;
-        S a = 0, d = 0;
-        for (std::int64_t i = 0; i < kPlane; ++i) {
-          const S g = detail::to_compute_value<S>(gs[i]);
-          a += g;
-          d += g * (detail::to_compute_value<S>(xs[i]) - mean);
-        }
-        sum_dy += a;
-        sum_dy_xhat += d;
+        sum_dy += detail::lane_sum<S>(gs, kPlane);
+        // sum of dy * (x - mean), as lanes over the index (two arrays).
+        const std::int64_t offset = xs - gs;
+        sum_dy_xhat += detail::lane_sum<S>(gs, kPlane, [&](const T& g) {
+          return detail::to_compute_value<S>(g) * (detail::to_compute_value<S>(*(&g + offset)) - mean);
+        });
       }
       sum_dy_xhat *= inv_std;
       weight_delta_.data()[c] = static_cast<S>(sum_dy_xhat);
@@ -165,19 +163,13 @@ class BatchNorm2dLayer {
       for (std::int64_t c = begin; c < end; ++c) f(c);
     });
   }
-  // Sums of one plane in S (short, vectorisable), accumulated across planes in double.
-  static double plane_sum(const T* p, S) {
-    S sum = 0;
-    for (std::int64_t i = 0; i < kPlane; ++i) sum += detail::to_compute_value<S>(p[i]);
-    return sum;
-  }
+  // Sums of one plane in S (vectorised lanes), accumulated across planes in double.
+  static double plane_sum(const T* p, S) { return detail::lane_sum<S>(p, kPlane); }
   static double plane_square_sum(const T* p, S mean) {
-    S sum = 0;
-    for (std::int64_t i = 0; i < kPlane; ++i) {
-      const S d = detail::to_compute_value<S>(p[i]) - mean;
-      sum += d * d;
-    }
-    return sum;
+    return detail::lane_sum<S>(p, kPlane, [mean](T v) {
+      const S d = detail::to_compute_value<S>(v) - mean;
+      return d * d;
+    });
   }
 
   Parameter<T, Device> weight_;

@@ -80,5 +80,26 @@ void accumulate(tensor::TensorView<T> grad, tensor::TensorView<const S> delta) {
     g[i] = to_storage_value<T>(to_compute_value<S>(g[i]) + d[i]);
 }
 
+// sum of term(p[i]) over [0, n) in 16 independent lanes: a single running sum is a serial chain the
+// compiler may not reorder (no -ffast-math), so it would not vectorise; lanes also grow the rounding
+// error more slowly.
+template <class S, class T, class F>
+S lane_sum(const T* p, std::int64_t n, F&& term) {
+  constexpr int kLanes = 16;
+  S lanes[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += term(p[i + l]);
+  S total = 0;
+  for (; i < n; ++i) total += term(p[i]);
+  for (int l = 0; l < kLanes; ++l) total += lanes[l];
+  return total;
+}
+
+template <class S, class T>
+S lane_sum(const T* p, std::int64_t n) {
+  return lane_sum<S>(p, n, [](T v) { return to_compute_value<S>(v); });
+}
+
 }  // namespace detail
 }  // namespace coltrain::nn

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,8 @@ void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset,
     if constexpr (w.padding > 0) {
       for (std::int64_t c = 0; c < w.channels; ++c)
         for (std::int64_t h = 0; h < w.height; ++h)
-          std::copy_n(image + (c * w.height + h) * w.width, w.width,
-                      padded + (c * ph + h + w.padding) * pw + w.padding);
+          std::memcpy(padded + (c * ph + h + w.padding) * pw + w.padding,
+                      image + (c * w.height + h) * w.width, w.width * sizeof(S));
       source = padded;
     }
     for (std::int64_t c = 0; c < w.channels; ++c)
@@ -58,8 +59,9 @@ void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset,
         for (std::int64_t kw = 0; kw < k; ++kw) {
           S* row = col + ((c * k + kh) * k + kw) * ld + column_offset;
           const S* src = source + (c * ph + kh) * pw + kw;
+          // memcpy, not std::copy: g++ inlines a constant-size memcpy but calls memmove.
           for (std::int64_t oh = 0; oh < w.out_height; ++oh)
-            std::copy_n(src + oh * pw, w.out_width, row + oh * w.out_width);
+            std::memcpy(row + oh * w.out_width, src + oh * pw, w.out_width * sizeof(S));
         }
   } else {
     for (std::int64_t c = 0; c < w.channels; ++c) {
@@ -239,9 +241,7 @@ class Conv2dLayer {
           dy_group = ws.product.data();
         }
         for (std::int64_t c = 0; c < kCout; ++c) {
-          S sum = 0;
-          for (std::int64_t i = 0; i < ld; ++i) sum += dy_group[c * ld + i];
-          ws.bias_grad.data()[c] += sum;
+          ws.bias_grad.data()[c] += detail::lane_sum<S>(dy_group + c * ld, ld);
         }
         for (std::int64_t g = 0; g < count; ++g)
           detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,

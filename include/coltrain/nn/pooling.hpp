@@ -209,8 +209,7 @@ class GlobalAvgPoolLayer {
     const T* x = in.data();
     T* y = out.data();
     detail::for_each_plane(ctx, in.extent(0) * kC, kPlane, [&](std::int64_t p) {
-      S sum = 0;
-      for (std::int64_t i = 0; i < kPlane; ++i) sum += detail::to_compute_value<S>(x[p * kPlane + i]);
+      const S sum = detail::lane_sum<S>(x + p * kPlane, kPlane);
       y[p] = detail::to_storage_value<T>(sum / static_cast<S>(kPlane));
     });
   }

@@ -88,14 +88,11 @@ class Sgd {
         state.has_buffer = true;
       }
       float* buf = state.momentum_buffer.data();
-      for (std::size_t i = 0; i < n; ++i) {
-        float d = grad[i];
-        if (decay) d = d + weight_decay * value[i];
-        // Two roundings, as buf.mul_(momentum).add_(d, alpha=1 - dampening).
-        buf[i] = first ? d : buf[i] * momentum + blend * d;
-        d = options_.nesterov ? d + momentum * buf[i] : buf[i];
-        value[i] = value[i] + neg_lr * d;
-      }
+      // The flags select one of eight loops, so that each vectorises without branches.
+      dispatch(decay, first, options_.nesterov, [&]<bool kDecay, bool kFirst, bool kNesterov>() {
+        momentum_update<kDecay, kFirst, kNesterov>(value, grad, buf, n, weight_decay, momentum, blend,
+                                                   neg_lr);
+      });
     }
   }
 
@@ -135,6 +132,46 @@ class Sgd {
   }
 
  private:
+  template <class F>
+  static void dispatch(bool decay, bool first, bool nesterov, F&& f) {
+    auto with_nesterov = [&]<bool kDecay, bool kFirst>() {
+      if (nesterov)
+        f.template operator()<kDecay, kFirst, true>();
+      else
+        f.template operator()<kDecay, kFirst, false>();
+    };
+    auto with_first = [&]<bool kDecay>() {
+      if (first)
+        with_nesterov.template operator()<kDecay, true>();
+      else
+        with_nesterov.template operator()<kDecay, false>();
+    };
+    if (decay)
+      with_first.template operator()<true>();
+    else
+      with_first.template operator()<false>();
+  }
+
+  template <bool kDecay, bool kFirst, bool kNesterov>
+  static void momentum_update(float* COLTRAIN_RESTRICT value, const float* COLTRAIN_RESTRICT grad,
+                              float* COLTRAIN_RESTRICT buf, std::size_t n, float weight_decay,
+                              float momentum, float blend, float neg_lr) {
+    for (std::size_t i = 0; i < n; ++i) {
+      float d = grad[i];
+      if constexpr (kDecay) d = d + weight_decay * value[i];
+      // Two roundings, as buf.mul_(momentum).add_(d, alpha=1 - dampening).
+      if constexpr (kFirst)
+        buf[i] = d;
+      else
+        buf[i] = buf[i] * momentum + blend * d;
+      if constexpr (kNesterov)
+        d = d + momentum * buf[i];
+      else
+        d = buf[i];
+      value[i] = value[i] + neg_lr * d;
+    }
+  }
+
   struct State {
     std::vector<float> momentum_buffer;
     bool has_buffer = false;
