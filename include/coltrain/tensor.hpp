@@ -4,6 +4,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/tensor/cpu_gemm.hpp>
 #include <coltrain/tensor/device.hpp>
+#include <coltrain/tensor/eigen_map.hpp>
 #include <coltrain/tensor/safetensors.hpp>
 #include <coltrain/tensor/shape.hpp>
 #include <coltrain/tensor/storage.hpp>

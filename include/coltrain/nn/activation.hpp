@@ -1,5 +1,6 @@
 #pragma once
-// ReLU: max(x, 0), elementwise, any shape. The gradient passes where the output is positive.
+// ReLU: max(x, 0), elementwise, any shape; NaN stays NaN (torch.relu). The gradient passes where the
+// output is positive.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
@@ -31,7 +32,7 @@ void relu_forward(const T* COLTRAIN_RESTRICT x, T* COLTRAIN_RESTRICT y, std::int
   const T zero = to_storage_value<T>(compute_t<T>(0));
   for (std::int64_t i = 0; i < n; ++i) {
     const T v = x[i];
-    y[i] = to_compute_value<compute_t<T>>(v) > 0 ? v : zero;
+    y[i] = to_compute_value<compute_t<T>>(v) < 0 ? zero : v;  // NaN passes through, as torch.relu
   }
 }
 

@@ -57,12 +57,15 @@ class ResidualLayer {
   };
   using AfterLayer =
       typename std::conditional_t<kActivation, BindAfter<AfterSpec>, std::type_identity<NoLayer>>::type;
+  static_assert(AfterLayer::kParameterCount == 0,
+                "coltrain::nn::Residual: After must be a parameter-free activation such as ReLU; put "
+                "layers with parameters in the body or after the block");
 
  public:
   using Input = In;
   using Output = Out;
   static constexpr std::size_t kParameterCount =
-      BodyLayer::kParameterCount + ShortcutLayer::kParameterCount + AfterLayer::kParameterCount;
+      BodyLayer::kParameterCount + ShortcutLayer::kParameterCount;
   static constexpr std::size_t kForwardMacs = forward_macs<BodyLayer>() + forward_macs<ShortcutLayer>();
 
   void initialize(Rng& rng) {

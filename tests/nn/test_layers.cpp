@@ -1,0 +1,752 @@
+// The layers and models beyond their gradients: compile-time shapes and parameter counts,
+// state_dict names in PyTorch's order, BatchNorm's running statistics, Dropout's statistics,
+// initialisation, gradient accumulation, errors, top-k accuracy.
+//
+// Results are exact, checked against values computed here in double, or statistical with stated
+// margins (Dropout, initialisation); mixed precision, thread counts and batch sizes are in
+// test_precision.cpp.
+
+#include <catch2/catch.hpp>
+
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/models/cifar_net.hpp>
+#include <coltrain/models/mlp.hpp>
+#include <coltrain/models/mnist_convnet.hpp>
+#include <coltrain/models/resnet.hpp>
+#include <coltrain/nn/activation.hpp>
+#include <coltrain/nn/batch_norm.hpp>
+#include <coltrain/nn/conv2d.hpp>
+#include <coltrain/nn/dropout.hpp>
+#include <coltrain/nn/flatten.hpp>
+#include <coltrain/nn/linear.hpp>
+#include <coltrain/nn/loss.hpp>
+#include <coltrain/nn/network.hpp>
+#include <coltrain/nn/pooling.hpp>
+#include <coltrain/nn/residual.hpp>
+#include <coltrain/nn/sequential.hpp>
+
+#include "nn_test_helpers.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace nn = coltrain::nn;
+namespace tensor = coltrain::tensor;
+namespace models = coltrain::models;
+using coltrain::bfloat16;
+using coltrain::half;
+using nn::Input;
+using nn::Sequential;
+using tensor::Chw;
+using tensor::Cpu;
+using tensor::Flat;
+
+template <class Spec, class In>
+using OutputOf = typename nn::bind_t<Spec, In, float, Cpu>::Output;
+
+// ----------------------------------------------------------------------------------------------
+// Compile-time shapes and parameter counts.
+
+// Conv2d: (H + 2P - K) / S + 1.
+static_assert(std::is_same_v<OutputOf<nn::Conv2d<8, 3, 1, 1>, Chw<3, 32, 32>>, Chw<8, 32, 32>>);
+static_assert(std::is_same_v<OutputOf<nn::Conv2d<8, 3, 2, 1>, Chw<3, 32, 32>>, Chw<8, 16, 16>>);
+static_assert(std::is_same_v<OutputOf<nn::Conv2d<4, 3>, Chw<1, 28, 28>>, Chw<4, 26, 26>>);
+static_assert(std::is_same_v<OutputOf<nn::Conv2d<4, 1, 2>, Chw<2, 5, 5>>, Chw<4, 3, 3>>);
+static_assert(std::is_same_v<OutputOf<nn::Conv2d<4, 3, 2, 0>, Chw<2, 6, 7>>, Chw<4, 2, 3>>);
+static_assert(OutputOf<nn::Conv2d<4, 3>, Chw<2, 5, 5>>::kSize == 36);
+static_assert(nn::bind_t<nn::Conv2d<8, 3>, Chw<3, 9, 9>, float, Cpu>::kParameterCount == 8 * 3 * 9 + 8);
+static_assert(nn::bind_t<nn::Conv2d<8, 3, 1, 1, false>, Chw<3, 9, 9>, float, Cpu>::kParameterCount ==
+              8 * 3 * 9);
+// Pooling: floor division, padding counted; the stride defaults to the kernel.
+static_assert(std::is_same_v<OutputOf<nn::MaxPool2d<2>, Chw<3, 5, 5>>, Chw<3, 2, 2>>);
+static_assert(std::is_same_v<OutputOf<nn::MaxPool2d<3, 2, 1>, Chw<3, 7, 7>>, Chw<3, 4, 4>>);
+static_assert(std::is_same_v<OutputOf<nn::AvgPool2d<3, 2, 1>, Chw<2, 8, 8>>, Chw<2, 4, 4>>);
+static_assert(std::is_same_v<OutputOf<nn::AvgPool2d<2, 1>, Chw<2, 4, 4>>, Chw<2, 3, 3>>);
+static_assert(std::is_same_v<OutputOf<nn::GlobalAvgPool, Chw<7, 4, 5>>, Flat<7>>);
+// Shape-preserving layers.
+static_assert(std::is_same_v<OutputOf<nn::Flatten, Chw<2, 3, 4>>, Flat<24>>);
+static_assert(std::is_same_v<OutputOf<nn::Flatten, Flat<5>>, Flat<5>>);
+static_assert(std::is_same_v<OutputOf<nn::ReLU, Chw<2, 3, 4>>, Chw<2, 3, 4>>);
+static_assert(std::is_same_v<OutputOf<nn::Dropout<0.5>, Flat<9>>, Flat<9>>);
+static_assert(std::is_same_v<OutputOf<nn::BatchNorm2d<>, Chw<2, 3, 4>>, Chw<2, 3, 4>>);
+static_assert(nn::bind_t<nn::BatchNorm2d<>, Chw<6, 3, 4>, float, Cpu>::kParameterCount == 12);
+static_assert(std::is_same_v<OutputOf<nn::Linear<10>, Flat<84>>, Flat<10>>);
+static_assert(nn::bind_t<nn::Linear<10>, Flat<84>, float, Cpu>::kParameterCount == 850);
+static_assert(nn::bind_t<nn::Linear<10, false>, Flat<84>, float, Cpu>::kParameterCount == 840);
+// Residual blocks: the projection shortcut changes channels and resolution with the body.
+static_assert(std::is_same_v<OutputOf<models::BasicBlock<16, 1, false>, Chw<16, 32, 32>>, Chw<16, 32, 32>>);
+static_assert(std::is_same_v<OutputOf<models::BasicBlock<32, 2, true>, Chw<16, 32, 32>>, Chw<32, 16, 16>>);
+// conv1 16*16*9, bn1 32, conv2 16*16*9, bn2 32.
+static_assert(nn::bind_t<models::BasicBlock<16, 1, false>, Chw<16, 8, 8>, float, Cpu>::kParameterCount ==
+              2 * (16 * 16 * 9 + 32));
+// conv1 16*32*9, bn1 64, conv2 32*32*9, bn2 64, shortcut conv 16*32, shortcut bn 64.
+static_assert(nn::bind_t<models::BasicBlock<32, 2, true>, Chw<16, 8, 8>, float, Cpu>::kParameterCount ==
+              16 * 32 * 9 + 64 + 32 * 32 * 9 + 64 + 16 * 32 + 64);
+// A Sequential's input and output, and nested Sequentials.
+static_assert(std::is_same_v<Sequential<Input<3, 8, 8>, nn::Conv2d<4, 3>>::DeclaredInput, Chw<3, 8, 8>>);
+static_assert(std::is_void_v<Sequential<nn::Conv2d<4, 3>>::DeclaredInput>);
+static_assert(std::is_same_v<OutputOf<Sequential<nn::Flatten, Sequential<nn::Linear<5>, nn::ReLU>>, Chw<1, 2, 2>>,
+                             Flat<5>>);
+
+// The models (counts from their PyTorch twins: sum(p.numel() for p in model.parameters())).
+static_assert(std::is_same_v<nn::Network<models::Mlp>::Input, Chw<1, 28, 28>>);
+static_assert(std::is_same_v<nn::Network<models::Mlp>::Output, Flat<10>>);
+static_assert(nn::Network<models::Mlp>::kParameterCount == 136'074);
+static_assert(std::is_same_v<nn::Network<models::MnistConvNet>::Output, Flat<10>>);
+static_assert(nn::Network<models::MnistConvNet>::kParameterCount == 1'199'882);
+static_assert(std::is_same_v<nn::Network<models::CifarNet>::Input, Chw<3, 32, 32>>);
+static_assert(std::is_same_v<nn::Network<models::CifarNet>::Output, Flat<10>>);
+static_assert(nn::Network<models::CifarNet>::kParameterCount == 350'142);
+static_assert(std::is_same_v<nn::Network<models::ResNet<20>>::Output, Flat<10>>);
+static_assert(nn::Network<models::ResNet<20>>::kParameterCount == 272'474);  // 269,722 + 2 projections
+static_assert(nn::Network<models::ResNet<32>>::kParameterCount == 466'906);
+static_assert(nn::Network<models::ResNet<56>>::kParameterCount == 855'770);
+static_assert(std::is_same_v<nn::Network<models::ResNet18>::Output, Flat<10>>);
+static_assert(nn::Network<models::ResNet18>::kParameterCount == 11'173'962);
+
+// ----------------------------------------------------------------------------------------------
+// Helpers
+
+struct Entry {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool operator==(const Entry&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const Entry& e) {
+  os << e.name << " [";
+  for (std::size_t i = 0; i < e.shape.size(); ++i) os << (i ? ", " : "") << e.shape[i];
+  return os << "]";
+}
+
+template <class Net>
+std::vector<Entry> parameter_entries(Net& net) {
+  std::vector<Entry> entries;
+  net.visit_parameters([&](const std::string& name, auto& p) {
+    const auto dims = p.value.shape().dims();
+    entries.push_back({name, {dims.begin(), dims.end()}});
+  });
+  return entries;
+}
+
+template <class Net>
+std::vector<Entry> buffer_entries(Net& net) {
+  std::vector<Entry> entries;
+  net.visit_buffers([&](const std::string& name, auto& t) {
+    const auto dims = t.shape().dims();
+    entries.push_back({name, {dims.begin(), dims.end()}});
+  });
+  return entries;
+}
+
+void check_entries(const std::vector<Entry>& actual, const std::vector<Entry>& expected) {
+  CHECK(actual.size() == expected.size());
+  for (std::size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) {
+    INFO("entry " << i);
+    CHECK(actual[i] == expected[i]);
+  }
+}
+
+template <class Net>
+std::int64_t counted_parameters(Net& net) {
+  std::int64_t total = 0;
+  net.visit_parameters([&](const std::string&, auto& p) {
+    total += p.value.numel();
+    CHECK(p.grad.shape() == p.value.shape());
+  });
+  return total;
+}
+
+std::vector<Entry> bn_buffers(const std::string& prefix, std::int64_t channels) {
+  return {{prefix + "running_mean", {channels}},
+          {prefix + "running_var", {channels}},
+          {prefix + "num_batches_tracked", {}}};
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// Parameter counts and state_dict names
+
+TEST_CASE("models: the visited parameters add up to the compile-time counts", "[nn][models]") {
+  nn::Network<models::Mlp> mlp;
+  CHECK(counted_parameters(mlp) == 136'074);
+  nn::Network<models::MnistConvNet> mnist;
+  CHECK(counted_parameters(mnist) == 1'199'882);
+  nn::Network<models::CifarNet> cifar;
+  CHECK(counted_parameters(cifar) == 350'142);
+  nn::Network<models::ResNet<20>> resnet20;
+  CHECK(counted_parameters(resnet20) == 272'474);
+  nn::Network<models::ResNet18> resnet18;
+  CHECK(counted_parameters(resnet18) == 11'173'962);
+}
+
+TEST_CASE("models: Mlp state_dict names and shapes in PyTorch order", "[nn][models][state_dict]") {
+  nn::Network<models::Mlp> net;
+  check_entries(parameter_entries(net), {{"fc1.weight", {128, 784}},
+                                         {"fc1.bias", {128}},
+                                         {"fc2.weight", {256, 128}},
+                                         {"fc2.bias", {256}},
+                                         {"fc3.weight", {10, 256}},
+                                         {"fc3.bias", {10}}});
+  CHECK(buffer_entries(net).empty());
+}
+
+TEST_CASE("models: MnistConvNet state_dict names and shapes in PyTorch order", "[nn][models][state_dict]") {
+  nn::Network<models::MnistConvNet> net;
+  check_entries(parameter_entries(net), {{"conv1.weight", {32, 1, 3, 3}},
+                                         {"conv1.bias", {32}},
+                                         {"conv2.weight", {64, 32, 3, 3}},
+                                         {"conv2.bias", {64}},
+                                         {"fc1.weight", {128, 9216}},
+                                         {"fc1.bias", {128}},
+                                         {"fc2.weight", {10, 128}},
+                                         {"fc2.bias", {10}}});
+  CHECK(buffer_entries(net).empty());
+}
+
+TEST_CASE("models: CifarNet state_dict names and shapes in PyTorch order", "[nn][models][state_dict]") {
+  nn::Network<models::CifarNet> net;
+  check_entries(parameter_entries(net), {{"conv1.weight", {32, 3, 3, 3}},
+                                         {"conv1.bias", {32}},
+                                         {"conv2.weight", {64, 32, 3, 3}},
+                                         {"conv2.bias", {64}},
+                                         {"conv3.weight", {128, 64, 3, 3}},
+                                         {"conv3.bias", {128}},
+                                         {"fc1.weight", {120, 2048}},
+                                         {"fc1.bias", {120}},
+                                         {"fc2.weight", {84, 120}},
+                                         {"fc2.bias", {84}},
+                                         {"fc3.weight", {10, 84}},
+                                         {"fc3.bias", {10}}});
+  CHECK(buffer_entries(net).empty());
+}
+
+namespace {
+// The names of the CIFAR ResNets' PyTorch twins (module attributes conv1, bn1, layerS (a Sequential
+// of blocks), linear; a block's conv1, bn1, conv2, bn2 and, where the shape changes, shortcut =
+// Sequential(Conv2d, BatchNorm2d)), written out from that description.
+void expected_resnet(const std::vector<std::int64_t>& widths, int blocks, std::vector<Entry>& parameters,
+                     std::vector<Entry>& buffers) {
+  auto bn = [&](const std::string& prefix, std::int64_t c) {
+    parameters.push_back({prefix + "weight", {c}});
+    parameters.push_back({prefix + "bias", {c}});
+    for (Entry& e : bn_buffers(prefix, c)) buffers.push_back(e);
+  };
+  parameters.push_back({"conv1.weight", {widths[0], 3, 3, 3}});
+  bn("bn1.", widths[0]);
+  std::int64_t in = widths[0];
+  for (std::size_t stage = 0; stage < widths.size(); ++stage) {
+    const std::int64_t c = widths[stage];
+    for (int b = 0; b < blocks; ++b) {
+      const std::string prefix = "layer" + std::to_string(stage + 1) + "." + std::to_string(b) + ".";
+      parameters.push_back({prefix + "conv1.weight", {c, in, 3, 3}});
+      bn(prefix + "bn1.", c);
+      parameters.push_back({prefix + "conv2.weight", {c, c, 3, 3}});
+      bn(prefix + "bn2.", c);
+      if (in != c) {
+        parameters.push_back({prefix + "shortcut.0.weight", {c, in, 1, 1}});
+        bn(prefix + "shortcut.1.", c);
+      }
+      in = c;
+    }
+  }
+  parameters.push_back({"linear.weight", {10, in}});
+  parameters.push_back({"linear.bias", {10}});
+}
+}  // namespace
+
+TEST_CASE("models: ResNet<20> state_dict names and shapes in PyTorch order", "[nn][models][state_dict]") {
+  nn::Network<models::ResNet<20>> net;
+  std::vector<Entry> parameters, buffers;
+  expected_resnet({16, 32, 64}, 3, parameters, buffers);
+  REQUIRE(parameters.size() == 65);
+  REQUIRE(buffers.size() == 63);
+  check_entries(parameter_entries(net), parameters);
+  check_entries(buffer_entries(net), buffers);
+  CHECK(parameter_entries(net)[21].name == "layer2.0.conv1.weight");
+  CHECK(parameter_entries(net)[27].name == "layer2.0.shortcut.0.weight");
+}
+
+TEST_CASE("models: ResNet18 state_dict names and shapes in PyTorch order", "[nn][models][state_dict]") {
+  nn::Network<models::ResNet18> net;
+  std::vector<Entry> parameters, buffers;
+  expected_resnet({64, 128, 256, 512}, 2, parameters, buffers);
+  REQUIRE(parameters.size() == 62);
+  REQUIRE(buffers.size() == 60);
+  check_entries(parameter_entries(net), parameters);
+  check_entries(buffer_entries(net), buffers);
+}
+
+TEST_CASE("layers: Named, Repeat and nested Sequential name parameters as torch does", "[nn][state_dict]") {
+  using Block = Sequential<nn::Named<"proj", nn::Linear<4>>, nn::ReLU>;
+  nn::Network<Sequential<Input<3>, nn::Linear<4, false>, nn::Repeat<2, Block>, nn::Named<"head", Block>,
+                         nn::Repeat<0, Block>, nn::Linear<2>>>
+      net;
+  check_entries(parameter_entries(net), {{"0.weight", {4, 3}},
+                                         {"1.proj.weight", {4, 4}},
+                                         {"1.proj.bias", {4}},
+                                         {"2.proj.weight", {4, 4}},
+                                         {"2.proj.bias", {4}},
+                                         {"head.proj.weight", {4, 4}},
+                                         {"head.proj.bias", {4}},
+                                         {"4.weight", {2, 4}},
+                                         {"4.bias", {2}}});
+}
+
+// ----------------------------------------------------------------------------------------------
+// BatchNorm2d
+
+TEST_CASE("BatchNorm2d: running statistics and num_batches_tracked follow PyTorch", "[nn][batch_norm]") {
+  constexpr int kBatch = 4, kChannels = 2, kPlane = 6;
+  nn::Network<Sequential<Input<kChannels, 2, 3>, nn::BatchNorm2d<>>> net;
+  std::map<std::string, tensor::Tensor<float>*> stats;
+  tensor::Tensor<std::int64_t>* tracked = nullptr;
+  net.visit_buffers([&](const std::string& name, auto& t) {
+    using U = typename std::remove_cvref_t<decltype(t)>::value_type;
+    if constexpr (std::is_same_v<U, float>) stats[name] = &t;
+    if constexpr (std::is_same_v<U, std::int64_t>) tracked = &t;
+  });
+  REQUIRE(stats.size() == 2);
+  REQUIRE(tracked != nullptr);
+  CHECK(tracked->data()[0] == 0);
+  for (int c = 0; c < kChannels; ++c) {
+    CHECK(stats["0.running_mean"]->data()[c] == 0.0f);
+    CHECK(stats["0.running_var"]->data()[c] == 1.0f);
+  }
+
+  tensor::Tensor<float> x(tensor::Shape{kBatch, kChannels, 2, 3});
+  nn_test::fill_uniform(x.span(), 5, -2.0, 3.0);
+  // Batch statistics of channel c, in double: the mean and the unbiased variance.
+  auto moments = [&](const tensor::Tensor<float>& input, int c) {
+    double sum = 0, squares = 0;
+    for (int b = 0; b < kBatch; ++b)
+      for (int i = 0; i < kPlane; ++i) sum += input.data()[(b * kChannels + c) * kPlane + i];
+    const double mean = sum / (kBatch * kPlane);
+    for (int b = 0; b < kBatch; ++b)
+      for (int i = 0; i < kPlane; ++i) {
+        const double d = input.data()[(b * kChannels + c) * kPlane + i] - mean;
+        squares += d * d;
+      }
+    return std::pair{mean, squares / (kBatch * kPlane - 1)};
+  };
+
+  const auto y = net.forward(x.view());
+  CHECK(tracked->data()[0] == 1);
+  std::vector<double> mean(kChannels), var(kChannels);
+  for (int c = 0; c < kChannels; ++c) {
+    const auto [m, v] = moments(x, c);
+    mean[static_cast<std::size_t>(c)] = 0.1 * m;
+    var[static_cast<std::size_t>(c)] = 0.9 + 0.1 * v;
+    CHECK(stats["0.running_mean"]->data()[c] == Approx(mean[static_cast<std::size_t>(c)]).epsilon(1e-6));
+    CHECK(stats["0.running_var"]->data()[c] == Approx(var[static_cast<std::size_t>(c)]).epsilon(1e-6));
+    // The output is normalised with the biased batch variance.
+    double out_sum = 0, out_squares = 0;
+    for (int b = 0; b < kBatch; ++b)
+      for (int i = 0; i < kPlane; ++i) {
+        const double value = y.data()[(b * kChannels + c) * kPlane + i];
+        out_sum += value;
+        out_squares += value * value;
+      }
+    const double biased = v * (kBatch * kPlane - 1) / (kBatch * kPlane);
+    CHECK(out_sum / (kBatch * kPlane) == Approx(0.0).margin(1e-6));
+    CHECK(out_squares / (kBatch * kPlane) == Approx(biased / (biased + 1e-5)).epsilon(1e-5));
+  }
+
+  // A second step moves the statistics from where the first left them.
+  tensor::Tensor<float> x2(x.shape());
+  nn_test::fill_uniform(x2.span(), 6, -1.0, 1.0);
+  net.forward(x2.view());
+  CHECK(tracked->data()[0] == 2);
+  for (int c = 0; c < kChannels; ++c) {
+    const auto [m, v] = moments(x2, c);
+    const auto k = static_cast<std::size_t>(c);
+    mean[k] = 0.9 * mean[k] + 0.1 * m;
+    var[k] = 0.9 * var[k] + 0.1 * v;
+    CHECK(stats["0.running_mean"]->data()[c] == Approx(mean[k]).epsilon(1e-6));
+    CHECK(stats["0.running_var"]->data()[c] == Approx(var[k]).epsilon(1e-6));
+  }
+
+  // Evaluation uses the running statistics and changes nothing.
+  net.eval();
+  const auto z = net.forward(x.view());
+  CHECK(tracked->data()[0] == 2);
+  for (int c = 0; c < kChannels; ++c) {
+    const auto k = static_cast<std::size_t>(c);
+    CHECK(stats["0.running_mean"]->data()[c] == Approx(mean[k]).epsilon(1e-6));
+    for (int b = 0; b < kBatch; ++b)
+      for (int i = 0; i < kPlane; ++i) {
+        const int at = (b * kChannels + c) * kPlane + i;
+        CHECK(z.data()[at] == Approx((x.data()[at] - mean[k]) / std::sqrt(var[k] + 1e-5)).epsilon(1e-5));
+      }
+  }
+}
+
+TEST_CASE("BatchNorm2d: momentum and eps are template parameters", "[nn][batch_norm]") {
+  nn::Network<Sequential<Input<1, 1, 4>, nn::BatchNorm2d<0.5, 0.25>>> net;
+  tensor::Tensor<float> x(tensor::Shape{2, 1, 1, 4});
+  const float values[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::copy(std::begin(values), std::end(values), x.data());
+  const auto y = net.forward(x.view());
+  // mean 4.5, biased variance 5.25, unbiased 6.
+  std::vector<float> stats;
+  net.visit_buffers([&](const std::string&, auto& t) {
+    using U = typename std::remove_cvref_t<decltype(t)>::value_type;
+    if constexpr (std::is_same_v<U, float>) stats.push_back(t.data()[0]);
+  });
+  REQUIRE(stats.size() == 2);
+  CHECK(stats[0] == Approx(0.5 * 4.5));
+  CHECK(stats[1] == Approx(0.5 * 1.0 + 0.5 * 6.0));
+  CHECK(y.data()[0] == Approx((1 - 4.5) / std::sqrt(5.25 + 0.25)));
+}
+
+TEST_CASE("BatchNorm2d: training on one value per channel is an error", "[nn][batch_norm]") {
+  nn::Network<Sequential<Input<2, 1, 1>, nn::BatchNorm2d<>>> net;
+  tensor::Tensor<float> x(tensor::Shape{1, 2, 1, 1});
+  CHECK_THROWS_AS(net.forward(x.view()), coltrain::InvalidArgument);
+  net.eval();
+  CHECK_NOTHROW(net.forward(x.view()));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Dropout
+
+TEST_CASE("Dropout: drops a fraction p, scales the rest by 1/(1-p), identity in eval", "[nn][dropout]") {
+  constexpr std::int64_t kBatch = 4, kSize = 50'000;
+  nn::Network<Sequential<Input<kSize>, nn::Dropout<0.3>>> net({.threads = 2, .seed = 11});
+  tensor::Tensor<float> x(tensor::Shape{kBatch, kSize});
+  x.fill(1.0f);
+  const auto y = net.forward(x.view());
+  const float kept = static_cast<float>(1.0 / (1.0 - 0.3));
+  std::int64_t dropped = 0, other = 0;
+  for (float v : y.span()) {
+    if (v == 0.0f)
+      ++dropped;
+    else if (v != kept)
+      ++other;
+  }
+  CHECK(other == 0);
+  // Binomial(200000, 0.3): standard deviation 0.001 of the fraction; allow 5 of them.
+  const double fraction = static_cast<double>(dropped) / (kBatch * kSize);
+  CHECK(fraction == Approx(0.3).margin(0.005));
+
+  // Without training the layer is the identity, and draws nothing.
+  net.eval();
+  nn_test::fill_uniform(x.span(), 2, -1.0, 1.0);
+  const auto z = net.forward(x.view());
+  for (std::int64_t i = 0; i < x.numel(); ++i) REQUIRE(z.data()[i] == x.data()[i]);
+}
+
+TEST_CASE("Dropout: masks are a function of seed, step and layer", "[nn][dropout]") {
+  using Model = Sequential<Input<2000>, nn::Dropout<0.5>, nn::Named<"second", nn::Dropout<0.5>>>;
+  tensor::Tensor<float> x(tensor::Shape{3, 2000});
+  x.fill(1.0f);
+  auto zeros = [](tensor::TensorView<const float> v) {
+    std::vector<bool> mask;
+    for (float value : v.span()) mask.push_back(value == 0.0f);
+    return mask;
+  };
+  auto differing = [](const std::vector<bool>& a, const std::vector<bool>& b) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+  };
+  nn::Network<Model> one({.threads = 1, .seed = 5});
+  nn::Network<Model> two({.threads = 2, .seed = 5});
+  nn::Network<Model> other_seed({.threads = 1, .seed = 6});
+  const auto first = zeros(one.forward(x.view()));
+  CHECK(one.context().step() == 1);
+  // The same seed and step give the same mask on any number of threads.
+  CHECK(zeros(two.forward(x.view())) == first);
+  CHECK(differing(zeros(other_seed.forward(x.view())), first) > 1000);
+  // A new step draws a new mask; going back to the step draws the old one again.
+  const auto second = zeros(one.forward(x.view()));
+  CHECK(differing(second, first) > 1000);
+  one.context().set_step(0);
+  CHECK(zeros(one.forward(x.view())) == first);
+
+  // Two layers of one network draw different masks: with p = 0.5 each, about 3/4 are dropped.
+  std::size_t dropped = 0;
+  for (bool z : first) dropped += z;
+  CHECK(static_cast<double>(dropped) / static_cast<double>(first.size()) == Approx(0.75).margin(0.03));
+}
+
+TEST_CASE("Dropout: p = 0 is the identity in training", "[nn][dropout]") {
+  nn::Network<Sequential<Input<100>, nn::Dropout<0.0>>> net;
+  tensor::Tensor<float> x(tensor::Shape{2, 100});
+  nn_test::fill_uniform(x.span(), 4, -1.0, 1.0);
+  const auto y = net.forward(x.view());
+  for (std::int64_t i = 0; i < x.numel(); ++i) CHECK(y.data()[i] == x.data()[i]);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Initialisation
+
+TEST_CASE("init: PyTorch's default bounds, kaiming uniform, deterministic per seed", "[nn][init]") {
+  nn::Network<models::CifarNet> net({.seed = 3});
+  std::map<std::string, std::int64_t> fan_in;
+  net.visit_parameters([&](const std::string& name, nn::Parameter<float, Cpu>& p) {
+    const auto& shape = p.value.shape();
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (name.ends_with(".weight")) fan_in[module] = p.value.numel() / shape[0];
+    REQUIRE(fan_in.count(module) == 1);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in[module]));
+    double sum = 0, squares = 0, largest = 0;
+    for (float v : p.value.span()) {
+      sum += v;
+      squares += static_cast<double>(v) * v;
+      largest = std::max(largest, std::abs(static_cast<double>(v)));
+    }
+    INFO(name << ": bound " << bound << ", largest " << largest);
+    CHECK(largest <= bound);
+    CHECK(largest >= 0.5 * bound);  // drawn from the whole range
+    const double n = static_cast<double>(p.value.numel());
+    if (n >= 1000) {
+      // U(-b, b): mean 0, variance b^2 / 3; loose checks (many standard errors).
+      CHECK(std::abs(sum / n) <= 0.05 * bound);
+      CHECK(squares / n == Approx(bound * bound / 3).epsilon(0.1));
+    }
+  });
+  CHECK(fan_in["conv1"] == 27);
+  CHECK(fan_in["conv3"] == 576);
+  CHECK(fan_in["fc1"] == 2048);
+
+  // The same seed gives the same weights; another seed others.
+  nn::Network<models::CifarNet> same({.seed = 3});
+  nn::Network<models::CifarNet> other({.seed = 4});
+  std::vector<float> a, b, c;
+  net.visit_parameters([&](const std::string&, auto& p) { a.insert(a.end(), p.value.span().begin(), p.value.span().end()); });
+  same.visit_parameters([&](const std::string&, auto& p) { b.insert(b.end(), p.value.span().begin(), p.value.span().end()); });
+  other.visit_parameters([&](const std::string&, auto& p) { c.insert(c.end(), p.value.span().begin(), p.value.span().end()); });
+  CHECK(a == b);
+  CHECK(a != c);
+  // Gradients start at zero.
+  net.visit_parameters([&](const std::string& name, auto& p) {
+    INFO(name);
+    CHECK(std::all_of(p.grad.span().begin(), p.grad.span().end(), [](float g) { return g == 0.0f; }));
+  });
+}
+
+TEST_CASE("init: BatchNorm starts at weight 1, bias 0, mean 0, variance 1", "[nn][init][batch_norm]") {
+  nn::Network<models::ResNet<20>> net({.seed = 9});
+  int batch_norms = 0;
+  net.visit_parameters([&](const std::string& name, auto& p) {
+    if (name.find("bn") == std::string::npos && name.find("shortcut.1") == std::string::npos) return;
+    const float expected = name.ends_with("weight") ? 1.0f : 0.0f;
+    batch_norms += name.ends_with("weight");
+    for (float v : p.value.span()) REQUIRE(v == expected);
+  });
+  CHECK(batch_norms == 21);
+  net.visit_buffers([&](const std::string& name, auto& t) {
+    using U = typename std::remove_cvref_t<decltype(t)>::value_type;
+    INFO(name);
+    if constexpr (std::is_same_v<U, std::int64_t>) {
+      CHECK(t.numel() == 1);
+      CHECK(t.data()[0] == 0);
+    } else {
+      const float expected = name.ends_with("running_var") ? 1.0f : 0.0f;
+      for (float v : t.span()) REQUIRE(v == expected);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Gradient accumulation
+
+TEST_CASE("backward: gradients accumulate until zero_grad", "[nn][network]") {
+  using Model = Sequential<Input<3, 8, 8>, nn::Conv2d<4, 3, 1, 1>, nn::BatchNorm2d<>, nn::ReLU,
+                           nn::MaxPool2d<2>, models::BasicBlock<6, 2, true>, nn::Flatten, nn::Linear<5>>;
+  for (int threads : {1, 2}) {
+    INFO(threads << " threads");
+    nn::Network<Model> net({.threads = threads, .seed = 1});
+    tensor::Tensor<float> x(tensor::Shape{5, 3, 8, 8});
+    nn_test::fill_uniform(x.span(), 7, -1.0, 1.0);
+    tensor::Tensor<float> g(tensor::Shape{5, 5});
+    nn_test::fill_uniform(g.span(), 8, -1.0, 1.0);
+    net.forward(x.view());
+    net.backward(g.view());
+    std::vector<std::vector<float>> once;
+    net.visit_parameters([&](const std::string&, auto& p) { once.emplace_back(p.grad.span().begin(), p.grad.span().end()); });
+    net.backward(g.view());
+    std::size_t k = 0;
+    // The second backward computes the same increments, so the sum is exactly twice the first.
+    net.visit_parameters([&](const std::string& name, auto& p) {
+      INFO(name);
+      const auto& first = once[k++];
+      for (std::size_t i = 0; i < first.size(); ++i) REQUIRE(p.grad.data()[i] == 2.0f * first[i]);
+    });
+    net.zero_grad();
+    net.visit_parameters([&](const std::string&, auto& p) {
+      for (float v : p.grad.span()) REQUIRE(v == 0.0f);
+    });
+    net.backward(g.view());
+    k = 0;
+    net.visit_parameters([&](const std::string& name, auto& p) {
+      INFO(name);
+      const auto& first = once[k++];
+      for (std::size_t i = 0; i < first.size(); ++i) REQUIRE(p.grad.data()[i] == first[i]);
+    });
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Errors
+
+TEST_CASE("Network: a wrong input shape throws InvalidArgument naming both shapes", "[nn][network][errors]") {
+  nn::Network<models::Mlp> net;
+  tensor::Tensor<float> flat(tensor::Shape{2, 784});
+  CHECK_THROWS_AS(net.forward(flat.view()), coltrain::InvalidArgument);
+  CHECK_THROWS_WITH(net.forward(flat.view()),
+                    Catch::Contains("[2, 784]") && Catch::Contains("[2, 1, 28, 28]"));
+  tensor::Tensor<float> transposed(tensor::Shape{3, 28, 28, 1});
+  CHECK_THROWS_WITH(net.forward(transposed.view()),
+                    Catch::Contains("[3, 28, 28, 1]") && Catch::Contains("[3, 1, 28, 28]"));
+  CHECK_THROWS_AS(net.forward(tensor::TensorView<const float>{}), coltrain::InvalidArgument);
+
+  // The output gradient must match the last output.
+  tensor::Tensor<float> images(tensor::Shape{2, 1, 28, 28});
+  net.forward(images.view());
+  tensor::Tensor<float> wrong(tensor::Shape{2, 9});
+  CHECK_THROWS_WITH(net.backward(wrong.view()), Catch::Contains("[2, 9]") && Catch::Contains("[2, 10]"));
+  tensor::Tensor<float> right(tensor::Shape{2, 10});
+  CHECK_NOTHROW(net.backward(right.view()));
+}
+
+TEST_CASE("SoftmaxCrossEntropy: errors name the problem and the sample", "[nn][loss][errors]") {
+  tensor::Tensor<float> logits(tensor::Shape{4, 10});
+  tensor::Tensor<float> grad(tensor::Shape{4, 10});
+  const nn::SoftmaxCrossEntropy loss;
+  const std::vector<std::int32_t> out_of_range{1, 2, 10, 3};
+  CHECK_THROWS_AS(loss.loss<float>(logits.view(), out_of_range), coltrain::InvalidArgument);
+  CHECK_THROWS_WITH(loss.loss<float>(logits.view(), out_of_range),
+                    Catch::Contains("label 10 of sample 2") && Catch::Contains("[0, 10)"));
+  const std::vector<std::int32_t> negative{0, 0, 0, -1};
+  CHECK_THROWS_WITH(loss.loss_and_grad<float>(logits.view(), negative, grad.view()),
+                    Catch::Contains("label -1 of sample 3"));
+  const std::vector<std::int32_t> too_few{1, 2, 3};
+  CHECK_THROWS_WITH(loss.loss<float>(logits.view(), too_few),
+                    Catch::Contains("3 labels") && Catch::Contains("batch of 4"));
+  const std::vector<std::int32_t> labels{1, 2, 3, 4};
+  tensor::Tensor<float> wrong_grad(tensor::Shape{4, 9});
+  CHECK_THROWS_WITH(loss.loss_and_grad<float>(logits.view(), labels, wrong_grad.view()),
+                    Catch::Contains("[4, 9]") && Catch::Contains("[4, 10]"));
+  tensor::Tensor<float> cube(tensor::Shape{4, 2, 5});
+  CHECK_THROWS_WITH(loss.loss<float>(cube.view(), labels), Catch::Contains("[4, 2, 5]"));
+  CHECK_THROWS_AS(nn::SoftmaxCrossEntropy(-0.1), coltrain::InvalidArgument);
+  CHECK_THROWS_AS(nn::SoftmaxCrossEntropy(1.5), coltrain::InvalidArgument);
+  CHECK_THROWS_AS(nn::SoftmaxCrossEntropy(std::numeric_limits<double>::quiet_NaN()), coltrain::InvalidArgument);
+}
+
+TEST_CASE("SoftmaxCrossEntropy: values", "[nn][loss]") {
+  // Equal logits: log(classes), with or without smoothing.
+  tensor::Tensor<float> zeros(tensor::Shape{3, 10});
+  const std::vector<std::int32_t> labels{0, 5, 9};
+  CHECK(nn::SoftmaxCrossEntropy().loss<float>(zeros.view(), labels) == Approx(std::log(10.0)));
+  CHECK(nn::SoftmaxCrossEntropy(0.3).loss<float>(zeros.view(), labels) == Approx(std::log(10.0)));
+  // Large logits stay finite (log-sum-exp after subtracting the maximum).
+  tensor::Tensor<float> large(tensor::Shape{1, 3});
+  large.data()[0] = 1000.0f;
+  large.data()[1] = 0.0f;
+  large.data()[2] = -1000.0f;
+  CHECK(nn::SoftmaxCrossEntropy().loss<float>(large.view(), std::vector<std::int32_t>{0}) == Approx(0.0).margin(1e-12));
+  CHECK(nn::SoftmaxCrossEntropy().loss<float>(large.view(), std::vector<std::int32_t>{1}) == Approx(1000.0));
+  // Smoothing e on 3 classes: -(1 - e + e/3) log p_label - e/3 sum_{others} log p_j.
+  const double e = 0.3;
+  const double log_p0 = 0.0, log_p1 = -1000.0, log_p2 = -2000.0;
+  const double expected = -((1 - e + e / 3) * log_p0 + e / 3 * (log_p1 + log_p2));
+  CHECK(nn::SoftmaxCrossEntropy(e).loss<float>(large.view(), std::vector<std::int32_t>{0}) ==
+        Approx(expected).epsilon(1e-9));
+  // An empty batch has loss 0.
+  tensor::Tensor<float> empty(tensor::Shape{0, 10});
+  CHECK(nn::SoftmaxCrossEntropy().loss<float>(empty.view(), std::vector<std::int32_t>{}) == 0.0);
+}
+
+TEST_CASE("topk_correct: counts labels among the k largest, ties to the lower index", "[nn][loss]") {
+  tensor::Tensor<float> logits(tensor::Shape{5, 4});
+  const float rows[5][4] = {
+      {0.1f, 0.9f, 0.3f, 0.2f},  // ranking 1, 2, 3, 0
+      {1.0f, 3.0f, 3.0f, 0.0f},  // tie between 1 and 2: 1 first
+      {1.0f, 3.0f, 3.0f, 0.0f},
+      {2.0f, 2.0f, 2.0f, 2.0f},  // all tied: 0, 1, 2, 3
+      {0.5f, 0.4f, 0.3f, 0.2f},
+  };
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 4; ++c) logits.data()[r * 4 + c] = rows[r][c];
+  const std::vector<std::int32_t> labels{2, 1, 2, 3, 0};
+  // top-1: sample 1 (label 1 wins the tie) and sample 4.
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 1) == 2);
+  // top-2: adds sample 2 (label 2 second after the tie) and sample 0 (0.3 is second).
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 2) == 4);
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 3) == 4);
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 4) == 5);
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 0) == 0);
+  // A label outside the classes is never correct; a label count mismatch is an error.
+  const std::vector<std::int32_t> outside{7, -1, 1, 0, 0};
+  CHECK(nn::topk_correct<float>(logits.view(), outside, 4) == 3);
+  CHECK_THROWS_AS(nn::topk_correct<float>(logits.view(), std::vector<std::int32_t>{0, 1}, 1),
+                  coltrain::InvalidArgument);
+}
+
+TEST_CASE("models: a forward and backward of every model runs and is finite", "[nn][models]") {
+  auto finite = [](tensor::TensorView<const float> v) {
+    return std::all_of(v.span().begin(), v.span().end(), [](float x) { return std::isfinite(x); });
+  };
+  tensor::Tensor<float> mnist(tensor::Shape{2, 1, 28, 28});
+  nn_test::fill_uniform(mnist.span(), 1, 0.0, 1.0);
+  tensor::Tensor<float> cifar(tensor::Shape{2, 3, 32, 32});
+  nn_test::fill_uniform(cifar.span(), 2, -1.0, 1.0);
+  tensor::Tensor<float> grad(tensor::Shape{2, 10});
+  grad.fill(0.1f);
+  nn::Network<models::Mlp> mlp;
+  CHECK(finite(mlp.forward(mnist.view())));
+  mlp.backward(grad.view());
+  nn::Network<models::MnistConvNet> mnist_net;
+  CHECK(finite(mnist_net.forward(mnist.view())));
+  mnist_net.backward(grad.view());
+  nn::Network<models::CifarNet> cifar_net({.threads = 2});
+  CHECK(finite(cifar_net.forward(cifar.view())));
+  cifar_net.backward(grad.view());
+  nn::Network<models::ResNet<20>> resnet({.threads = 2});
+  const auto y = resnet.forward(cifar.view());
+  CHECK(y.shape() == tensor::Shape{2, 10});
+  CHECK(finite(y));
+  resnet.backward(grad.view());
+  resnet.eval();
+  CHECK(finite(resnet.forward(cifar.view())));
+}
+
+TEST_CASE("MaxPool2d: a NaN in the window propagates, as in PyTorch", "[nn][pooling]") {
+  nn::Network<Sequential<Input<1, 2, 2>, nn::MaxPool2d<2>>> net;
+  tensor::Tensor<float> x(tensor::Shape{1, 1, 2, 2});
+  x.data()[0] = 1.0f;
+  x.data()[1] = std::numeric_limits<float>::quiet_NaN();
+  x.data()[2] = 3.0f;
+  CHECK(std::isnan(net.forward(x.view()).data()[0]));
+}
+
+// torch.relu(nan) is nan: a NaN activation must reach the loss, not vanish.
+TEST_CASE("ReLU: NaN propagates as in torch.relu", "[nn][activation]") {
+  nn::Network<Sequential<Input<3>, nn::ReLU>> net;
+  tensor::Tensor<float> x(tensor::Shape{1, 3});
+  x.data()[0] = std::numeric_limits<float>::quiet_NaN();
+  x.data()[1] = -1.0f;
+  x.data()[2] = std::numeric_limits<float>::infinity();
+  const auto y = net.forward(x.view());
+  CHECK(y.data()[1] == 0.0f);
+  CHECK(y.data()[2] == std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(y.data()[0]));
+}
