@@ -3,8 +3,10 @@
 // with a square kernel, zero padding, no dilation or groups); weight [out, in, kh, kw].
 //
 // CPU: im2col + GEMM. Each thread takes a contiguous share of the batch; small feature maps are
-// packed several images to a GEMM, so that the product stays wide enough for Eigen's kernel
-// (out[Cout, G*HW] = W[Cout, K] * col[K, G*HW], K = Cin*k*k). The columns are rebuilt in backward
+// packed several images to a GEMM, so that the product stays wide
+// (out[Cout, G*HW] = W[Cout, K] * col[K, G*HW], K = Cin*k*k). The products go through the
+// register-blocked kernels of cpu_microkernels.hpp, which read the columns in place (Eigen would
+// pack them again on every call). The columns are rebuilt in backward
 // instead of kept: recomputing them is cheap next to the GEMMs and saves batch x K x HW floats per
 // layer.
 
@@ -14,7 +16,7 @@
 #include <coltrain/nn/init.hpp>
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/nn/parameter.hpp>
-#include <coltrain/tensor/cpu_gemm.hpp>
+#include <coltrain/tensor/cpu_microkernels.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -189,8 +191,7 @@ class Conv2dLayer {
           detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
                                   ws.padded.data());
         S* target = count == 1 ? y.data() + first * kCout * kHw : ws.product.data();
-        tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kNo, kCout, ld, kK, S(1), w.data(), kK,
-                     ws.col.data(), ld, S(0), target, ld);
+        tensor::gemm_nn_small_m(kCout, ld, kK, w.data(), kK, ws.col.data(), ld, target, ld, false);
         for (std::int64_t g = 0; g < count; ++g) {
           S* image = y.data() + (first + g) * kCout * kHw;
           for (std::int64_t c = 0; c < kCout; ++c) {
@@ -247,8 +248,8 @@ class Conv2dLayer {
           detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
                                   ws.padded.data());
         // dW += dY * col^T
-        tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kYes, kCout, kK, ld, S(1), dy_group, ld,
-                     ws.col.data(), ld, S(1), ws.weight_grad.data(), kK);
+        tensor::gemm_nt_long_k(kCout, kK, ld, dy_group, ld, ws.col.data(), ld, ws.weight_grad.data(), kK,
+                               true);
         if (want_input_grad) {
           if constexpr (kGradientAsConvolution) {
             const std::int64_t ld_in = count * kInHw;
@@ -256,8 +257,8 @@ class Conv2dLayer {
               detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw, ws.gradient_col.data(),
                                               ld_in, g * kInHw, ws.gradient_padded.data());
             S* target = count == 1 ? dx.data() + first * kCin * kInHw : ws.gradient_product.data();
-            tensor::gemm(tensor::Transpose::kNo, tensor::Transpose::kNo, kCin, ld_in, kGradientK, S(1),
-                         flipped_.data(), kGradientK, ws.gradient_col.data(), ld_in, S(0), target, ld_in);
+            tensor::gemm_nn_small_m(kCin, ld_in, kGradientK, flipped_.data(), kGradientK,
+                                    ws.gradient_col.data(), ld_in, target, ld_in, false);
             if (count > 1)
               for (std::int64_t g = 0; g < count; ++g)
                 for (std::int64_t c = 0; c < kCin; ++c)
@@ -265,8 +266,7 @@ class Conv2dLayer {
                               dx.data() + ((first + g) * kCin + c) * kInHw);
           } else {
             // dcol = W^T * dY, folded back onto the input images.
-            tensor::gemm(tensor::Transpose::kYes, tensor::Transpose::kNo, kK, ld, kCout, S(1), w.data(), kK,
-                         dy_group, ld, S(0), ws.col.data(), ld);
+            tensor::gemm_tn_small_k(kK, ld, kCout, w.data(), kK, dy_group, ld, ws.col.data(), ld, false);
             for (std::int64_t g = 0; g < count; ++g)
               detail::col2im_add<kWindow>(ws.col.data(), ld, g * kHw,
                                           dx.data() + (first + g) * kCin * kInHw);

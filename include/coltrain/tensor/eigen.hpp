@@ -14,12 +14,23 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+// coltrain uses Eigen on the host only. Under nvcc, Eigen would otherwise mark its functions
+// __host__ __device__, which nvcc 13 rejects without --expt-relaxed-constexpr; EIGEN_NO_CUDA keeps
+// them host functions (set only for this include, unless the user set it).
+#if defined(__CUDACC__) && !defined(EIGEN_NO_CUDA)
+#define EIGEN_NO_CUDA
+#define COLTRAIN_DEFINED_EIGEN_NO_CUDA
+#endif
 #if __has_include(<Eigen/Core>)
 #include <Eigen/Core>
 #elif __has_include(<eigen3/Eigen/Core>)
 #include <eigen3/Eigen/Core>
 #else
 #error "coltrain's CPU training path needs Eigen 3 (Debian: libeigen3-dev; or add -I<eigen dir>)"
+#endif
+#if defined(COLTRAIN_DEFINED_EIGEN_NO_CUDA)
+#undef EIGEN_NO_CUDA
+#undef COLTRAIN_DEFINED_EIGEN_NO_CUDA
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

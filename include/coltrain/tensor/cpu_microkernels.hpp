@@ -1,0 +1,402 @@
+#pragma once
+// Register-blocked float GEMM kernels for the convolution products, which are small in one
+// dimension (16..128 output channels). Eigen packs both operands on every call, and at these shapes
+// packing the large one (the im2col matrix) costs about a quarter of the product; these kernels
+// read both in place.
+//
+//   gemm_nn_small_m  C[m x n] (=|+=) A[m x k] * B[k x n]     conv forward and input gradient
+//   gemm_tn_small_k  C[m x n] (=|+=) A[k x m]^T * B[k x n]   input gradient through col2im
+//   gemm_nt_long_k   C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient
+//
+// Row-major with leading dimensions (as tensor::gemm); C must not overlap A or B. Rows that start
+// on 64-byte boundaries (the Tensor allocator's, with leading dimensions a multiple of 16) are much
+// faster: the NT kernel loads every operand as whole vectors, and split loads cost it a third.
+//
+// Written with GCC/Clang vector extensions at the widest width the target enables (AVX-512, AVX,
+// else 16 bytes), so one source serves g++ with or without -march=native, clang, and nvcc's host
+// pass. nvcc's device pass, other compilers, and scalar types other than float call tensor::gemm.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/tensor/cpu_gemm.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#if !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__))
+#define COLTRAIN_MICROKERNELS 1
+#else
+#define COLTRAIN_MICROKERNELS 0
+#endif
+
+namespace coltrain::tensor {
+
+#if COLTRAIN_MICROKERNELS
+namespace detail::microkernel {
+
+// The widest vector the target has registers for: wider ones would be split (and warned about by
+// -Wpsabi). Tiles are sized to the register file: 32 vector registers with AVX-512, else 16.
+#if defined(__AVX512F__)
+inline constexpr int kVectorBytes = 64;
+inline constexpr int kNnRows = 8, kNnVectors = 3;  // 24 accumulators, 3 loads + 8 broadcasts
+inline constexpr int kNtRows = 4, kNtCols = 4;     // 16 accumulators, 8 loads
+#elif defined(__AVX__)
+inline constexpr int kVectorBytes = 32;
+inline constexpr int kNnRows = 4, kNnVectors = 3;  // 12 accumulators, 3 loads + 1 broadcast
+inline constexpr int kNtRows = 3, kNtCols = 3;     // 9 accumulators, 6 loads
+#else
+inline constexpr int kVectorBytes = 16;
+inline constexpr int kNnRows = 4, kNnVectors = 3;
+inline constexpr int kNtRows = 3, kNtCols = 3;
+#endif
+typedef float Vector __attribute__((vector_size(kVectorBytes)));
+inline constexpr int kLanes = kVectorBytes / static_cast<int>(sizeof(float));
+
+// f(std::integral_constant<int, 0>{}) ... f(<N - 1>): a tile's accumulators stay in registers
+// only if the loops over them are unrolled, which g++ -O2 does not do by itself (and nvcc rejects
+// `#pragma GCC unroll`), hence a fold over always-inlined lambdas.
+#define COLTRAIN_MICROKERNEL_INLINE __attribute__((always_inline))
+template <int N, class F>
+COLTRAIN_FORCE_INLINE void unroll(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) COLTRAIN_MICROKERNEL_INLINE {
+    (f(std::integral_constant<int, I>{}), ...);
+  }
+  (std::make_integer_sequence<int, N>{});
+}
+template <int Rows, int Cols, class F>
+COLTRAIN_FORCE_INLINE void unroll2(F&& f) {
+  unroll<Rows>([&](auto i) COLTRAIN_MICROKERNEL_INLINE {
+    unroll<Cols>([&](auto j) COLTRAIN_MICROKERNEL_INLINE { f(i, j); });
+  });
+}
+
+// Unaligned loads and stores: a memcpy of a vector compiles to one move.
+COLTRAIN_FORCE_INLINE Vector load(const float* p) {
+  Vector v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+COLTRAIN_FORCE_INLINE void store(float* p, Vector v) { std::memcpy(p, &v, sizeof v); }
+// The first `count` (< kLanes) floats at p, zeros after them.
+COLTRAIN_FORCE_INLINE Vector load_partial(const float* p, std::int64_t count) {
+  Vector v = {};
+  std::memcpy(&v, p, static_cast<std::size_t>(count) * sizeof(float));
+  return v;
+}
+
+// Splits `total` into ceil(total / max) near-equal parts (m = 10 as 5 + 5, not 8 + 2), so that no
+// tile is left with a row or two that cannot hide the FMA latency.
+struct EvenSplit {
+  std::int64_t parts, base, extra;
+  EvenSplit(std::int64_t total, std::int64_t max)
+      : parts((total + max - 1) / max), base(total / parts), extra(total % parts) {}
+  std::int64_t begin(std::int64_t part) const { return part * base + std::min(part, extra); }
+  std::int64_t size(std::int64_t part) const { return base + (part < extra ? 1 : 0); }
+};
+
+// Calls f.template operator()<N>() for the N in [1, Max] equal to `n`.
+template <int Max, int N = 1, class F>
+COLTRAIN_FORCE_INLINE void dispatch(int n, F&& f) {
+  if constexpr (N < Max) {
+    if (n != N) {
+      dispatch<Max, N + 1>(n, f);
+      return;
+    }
+  }
+  f.template operator()<N>();
+}
+
+// --- NN and TN: C = op(A) * B, B read row by row -------------------------------------------------
+// A Rows x Vectors*kLanes tile of C stays in registers for the whole k loop. Each step loads one
+// row segment of B (contiguous) and broadcasts a column of Rows values of op(A): Rows*Vectors FMAs
+// for Vectors + Rows loads. B's rows are `ldb` apart, often 4 KiB (a new page each step, which the
+// hardware prefetchers do not follow), so the rows a few steps ahead are prefetched.
+inline constexpr int kPrefetchRows = 4;
+
+template <int Rows, int Vectors, bool TransA, bool Prefetch>
+COLTRAIN_FORCE_INLINE void nn_tile(std::int64_t k, const float* COLTRAIN_RESTRICT a,
+                                   std::int64_t lda, const float* COLTRAIN_RESTRICT b,
+                                   std::int64_t ldb, float* COLTRAIN_RESTRICT c, std::int64_t ldc,
+                                   bool accumulate) {
+  // op(A)(i, p): row i of A, or column i of the stored A when transposed.
+  const std::int64_t row_stride = TransA ? 1 : lda, depth_stride = TransA ? lda : 1;
+  Vector acc[Rows][Vectors];
+  unroll2<Rows, Vectors>([&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE { acc[i][v] = Vector{}; });
+  const float* a_column = a;
+  // Counted by the row pointer: a separate step counter is one general register too many.
+  const float* const b_end = b + k * ldb;
+  for (const float* b_row = b; b_row != b_end; b_row += ldb, a_column += depth_stride) {
+    Vector row[Vectors];
+    unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE { row[v] = load(b_row + v * kLanes); });
+    if constexpr (Prefetch)
+      unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE {
+        __builtin_prefetch(b_row + kPrefetchRows * ldb + v * kLanes);
+      });
+    // Rows addressed from two bases, rows 0..3 and 4..7, so that the offsets are row_stride times
+    // 0..3 (x86 scales 1 and 2, and one register): eight separate offsets do not fit in the general
+    // registers next to the outer loops' and spilled to the stack, 10-15% slower.
+    unroll2<Rows, Vectors>([&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE {
+      const float* base = i < 4 ? a_column : a_column + 4 * row_stride;
+      acc[i][v] += row[v] * base[(i % 4) * row_stride];
+    });
+  }
+  unroll2<Rows, Vectors>([&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE {
+    float* out = c + i * ldc + v * kLanes;
+    store(out, accumulate ? acc[i][v] + load(out) : acc[i][v]);
+  });
+}
+
+// A tile's rows of op(A) start here.
+template <bool TransA>
+COLTRAIN_FORCE_INLINE const float* a_block(const float* a, std::int64_t lda, std::int64_t row,
+                                           std::int64_t depth) {
+  return TransA ? a + depth * lda + row : a + row * lda + depth;
+}
+
+template <bool TransA>
+void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+             const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+  constexpr std::int64_t kPanel = kNnVectors * kLanes;
+  const EvenSplit row_tiles(m, kNnRows);
+  const std::int64_t whole = n / kLanes * kLanes;  // columns in whole vectors
+  // Row tiles outside, so that a tile's rows of A stay in L1 while B streams from L2. Copying
+  // panels of B to a contiguous buffer, or blocking k, measured no faster at these shapes (within
+  // 15% of the FMA peak already, B in place).
+  for (std::int64_t t = 0; t < row_tiles.parts; ++t) {
+    const std::int64_t i0 = row_tiles.begin(t);
+    const int rows = static_cast<int>(row_tiles.size(t));
+    const float* a_rows = a_block<TransA>(a, lda, i0, 0);
+    for (std::int64_t j0 = 0; j0 < whole; j0 += kPanel) {
+      const int vectors = static_cast<int>(std::min(kPanel, whole - j0) / kLanes);
+      dispatch<kNnRows>(rows, [&]<int Rows>() COLTRAIN_MICROKERNEL_INLINE {
+        dispatch<kNnVectors>(vectors, [&]<int Vectors>() COLTRAIN_MICROKERNEL_INLINE {
+          nn_tile<Rows, Vectors, TransA, true>(k, a_rows, lda, b + j0, ldb, c + i0 * ldc + j0, ldc,
+                                               accumulate);
+        });
+      });
+    }
+  }
+  if (whole == n) return;
+  // The last n % kLanes columns: copied, a depth block at a time, to a zero-padded panel one vector
+  // wide, multiplied into a scratch tile, and the valid columns copied out.
+  constexpr std::int64_t kTailDepth = 256;
+  alignas(64) float panel[kTailDepth * kLanes];
+  alignas(64) float scratch[kNnRows * kLanes];
+  const std::int64_t width = n - whole;
+  for (std::int64_t p0 = 0; p0 < k; p0 += kTailDepth) {
+    const std::int64_t depth = std::min(kTailDepth, k - p0);
+    for (std::int64_t p = 0; p < depth; ++p) {
+      std::fill_n(panel + p * kLanes, kLanes, 0.0f);
+      std::copy_n(b + (p0 + p) * ldb + whole, width, panel + p * kLanes);
+    }
+    const bool add = accumulate || p0 > 0;
+    for (std::int64_t t = 0; t < row_tiles.parts; ++t) {
+      const std::int64_t i0 = row_tiles.begin(t);
+      const int rows = static_cast<int>(row_tiles.size(t));
+      dispatch<kNnRows>(rows, [&]<int Rows>() COLTRAIN_MICROKERNEL_INLINE {
+        nn_tile<Rows, 1, TransA, false>(depth, a_block<TransA>(a, lda, i0, p0), lda, panel, kLanes,
+                                        scratch, kLanes, false);
+      });
+      for (int i = 0; i < rows; ++i) {
+        float* out = c + (i0 + i) * ldc + whole;
+        for (std::int64_t j = 0; j < width; ++j)
+          out[j] = add ? out[j] + scratch[i * kLanes + j] : scratch[i * kLanes + j];
+      }
+    }
+  }
+}
+
+// --- NT: C = A * B^T, dot products along k -------------------------------------------------------
+// out[r] = the sum of the lanes of v[r], for Count vectors. With two-source shuffles the sums are
+// formed as a tree that merges pairs of vectors into one holding both partial sums: 3 instructions
+// per result, against 2*log2(kLanes) when each vector is reduced on its own. Per result the tile
+// spends k/kLanes FMAs, so at k = 256 this is the difference between 15% and 50% overhead.
+
+// Lane `o` of the merge of x (lanes 0..L-1) and y (L..2L-1), each holding L/Group partial sums of
+// Group lanes: the merge holds x's sums, then y's, at Group/2 lanes each.
+template <int Group, bool Upper>
+constexpr int merge_lane(int o) {
+  const int half = Group / 2, q = o / half, t = o % half, groups = kLanes / Group;
+  return (q < groups ? q * Group : kLanes + (q - groups) * Group) + (Upper ? half : 0) + t;
+}
+#if defined(__clang__)
+template <int Group, int... O>
+COLTRAIN_FORCE_INLINE Vector merge(Vector x, Vector y, std::integer_sequence<int, O...>) {
+  return __builtin_shufflevector(x, y, merge_lane<Group, false>(O)...) +
+         __builtin_shufflevector(x, y, merge_lane<Group, true>(O)...);
+}
+#else
+// g++'s spelling, which nvcc's front end also passes through (it garbles __builtin_shufflevector).
+typedef std::int32_t LaneIndices __attribute__((vector_size(kVectorBytes)));
+template <int Group, int... O>
+COLTRAIN_FORCE_INLINE Vector merge(Vector x, Vector y, std::integer_sequence<int, O...>) {
+  constexpr LaneIndices kLower = {merge_lane<Group, false>(O)...};
+  constexpr LaneIndices kUpper = {merge_lane<Group, true>(O)...};
+  return __builtin_shuffle(x, y, kLower) + __builtin_shuffle(x, y, kUpper);
+}
+#endif
+// Count vectors of partial sums Group lanes wide -> one vector whose lane r is v[r]'s total.
+template <int Count, int Group>
+COLTRAIN_FORCE_INLINE Vector reduce_tree(const Vector* v) {
+  constexpr auto kAll = std::make_integer_sequence<int, kLanes>{};
+  if constexpr (Group == 1) {
+    return v[0];
+  } else if constexpr (Count == 1) {
+    const Vector halved = merge<Group>(v[0], v[0], kAll);  // fewer results than lanes
+    return reduce_tree<1, Group / 2>(&halved);
+  } else {
+    Vector merged[Count / 2];
+    unroll<Count / 2>([&](auto r) COLTRAIN_MICROKERNEL_INLINE {
+      merged[r] = merge<Group>(v[2 * r], v[2 * r + 1], kAll);
+    });
+    return reduce_tree<Count / 2, Group / 2>(merged);
+  }
+}
+
+template <int Count>
+COLTRAIN_FORCE_INLINE void lane_sums(const Vector* v, float* out) {
+  // The largest power of two <= min(Count, kLanes) first, then the rest.
+  constexpr int kChunk = [] {
+    int chunk = 1;
+    while (chunk * 2 <= Count && chunk * 2 <= kLanes) chunk *= 2;
+    return chunk;
+  }();
+  const Vector sums = reduce_tree<kChunk, kLanes>(v);
+  unroll<kChunk>([&](auto r) COLTRAIN_MICROKERNEL_INLINE { out[r] = sums[r()]; });
+  if constexpr (Count > kChunk) lane_sums<Count - kChunk>(v + kChunk, out + kChunk);
+}
+
+// A Rows x Cols tile of C as Rows*Cols vector accumulators along k: Rows + Cols loads per step.
+template <int Rows, int Cols>
+COLTRAIN_FORCE_INLINE void nt_tile(std::int64_t k, const float* COLTRAIN_RESTRICT a,
+                                   std::int64_t lda, const float* COLTRAIN_RESTRICT b,
+                                   std::int64_t ldb, float* COLTRAIN_RESTRICT c, std::int64_t ldc,
+                                   bool accumulate) {
+  Vector acc[Rows * Cols];
+  unroll<Rows * Cols>([&](auto t) COLTRAIN_MICROKERNEL_INLINE { acc[t] = Vector{}; });
+  // One step of kLanes along k at a_p and b_p (the k offset into row 0 of each); rows are reached
+  // as multiples of the leading dimensions, which x86 addresses with scales instead of a register
+  // per row (8 row pointers next to the loop's own would spill).
+  auto step = [&](const float* a_p, const float* b_p, auto read) COLTRAIN_MICROKERNEL_INLINE {
+    Vector av[Rows], bv[Cols];
+    unroll<Rows>([&](auto i) COLTRAIN_MICROKERNEL_INLINE { av[i] = read(a_p + i * lda); });
+    unroll<Cols>([&](auto j) COLTRAIN_MICROKERNEL_INLINE { bv[j] = read(b_p + j * ldb); });
+    unroll2<Rows, Cols>([&](auto i, auto j)
+                            COLTRAIN_MICROKERNEL_INLINE { acc[i * Cols + j] += av[i] * bv[j]; });
+  };
+  const float* a_p = a;
+  const float* b_p = b;
+  for (const float* const a_end = a + k / kLanes * kLanes; a_p != a_end;
+       a_p += kLanes, b_p += kLanes)
+    step(a_p, b_p, [](const float* x) COLTRAIN_MICROKERNEL_INLINE { return load(x); });
+  if (const std::int64_t rest = k % kLanes; rest > 0)
+    step(a_p, b_p,
+         [rest](const float* x) COLTRAIN_MICROKERNEL_INLINE { return load_partial(x, rest); });
+  float sums[Rows * Cols];
+  lane_sums<Rows * Cols>(acc, sums);
+  unroll2<Rows, Cols>([&](auto i, auto j) COLTRAIN_MICROKERNEL_INLINE {
+    float& out = c[i * ldc + j];
+    out = accumulate ? out + sums[i * Cols + j] : sums[i * Cols + j];
+  });
+}
+
+inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                    std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                    bool accumulate) {
+  // Blocks of B's rows that fill about half of L1 are kept there while every row tile of A passes
+  // over them; each row tile of A is reused from L1 across the block's column tiles.
+  constexpr std::int64_t kL1Budget = 24 * 1024;
+  const std::int64_t block_rows = std::max<std::int64_t>(
+      kNtCols, kL1Budget / (k * static_cast<std::int64_t>(sizeof(float))) / kNtCols * kNtCols);
+  for (std::int64_t jb = 0; jb < n; jb += block_rows) {
+    const std::int64_t block_end = std::min(n, jb + block_rows);
+    for (std::int64_t i0 = 0; i0 < m; i0 += kNtRows) {
+      const int rows = static_cast<int>(std::min<std::int64_t>(kNtRows, m - i0));
+      for (std::int64_t j0 = jb; j0 < block_end; j0 += kNtCols) {
+        const int cols = static_cast<int>(std::min<std::int64_t>(kNtCols, block_end - j0));
+        dispatch<kNtRows>(rows, [&]<int Rows>() COLTRAIN_MICROKERNEL_INLINE {
+          dispatch<kNtCols>(cols, [&]<int Cols>() COLTRAIN_MICROKERNEL_INLINE {
+            nt_tile<Rows, Cols>(k, a + i0 * lda, lda, b + j0 * ldb, ldb, c + i0 * ldc + j0, ldc,
+                                accumulate);
+          });
+        });
+      }
+    }
+  }
+}
+
+}  // namespace detail::microkernel
+#endif  // COLTRAIN_MICROKERNELS
+
+namespace detail {
+// C = 0 (unless accumulating) for an empty product.
+template <class S>
+void zero_unless_accumulating(std::int64_t m, std::int64_t n, S* c, std::int64_t ldc,
+                              bool accumulate) {
+  if (!accumulate)
+    for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, S(0));
+}
+}  // namespace detail
+
+// The generic versions, for any S: tensor::gemm. The float overloads below take precedence.
+template <class S>
+void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                     const S* b, std::int64_t ldb, S* c, std::int64_t ldc, bool accumulate) {
+  gemm(Transpose::kNo, Transpose::kNo, m, n, k, S(1), a, lda, b, ldb, accumulate ? S(1) : S(0), c,
+       ldc);
+}
+template <class S>
+void gemm_tn_small_k(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                     const S* b, std::int64_t ldb, S* c, std::int64_t ldc, bool accumulate) {
+  gemm(Transpose::kYes, Transpose::kNo, m, n, k, S(1), a, lda, b, ldb, accumulate ? S(1) : S(0), c,
+       ldc);
+}
+template <class S>
+void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                    const S* b, std::int64_t ldb, S* c, std::int64_t ldc, bool accumulate) {
+  gemm(Transpose::kNo, Transpose::kYes, m, n, k, S(1), a, lda, b, ldb, accumulate ? S(1) : S(0), c,
+       ldc);
+}
+
+// C[m x n] (=|+=) A[m x k] * B[k x n].
+inline void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                            std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                            std::int64_t ldc, bool accumulate) {
+#if COLTRAIN_MICROKERNELS
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
+  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#else
+  gemm_nn_small_m<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+}
+
+// C[m x n] (=|+=) A[k x m]^T * B[k x n]: A is stored k x m, as W [Cout, K] is for W^T * dY.
+inline void gemm_tn_small_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                            std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                            std::int64_t ldc, bool accumulate) {
+#if COLTRAIN_MICROKERNELS
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
+  detail::microkernel::gemm_nn<true>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#else
+  gemm_tn_small_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+}
+
+// C[m x n] (=|+=) A[m x k] * B[n x k]^T.
+inline void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                           std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                           std::int64_t ldc, bool accumulate) {
+#if COLTRAIN_MICROKERNELS
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
+  detail::microkernel::gemm_nt(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#else
+  gemm_nt_long_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+}
+
+}  // namespace coltrain::tensor

@@ -1,0 +1,234 @@
+// The float GEMM kernels of coltrain/tensor/cpu_microkernels.hpp against tensor::gemm (Eigen), on
+// uniform [-1, 1) data: every m, n and k from 1 to 70 (each remainder of the register tiles and of
+// the vector width), random shapes up to 70, the convolution shapes they are written for, leading
+// dimensions wider than the matrices, misaligned starting addresses, and C overwritten or added to.
+//
+// Tolerance: |ours - eigen| <= 1e-5 * |eigen| + 1e-6 * k per element. Both sum k products in
+// different orders; each product is at most 1 in magnitude, so the rounding differences grow with k
+// (below 1e-4 at k = 1024 where the floor allows 1e-3). Columns between n and ldc must be left
+// untouched.
+
+#include <catch2/catch.hpp>
+
+#include <coltrain/tensor/cpu_gemm.hpp>
+#include <coltrain/tensor/cpu_microkernels.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using coltrain::tensor::Transpose;
+
+// Which kernel, and so how A and B are stored.
+enum class Kind { kNn, kTn, kNt };
+
+std::string name(Kind kind) {
+  switch (kind) {
+    case Kind::kNn:
+      return "gemm_nn_small_m";
+    case Kind::kTn:
+      return "gemm_tn_small_k";
+    case Kind::kNt:
+      return "gemm_nt_long_k";
+  }
+  return "?";
+}
+
+struct Case {
+  Kind kind;
+  std::int64_t m, n, k;
+  std::int64_t pad = 0;     // leading dimension = stored width + pad, for A, B and C
+  std::int64_t offset = 0;  // floats between the buffers' 64-byte aligned starts and the matrices
+  bool accumulate = false;
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream out;
+  out << name(c.kind) << " m=" << c.m << " n=" << c.n << " k=" << c.k << " pad=" << c.pad
+      << " offset=" << c.offset << " accumulate=" << c.accumulate;
+  return out.str();
+}
+
+// A buffer whose data starts on a 64-byte boundary (the Tensor allocator's), plus `offset` floats.
+struct Buffer {
+  std::vector<float> storage;
+  float* data;
+  Buffer(std::int64_t size, std::int64_t offset)
+      : storage(static_cast<std::size_t>(size + offset + 16)) {
+    auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    const auto skip = static_cast<std::int64_t>(((64 - address % 64) % 64) / sizeof(float));
+    data = storage.data() + skip + offset;
+  }
+};
+
+void fill(float* data, std::int64_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (std::int64_t i = 0; i < count; ++i) data[i] = uniform(rng);
+}
+
+// Runs one case through the kernel and through tensor::gemm; returns the number of elements out of
+// tolerance (and reports the first), so that a loop over thousands of cases stays readable.
+int check(const Case& c, std::mt19937& rng) {
+  const bool ta = c.kind == Kind::kTn, tb = c.kind == Kind::kNt;
+  const std::int64_t a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
+  const std::int64_t b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
+  const std::int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.n + c.pad;
+  Buffer a(a_rows * lda, c.offset), b(b_rows * ldb, c.offset);
+  Buffer ours(c.m * ldc, c.offset), expected(c.m * ldc, c.offset);
+  fill(a.data, a_rows * lda, rng);
+  fill(b.data, b_rows * ldb, rng);
+  fill(ours.data, c.m * ldc, rng);
+  std::copy_n(ours.data, c.m * ldc, expected.data);
+
+  switch (c.kind) {
+    case Kind::kNn:
+      coltrain::tensor::gemm_nn_small_m(c.m, c.n, c.k, a.data, lda, b.data, ldb, ours.data, ldc,
+                                        c.accumulate);
+      break;
+    case Kind::kTn:
+      coltrain::tensor::gemm_tn_small_k(c.m, c.n, c.k, a.data, lda, b.data, ldb, ours.data, ldc,
+                                        c.accumulate);
+      break;
+    case Kind::kNt:
+      coltrain::tensor::gemm_nt_long_k(c.m, c.n, c.k, a.data, lda, b.data, ldb, ours.data, ldc,
+                                       c.accumulate);
+      break;
+  }
+  coltrain::tensor::gemm(ta ? Transpose::kYes : Transpose::kNo,
+                         tb ? Transpose::kYes : Transpose::kNo, c.m, c.n, c.k, 1.0f, a.data, lda,
+                         b.data, ldb, c.accumulate ? 1.0f : 0.0f, expected.data, ldc);
+
+  int wrong = 0;
+  for (std::int64_t i = 0; i < c.m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const float e = expected.data[i * ldc + j], o = ours.data[i * ldc + j];
+      // Past column n: the padding, which must keep its bits.
+      const bool ok = j < c.n
+                          ? std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * static_cast<float>(c.k)
+                          : o == e;
+      if (!ok && wrong++ == 0)
+        UNSCOPED_INFO(describe(c) << ": C(" << i << ", " << j << ") = " << o << ", Eigen gives "
+                                  << e);
+    }
+  return wrong;
+}
+
+constexpr Kind kKinds[] = {Kind::kNn, Kind::kTn, Kind::kNt};
+
+}  // namespace
+
+TEST_CASE("every m, n and k from 1 to 70 matches tensor::gemm", "[microkernels]") {
+  std::mt19937 rng(20240611);
+  int wrong = 0, cases = 0;
+  for (Kind kind : kKinds)
+    for (std::int64_t size = 1; size <= 70; ++size)
+      for (bool accumulate : {false, true}) {
+        // One dimension swept, the others at sizes that leave remainders of their own.
+        for (const Case& c : {Case{kind, size, 37, 29, 0, 0, accumulate},
+                              Case{kind, 21, size, 29, 0, 0, accumulate},
+                              Case{kind, 21, 37, size, 0, 0, accumulate}}) {
+          wrong += check(c, rng);
+          ++cases;
+        }
+      }
+  INFO(cases << " cases");
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("random shapes up to 70 with padded and misaligned operands match tensor::gemm",
+          "[microkernels]") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int64_t> size(1, 70), pad(0, 19), offset(0, 15);
+  int wrong = 0;
+  for (Kind kind : kKinds)
+    for (int trial = 0; trial < 400; ++trial) {
+      const Case c{kind, size(rng), size(rng), size(rng), pad(rng), offset(rng), trial % 2 == 1};
+      wrong += check(c, rng);
+    }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
+  std::mt19937 rng(3);
+  int wrong = 0;
+  // Forward and input gradient: A = weights [Cout, K], B = im2col [K, HW*G].
+  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{16, 1024, 144},
+                         {16, 4096, 27},
+                         {32, 256, 288},
+                         {32, 1024, 288},
+                         {64, 256, 576},
+                         {64, 576, 288},
+                         {10, 576, 288},
+                         {128, 256, 1152},
+                         {64, 100, 576}})
+    for (bool accumulate : {false, true}) {
+      wrong += check({Kind::kNn, m, n, k, 0, 0, accumulate}, rng);
+      wrong += check({Kind::kNn, m, n, k, 5, 3, accumulate}, rng);
+    }
+  // Input gradient through col2im: W^T [K, Cout] * dY [Cout, HW*G].
+  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{144, 256, 32},
+                         {288, 256, 64},
+                         {16, 256, 32},
+                         {147, 1000, 10}})
+    for (bool accumulate : {false, true})
+      wrong += check({Kind::kTn, m, n, k, 0, 0, accumulate}, rng);
+  // Weight gradient: dY [Cout, HW*G] * im2col [K, HW*G]^T.
+  for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{16, 144, 1024},
+                         {32, 288, 256},
+                         {64, 576, 256},
+                         {64, 288, 576},
+                         {128, 1152, 256},
+                         {16, 27, 4096},
+                         {10, 9, 1000}})
+    for (bool accumulate : {false, true}) {
+      wrong += check({Kind::kNt, m, n, k, 0, 0, accumulate}, rng);
+      wrong += check({Kind::kNt, m, n, k, 7, 1, accumulate}, rng);
+    }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("an empty product writes zeros or leaves C alone", "[microkernels]") {
+  for (Kind kind : kKinds) {
+    std::vector<float> c(6, 2.0f);
+    const float unused = 0;
+    for (bool accumulate : {true, false}) {
+      if (kind == Kind::kNn)
+        coltrain::tensor::gemm_nn_small_m(2, 3, 0, &unused, 1, &unused, 3, c.data(), 3, accumulate);
+      if (kind == Kind::kTn)
+        coltrain::tensor::gemm_tn_small_k(2, 3, 0, &unused, 2, &unused, 3, c.data(), 3, accumulate);
+      if (kind == Kind::kNt)
+        coltrain::tensor::gemm_nt_long_k(2, 3, 0, &unused, 1, &unused, 1, c.data(), 3, accumulate);
+      CHECK(c == std::vector<float>(6, accumulate ? 2.0f : 0.0f));
+    }
+  }
+  // m or n zero: nothing is read or written, not even C.
+  const float unused = 0;
+  coltrain::tensor::gemm_nn_small_m(0, 3, 4, &unused, 4, &unused, 3, static_cast<float*>(nullptr),
+                                    3, false);
+  coltrain::tensor::gemm_tn_small_k(2, 0, 4, &unused, 2, &unused, 1, static_cast<float*>(nullptr),
+                                    1, false);
+  coltrain::tensor::gemm_nt_long_k(2, 0, 4, &unused, 4, &unused, 4, static_cast<float*>(nullptr), 1,
+                                   false);
+}
+
+TEST_CASE("the generic versions serve double through tensor::gemm", "[microkernels]") {
+  // A templated caller gets Eigen for S = double and the kernels for S = float from the same call.
+  const std::vector<double> a = {1, 2, 3, 4, 5, 6};  // 2 x 3
+  const std::vector<double> b = {1, 0, 0, 1, 1, 1};  // 3 x 2, and as 2 x 3 for NT
+  std::vector<double> c(4, 10.0);
+  coltrain::tensor::gemm_nn_small_m(2, 2, 3, a.data(), 3, b.data(), 2, c.data(), 2, false);
+  CHECK(c == std::vector<double>{4, 5, 10, 11});
+  coltrain::tensor::gemm_nt_long_k(2, 2, 3, a.data(), 3, b.data(), 3, c.data(), 2, true);
+  CHECK(c == std::vector<double>{5, 11, 14, 26});
+  // A^T stored 3 x 2 is the same A.
+  const std::vector<double> at = {1, 4, 2, 5, 3, 6};
+  coltrain::tensor::gemm_tn_small_k(2, 2, 3, at.data(), 2, b.data(), 2, c.data(), 2, false);
+  CHECK(c == std::vector<double>{4, 5, 10, 11});
+}
