@@ -13,10 +13,12 @@
 #include <coltrain/nn/parameter.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace coltrain::nn {
 
@@ -61,13 +63,22 @@ class BatchNorm2dLayer {
     for_each_channel(ctx, batch, [&](std::int64_t c) {
       double mean, var;
       if (training) {
-        double sum = 0;
-        for (std::int64_t b = 0; b < batch; ++b) sum += plane_sum(x + (b * kC + c) * kPlane, S(0));
-        mean = sum / count;
-        double squares = 0;
-        for (std::int64_t b = 0; b < batch; ++b)
-          squares += plane_square_sum(x + (b * kC + c) * kPlane, static_cast<S>(mean));
-        var = squares / count;
+        // One pass: sums of (x - shift) and its square, shifted by one of the channel's values so
+        // that the variance does not come from the difference of two large numbers.
+        const S shift = detail::to_compute_value<S>(x[c * kPlane]);
+        double sum = 0, squares = 0;
+        for (std::int64_t b = 0; b < batch; ++b) {
+          const T* plane = x + (b * kC + c) * kPlane;
+          const auto [s1, s2] = detail::lane_sum2<S>(kPlane, [plane, shift](std::int64_t i) {
+            const S d = detail::to_compute_value<S>(plane[i]) - shift;
+            return std::pair<S, S>(d, d * d);
+          });
+          sum += s1;
+          squares += s2;
+        }
+        const double shifted_mean = sum / count;
+        mean = shift + shifted_mean;
+        var = std::max(0.0, squares / count - shifted_mean * shifted_mean);
         S& rm = running_mean_.data()[c];
         S& rv = running_var_.data()[c];
         rm = static_cast<S>((1.0 - Momentum) * rm + Momentum * mean);
@@ -111,12 +122,13 @@ class BatchNorm2dLayer {
       for (std::int64_t b = 0; b < batch; ++b) {
         const T* xs = x + (b * kC + c) * kPlane;
         const T* gs = dy + (b * kC + c) * kPlane;
-        sum_dy += detail::lane_sum<S>(gs, kPlane);
-        // sum of dy * (x - mean), as lanes over the index (two arrays).
-        const std::int64_t offset = xs - gs;
-        sum_dy_xhat += detail::lane_sum<S>(gs, kPlane, [&](const T& g) {
-          return detail::to_compute_value<S>(g) * (detail::to_compute_value<S>(*(&g + offset)) - mean);
+        // sum of dy and of dy * (x - mean), in one pass.
+        const auto [a, d] = detail::lane_sum2<S>(kPlane, [xs, gs, mean](std::int64_t i) {
+          const S g = detail::to_compute_value<S>(gs[i]);
+          return std::pair<S, S>(g, g * (detail::to_compute_value<S>(xs[i]) - mean));
         });
+        sum_dy += a;
+        sum_dy_xhat += d;
       }
       sum_dy_xhat *= inv_std;
       weight_delta_.data()[c] = static_cast<S>(sum_dy_xhat);
@@ -163,15 +175,6 @@ class BatchNorm2dLayer {
       for (std::int64_t c = begin; c < end; ++c) f(c);
     });
   }
-  // Sums of one plane in S (vectorised lanes), accumulated across planes in double.
-  static double plane_sum(const T* p, S) { return detail::lane_sum<S>(p, kPlane); }
-  static double plane_square_sum(const T* p, S mean) {
-    return detail::lane_sum<S>(p, kPlane, [mean](T v) {
-      const S d = detail::to_compute_value<S>(v) - mean;
-      return d * d;
-    });
-  }
-
   Parameter<T, Device> weight_;
   Parameter<T, Device> bias_;
   tensor::Tensor<S, Device> running_mean_, running_var_;

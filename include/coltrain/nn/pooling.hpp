@@ -70,31 +70,15 @@ class MaxPool2dLayer {
     const T* x = in.data();
     T* y = out.data();
     std::int32_t* index = argmax_.data();
-    detail::for_each_plane(ctx, planes, kH * kW, [&](std::int64_t p) {
+    detail::for_each_plane(ctx, planes, kH * kW, [=](std::int64_t p) {
       const T* src = x + p * kH * kW;
-      for (std::int64_t oh = 0; oh < kOutH; ++oh) {
+      for (std::int64_t oh = 0; oh < kOutH; ++oh)
         for (std::int64_t ow = 0; ow < kOutW; ++ow) {
-          S best = -std::numeric_limits<S>::infinity();
-          std::int32_t best_index = -1;
-          for (std::int64_t kh = 0; kh < static_cast<std::int64_t>(Kernel); ++kh) {
-            const std::int64_t ih = oh * static_cast<std::int64_t>(Stride) - static_cast<std::int64_t>(Padding) + kh;
-            if (ih < 0 || ih >= kH) continue;
-            for (std::int64_t kw = 0; kw < static_cast<std::int64_t>(Kernel); ++kw) {
-              const std::int64_t iw = ow * static_cast<std::int64_t>(Stride) - static_cast<std::int64_t>(Padding) + kw;
-              if (iw < 0 || iw >= kW) continue;
-              const S v = detail::to_compute_value<S>(src[ih * kW + iw]);
-              // The first maximum wins, and a NaN propagates, as in PyTorch.
-              if (best_index < 0 || v > best || (v != v && best == best)) {
-                best = v;
-                best_index = static_cast<std::int32_t>(ih * kW + iw);
-              }
-            }
-          }
+          const std::int32_t best_index = window_argmax(src, oh, ow);
           const std::int64_t o = (p * kOutH + oh) * kOutW + ow;
           y[o] = src[best_index];
           index[o] = best_index;
         }
-      }
     });
   }
 
@@ -121,6 +105,29 @@ class MaxPool2dLayer {
   void visit_buffers(F&&, const std::string&) {}
 
  private:
+  static constexpr std::int64_t kKernel = Kernel, kStride = Stride, kPadding = Padding;
+
+  // The input position of the window's maximum: the first one wins, and a NaN propagates, as in
+  // PyTorch. Written as selects over a constant-size window (no branch to mispredict); the
+  // bounds checks vanish when there is no padding.
+  static std::int32_t window_argmax(const T* src, std::int64_t oh, std::int64_t ow) {
+    S best = 0;
+    std::int32_t best_index = -1;
+    for (std::int64_t kh = 0; kh < kKernel; ++kh) {
+      const std::int64_t ih = oh * kStride - kPadding + kh;
+      if (kPadding > 0 && (ih < 0 || ih >= kH)) continue;
+      for (std::int64_t kw = 0; kw < kKernel; ++kw) {
+        const std::int64_t iw = ow * kStride - kPadding + kw;
+        if (kPadding > 0 && (iw < 0 || iw >= kW)) continue;
+        const S v = detail::to_compute_value<S>(src[ih * kW + iw]);
+        const bool take = best_index < 0 || v > best || (v != v && best == best);
+        best = take ? v : best;
+        best_index = take ? static_cast<std::int32_t>(ih * kW + iw) : best_index;
+      }
+    }
+    return best_index;
+  }
+
   tensor::Tensor<std::int32_t, Device> argmax_;  // per output: the input position it came from
   tensor::Tensor<S, Device> grad_in_scratch_;
 };
