@@ -15,16 +15,6 @@
 namespace coltrain::nn {
 
 namespace detail {
-// Elementwise loops are split across the pool only when they are long enough to pay for it.
-inline constexpr std::int64_t kParallelElementwiseMin = 1 << 15;
-
-template <class Device, class F>
-void parallel_elementwise(Context<Device>& ctx, std::int64_t n, F&& f) {
-  if (n < kParallelElementwiseMin)
-    f(std::int64_t{0}, n);
-  else
-    ctx.pool().parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) { f(begin, end); });
-}
 // Plain loops over restrict pointers with a local zero: nothing the compiler must assume aliases the
 // output, so both vectorise into compare-and-select.
 template <class T>
@@ -61,7 +51,7 @@ class ReluLayer {
                Context<Device>& ctx) {
     const T* x = in.data();
     T* y = out.data();
-    detail::parallel_elementwise(ctx, in.numel(), [=](std::int64_t begin, std::int64_t end) {
+    detail::parallel_range(ctx, in.numel(), in.numel(), [=](std::int64_t begin, std::int64_t end) {
       detail::relu_forward(x + begin, y + begin, end - begin);
     });
   }
@@ -73,7 +63,7 @@ class ReluLayer {
     const T* y = out.data();
     const T* dy = grad_out.data();
     T* dx = grad_in.data();
-    detail::parallel_elementwise(ctx, out.numel(), [=](std::int64_t begin, std::int64_t end) {
+    detail::parallel_range(ctx, out.numel(), out.numel(), [=](std::int64_t begin, std::int64_t end) {
       detail::relu_backward(y + begin, dy + begin, dx + begin, end - begin);
     });
   }

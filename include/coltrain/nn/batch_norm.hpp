@@ -167,11 +167,7 @@ class BatchNorm2dLayer {
  private:
   template <class F>
   static void for_each_channel(Context<Device>& ctx, std::int64_t batch, F&& f) {
-    if (batch * kC * kPlane < (1 << 15)) {
-      for (std::int64_t c = 0; c < kC; ++c) f(c);
-      return;
-    }
-    ctx.pool().parallel_for(kC, [&](std::int64_t begin, std::int64_t end, int) {
+    detail::parallel_range(ctx, kC, batch * kC * kPlane, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t c = begin; c < end; ++c) f(c);
     });
   }

@@ -40,4 +40,21 @@ class Context<tensor::Cpu> {
   std::uint64_t step_ = 0;
 };
 
+namespace detail {
+
+// Loops that touch fewer elements than this run on the calling thread: waking the pool costs more.
+inline constexpr std::int64_t kParallelWorkMin = 1 << 15;
+
+// Runs f(begin, end) over [0, n): on the calling thread when `work` (the elements the loop touches)
+// is below kParallelWorkMin, else split across the pool into contiguous ranges.
+template <class Device, class F>
+void parallel_range(Context<Device>& ctx, std::int64_t n, std::int64_t work, F&& f) {
+  if (work < kParallelWorkMin) {
+    f(std::int64_t{0}, n);
+    return;
+  }
+  ctx.pool().parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) { f(begin, end); });
+}
+
+}  // namespace detail
 }  // namespace coltrain::nn

@@ -35,7 +35,6 @@ struct Window {
   std::int64_t channels, height, width;  // input
   std::int64_t kernel, stride, padding;
   std::int64_t out_height, out_width;
-  std::int64_t out_size() const { return out_height * out_width; }
 };
 
 // col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0 outside).

@@ -20,16 +20,10 @@ namespace coltrain::nn {
 
 namespace detail {
 
-inline constexpr std::int64_t kParallelPlanesMin = 1 << 15;
-
 // Runs f(plane_index) for every (sample, channel) plane of a batch, split across the pool.
 template <class Device, class F>
 void for_each_plane(Context<Device>& ctx, std::int64_t planes, std::int64_t plane_size, F&& f) {
-  if (planes * plane_size < kParallelPlanesMin) {
-    for (std::int64_t p = 0; p < planes; ++p) f(p);
-    return;
-  }
-  ctx.pool().parallel_for(planes, [&](std::int64_t begin, std::int64_t end, int) {
+  parallel_range(ctx, planes, planes * plane_size, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t p = begin; p < end; ++p) f(p);
   });
 }

@@ -134,14 +134,10 @@ class ResidualLayer {
  private:
   static void add(Context<Device>& ctx, const T* a, const T* b, T* out, std::int64_t n) {
     using S = compute_t<T>;
-    auto run = [&](std::int64_t begin, std::int64_t end) {
+    detail::parallel_range(ctx, n, n, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i)
         out[i] = detail::to_storage_value<T>(detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]));
-    };
-    if (n < (1 << 15))
-      run(0, n);
-    else
-      ctx.pool().parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) { run(begin, end); });
+    });
   }
 
   BodyLayer body_;
