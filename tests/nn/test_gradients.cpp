@@ -444,6 +444,20 @@ TEST_CASE("gradients: Conv2d packs several images per GEMM, 1 thread", "[nn][gra
       "Conv2d<5,3,1,1> on 2x4x4, batch 37, 1 thread", {.batch = 37, .threads = 1, .max_elements = 120});
 }
 
+TEST_CASE("gradients: Conv2d on 16-pixel maps reads the padded image in place", "[nn][gradients][conv2d]") {
+  // Wide maps take the indirect GEMM (no im2col matrix) forward and for the input gradient.
+  using nn::detail::IndirectConvolution;
+  using nn::detail::Window;
+  static_assert(IndirectConvolution<Window{2, 16, 16, 3, 1, 1, 16, 16}>::kWorthIt);
+  static_assert(IndirectConvolution<Window{2, 18, 18, 3, 1, 0, 16, 16}>::kWorthIt);
+  static_assert(IndirectConvolution<Window{3, 16, 16, 3, 1, 2, 18, 18}>::kWorthIt);
+  static_assert(!IndirectConvolution<Window{2, 8, 8, 3, 1, 1, 8, 8}>::kWorthIt);
+  check<Sequential<Input<2, 16, 16>, GradProbe, nn::Conv2d<3, 3, 1, 1>>>(
+      "Conv2d<3,3,1,1> on 2x16x16", {.batch = 3, .threads = 2, .max_elements = 150});
+  check<Sequential<Input<2, 18, 18>, GradProbe, nn::Conv2d<3, 3, 1, 0, false>>>(
+      "Conv2d<3,3,1,0,nobias> on 2x18x18", {.batch = 2, .max_elements = 150});
+}
+
 TEST_CASE("gradients: Conv2d as the first layer, stacked convolutions", "[nn][gradients][conv2d]") {
   check<Sequential<Input<3, 6, 6>, nn::Conv2d<4, 3, 2, 1>, nn::Conv2d<3, 1, 1, 0, false>,
                    nn::Conv2d<2, 3, 1, 1, false>>>("Conv2d first, then two more", {.batch = 3, .threads = 2});
@@ -528,6 +542,16 @@ TEST_CASE("gradients: BatchNorm2d after a convolution, both modes", "[nn][gradie
       Sequential<Input<2, 5, 5>, nn::Conv2d<3, 3, 1, 1, false>, nn::BatchNorm2d<>, nn::Conv2d<2, 1>>;
   check<Model>("Conv2d, BatchNorm2d, Conv2d, training", {.batch = 4});
   check<Model>("Conv2d, BatchNorm2d, Conv2d, eval", {.batch = 4, .eval = true});
+}
+
+TEST_CASE("gradients: BatchNormReLU2d, both modes", "[nn][gradients][batch_norm]") {
+  check<Sequential<Input<3, 4, 4>, GradProbe, nn::BatchNormReLU2d<>>>("BatchNormReLU2d, training",
+                                                                      {.batch = 5, .kinks = true});
+  check<Sequential<Input<3, 4, 4>, GradProbe, nn::BatchNormReLU2d<>>>(
+      "BatchNormReLU2d, eval", {.batch = 5, .eval = true, .kinks = true});
+  check<Sequential<Input<8, 12, 12>, GradProbe, nn::BatchNormReLU2d<>>>(
+      "BatchNormReLU2d, training, batch 37, 2 threads",
+      {.batch = 37, .threads = 2, .max_elements = 120, .kinks = true});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -194,6 +194,59 @@ TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
   CHECK(wrong == 0);
 }
 
+// gemm_nn_indirect against gemm_nn_small_m on the gathered matrix: B's rows are read at arbitrary
+// offsets (overlapping, unaligned, in any order), and at the offsets of a stride-1 convolution.
+int check_indirect(std::int64_t m, std::int64_t n, const std::vector<std::int64_t>& rows,
+                   std::int64_t source_size, bool accumulate, std::mt19937& rng) {
+  const auto k = static_cast<std::int64_t>(rows.size());
+  Buffer a(m * k, 0), source(source_size, 0), gathered(k * n, 0), ours(m * n, 0), expected(m * n, 0);
+  fill(a.data, m * k, rng);
+  fill(source.data, source_size, rng);
+  fill(ours.data, m * n, rng);
+  std::copy_n(ours.data, m * n, expected.data);
+  for (std::int64_t p = 0; p < k; ++p) std::copy_n(source.data + rows[p], n, gathered.data + p * n);
+  coltrain::tensor::gemm_nn_indirect(m, n, k, a.data, k, source.data, rows.data(), ours.data, n,
+                                     accumulate);
+  coltrain::tensor::gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data, k, gathered.data, n,
+                         accumulate ? 1.0f : 0.0f, expected.data, n);
+  int wrong = 0;
+  for (std::int64_t i = 0; i < m * n; ++i) {
+    const float e = expected.data[i], o = ours.data[i];
+    if (!(std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * static_cast<float>(k)) && wrong++ == 0)
+      UNSCOPED_INFO("gemm_nn_indirect m=" << m << " n=" << n << " k=" << k << ": C[" << i << "] = " << o
+                                          << ", expected " << e);
+  }
+  return wrong;
+}
+
+TEST_CASE("gemm_nn_indirect reads B's rows at the given offsets", "[microkernels]") {
+  std::mt19937 rng(11);
+  int wrong = 0;
+  // Random offsets into a source of 4000 floats: every tail width, depths around the tiles'.
+  std::uniform_int_distribution<std::int64_t> size(1, 70);
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::int64_t m = size(rng), n = size(rng), k = size(rng);
+    std::uniform_int_distribution<std::int64_t> offset(0, 4000 - n);
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(k));
+    for (auto& r : rows) r = offset(rng);
+    wrong += check_indirect(m, n, rows, 4000, trial % 2 == 1, rng);
+  }
+  // The convolution layout: C channels of a padded P x P image, 3x3 windows, columns up to the last
+  // output (rows P wide, of which P - 2 are outputs).
+  for (auto [channels, padded, m] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{16, 34, 16},
+                                     {32, 18, 32},
+                                     {3, 34, 16},
+                                     {1, 30, 32}}) {
+    std::vector<std::int64_t> rows;
+    for (std::int64_t c = 0; c < channels; ++c)
+      for (std::int64_t kh = 0; kh < 3; ++kh)
+        for (std::int64_t kw = 0; kw < 3; ++kw) rows.push_back((c * padded + kh) * padded + kw);
+    const std::int64_t out = padded - 2, columns = (out - 1) * padded + out;
+    wrong += check_indirect(m, columns, rows, channels * padded * padded, false, rng);
+  }
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("an empty product writes zeros or leaves C alone", "[microkernels]") {
   for (Kind kind : kKinds) {
     std::vector<float> c(6, 2.0f);

@@ -10,6 +10,7 @@
 // of two basic blocks (64, 128, 256, 512), global average pooling, linear 512 -> 10.
 //
 // Names follow those PyTorch modules: conv1, bn1, layer1.0.conv1, layer2.0.shortcut.0.weight, linear.
+// Each BatchNorm followed by a ReLU is the fused BatchNormReLU2d (same names, one pass fewer).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/activation.hpp>
@@ -30,7 +31,7 @@ namespace coltrain::models {
 template <std::size_t Channels, std::size_t Stride, bool Project>
 using BasicBlock = nn::Residual<
     nn::Sequential<nn::Named<"conv1", nn::Conv2d<Channels, 3, Stride, 1, false>>,
-                   nn::Named<"bn1", nn::BatchNorm2d<>>, nn::ReLU,
+                   nn::Named<"bn1", nn::BatchNormReLU2d<>>,
                    nn::Named<"conv2", nn::Conv2d<Channels, 3, 1, 1, false>>,
                    nn::Named<"bn2", nn::BatchNorm2d<>>>,
     std::conditional_t<Project, nn::Projection<Channels, Stride>, nn::IdentityShortcut>, nn::ReLU>;
@@ -48,7 +49,7 @@ struct CifarResNet {
   static constexpr std::size_t kBlocks = (Depth - 2) / 6;
   using type = nn::Sequential<nn::Input<3, 32, 32>,
                               nn::Named<"conv1", nn::Conv2d<16, 3, 1, 1, false>>,
-                              nn::Named<"bn1", nn::BatchNorm2d<>>, nn::ReLU,
+                              nn::Named<"bn1", nn::BatchNormReLU2d<>>,
                               nn::Named<"layer1", ResNetStage<16, kBlocks, 1, false>>,
                               nn::Named<"layer2", ResNetStage<32, kBlocks, 2, true>>,
                               nn::Named<"layer3", ResNetStage<64, kBlocks, 2, true>>,
@@ -61,7 +62,7 @@ using ResNet = typename detail::CifarResNet<Depth>::type;
 
 using ResNet18 = nn::Sequential<nn::Input<3, 32, 32>,
                                 nn::Named<"conv1", nn::Conv2d<64, 3, 1, 1, false>>,
-                                nn::Named<"bn1", nn::BatchNorm2d<>>, nn::ReLU,
+                                nn::Named<"bn1", nn::BatchNormReLU2d<>>,
                                 nn::Named<"layer1", ResNetStage<64, 2, 1, false>>,
                                 nn::Named<"layer2", ResNetStage<128, 2, 2, true>>,
                                 nn::Named<"layer3", ResNetStage<256, 2, 2, true>>,

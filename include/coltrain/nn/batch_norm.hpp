@@ -4,6 +4,10 @@
 // statistics move by `Momentum` (running_var takes the unbiased variance); in evaluation the running
 // statistics normalise. Parameters weight (gamma) and bias (beta); buffers running_mean, running_var
 // and num_batches_tracked, with PyTorch's names.
+//
+// BatchNormReLU2d is BatchNorm2d followed by ReLU in one pass over the data each way (forward and
+// backward), with the BatchNorm's parameter names: the two separate layers would each read and
+// write the whole activation once more, and at these sizes the passes are bound by memory.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
@@ -22,7 +26,7 @@
 
 namespace coltrain::nn {
 
-template <double Momentum, double Eps, class In, class T, class Device>
+template <double Momentum, double Eps, bool FusedRelu, class In, class T, class Device>
 class BatchNorm2dLayer {
   static_assert(In::kRank == 3, "coltrain::nn::BatchNorm2d: the input must be an image, StaticShape<C, H, W>");
   static_assert(Momentum >= 0.0 && Momentum <= 1.0, "coltrain::nn::BatchNorm2d: momentum must lie in [0, 1]");
@@ -95,8 +99,10 @@ class BatchNorm2dLayer {
       for (std::int64_t b = 0; b < batch; ++b) {
         const T* src = x + (b * kC + c) * kPlane;
         T* dst = y + (b * kC + c) * kPlane;
-        for (std::int64_t i = 0; i < kPlane; ++i)
-          dst[i] = detail::to_storage_value<T>(detail::to_compute_value<S>(src[i]) * scale + shift);
+        for (std::int64_t i = 0; i < kPlane; ++i) {
+          const S v = detail::to_compute_value<S>(src[i]) * scale + shift;
+          dst[i] = detail::to_storage_value<T>(FusedRelu && v < S(0) ? S(0) : v);  // NaN passes
+        }
       }
     });
     if (training) batches_tracked_.data()[0] += 1;
@@ -104,12 +110,14 @@ class BatchNorm2dLayer {
 
   // Training mode: the batch statistics depend on the input, which adds the two mean terms;
   // evaluation mode: a fixed affine map.
-  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+  // With the fused ReLU, the gradient reaching the normalisation is dy where the output is positive.
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device> out,
                 tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
                 Context<Device>& ctx) {
     const std::int64_t batch = in.extent(0);
     const bool training = ctx.training();
     const T* x = in.data();
+    const T* y = out.data();
     const T* dy = grad_out.data();
     T* dx = grad_in.empty() ? nullptr : grad_in.data();
     weight_delta_.resize({kC});
@@ -121,10 +129,11 @@ class BatchNorm2dLayer {
       double sum_dy = 0, sum_dy_xhat = 0;
       for (std::int64_t b = 0; b < batch; ++b) {
         const T* xs = x + (b * kC + c) * kPlane;
+        const T* ys = y + (b * kC + c) * kPlane;
         const T* gs = dy + (b * kC + c) * kPlane;
         // sum of dy and of dy * (x - mean), in one pass.
-        const auto [a, d] = detail::lane_sum2<S>(kPlane, [xs, gs, mean](std::int64_t i) {
-          const S g = detail::to_compute_value<S>(gs[i]);
+        const auto [a, d] = detail::lane_sum2<S>(kPlane, [xs, ys, gs, mean](std::int64_t i) {
+          const S g = upstream_gradient(ys, gs, i);
           return std::pair<S, S>(g, g * (detail::to_compute_value<S>(xs[i]) - mean));
         });
         sum_dy += a;
@@ -140,11 +149,12 @@ class BatchNorm2dLayer {
       const S mean_dy_xhat = training ? static_cast<S>(sum_dy_xhat / count) : S(0);
       for (std::int64_t b = 0; b < batch; ++b) {
         const T* xs = x + (b * kC + c) * kPlane;
+        const T* ys = y + (b * kC + c) * kPlane;
         const T* gs = dy + (b * kC + c) * kPlane;
         T* ds = dx + (b * kC + c) * kPlane;
         for (std::int64_t i = 0; i < kPlane; ++i) {
           const S xhat = (detail::to_compute_value<S>(xs[i]) - mean) * inv_std;
-          ds[i] = detail::to_storage_value<T>(k * (detail::to_compute_value<S>(gs[i]) - mean_dy - xhat * mean_dy_xhat));
+          ds[i] = detail::to_storage_value<T>(k * (upstream_gradient(ys, gs, i) - mean_dy - xhat * mean_dy_xhat));
         }
       }
     });
@@ -165,6 +175,13 @@ class BatchNorm2dLayer {
   }
 
  private:
+  // d(loss)/d(normalised value): dy, masked by the fused ReLU (which passes where y > 0).
+  static S upstream_gradient(const T* y, const T* dy, std::int64_t i) {
+    const S g = detail::to_compute_value<S>(dy[i]);
+    if constexpr (FusedRelu) return detail::to_compute_value<S>(y[i]) > S(0) ? g : S(0);
+    return g;
+  }
+
   template <class F>
   static void for_each_channel(Context<Device>& ctx, std::int64_t batch, F&& f) {
     detail::parallel_range(ctx, kC, batch * kC * kPlane, [&](std::int64_t begin, std::int64_t end) {
@@ -183,7 +200,14 @@ class BatchNorm2dLayer {
 template <double Momentum = 0.1, double Eps = 1e-5>
 struct BatchNorm2d {
   template <class In, class T, class Device>
-  using Bind = BatchNorm2dLayer<Momentum, Eps, In, T, Device>;
+  using Bind = BatchNorm2dLayer<Momentum, Eps, false, In, T, Device>;
+};
+
+// torch.nn.BatchNorm2d(C, eps=Eps, momentum=Momentum) then torch.relu, fused; named as the BatchNorm.
+template <double Momentum = 0.1, double Eps = 1e-5>
+struct BatchNormReLU2d {
+  template <class In, class T, class Device>
+  using Bind = BatchNorm2dLayer<Momentum, Eps, true, In, T, Device>;
 };
 
 }  // namespace coltrain::nn

@@ -8,7 +8,9 @@
 // register-blocked kernels of cpu_microkernels.hpp, which read the columns in place (Eigen would
 // pack them again on every call). The columns are rebuilt in backward
 // instead of kept: recomputing them is cheap next to the GEMMs and saves batch x K x HW floats per
-// layer.
+// layer. Stride-1 convolutions on wide maps (16 pixels and more) skip the im2col matrix in the
+// forward pass and the input gradient: the GEMM reads its rows straight from the zero-padded image
+// (IndirectConvolution).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
@@ -20,6 +22,7 @@
 #include <coltrain/tensor/tensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,11 +40,22 @@ struct Window {
   std::int64_t out_height, out_width;
 };
 
+// padded[c][h + p][w + p] = image[c][h][w]: the interior of a zero-bordered copy of the image. The
+// border (C x (H+2p) x (W+2p), zeroed by its owner) is never written, so it stays zero.
+template <Window w, class S>
+void pad_image(const S* image, S* padded) {
+  constexpr std::int64_t ph = w.height + 2 * w.padding, pw = w.width + 2 * w.padding;
+  for (std::int64_t c = 0; c < w.channels; ++c)
+    for (std::int64_t h = 0; h < w.height; ++h)
+      std::memcpy(padded + (c * ph + h + w.padding) * pw + w.padding, image + (c * w.height + h) * w.width,
+                  w.width * sizeof(S));
+}
+
 // col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0 outside).
 // The window is a template argument so that every loop bound is a constant. With stride 1 the image
-// is first copied into `padded`, whose zero border (C x (H+2p) x (W+2p), zeroed by its owner and never
-// written here) replaces all bounds checks: each row of the columns is then a copy of OW contiguous
-// values, which compiles to a few vector moves instead of a call to memmove.
+// is first copied into `padded` (pad_image), whose zero border replaces all bounds checks: each row
+// of the columns is then a copy of OW contiguous values, which compiles to a few vector moves
+// instead of a call to memmove.
 template <Window w, class S>
 void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset, S* padded) {
   constexpr std::int64_t k = w.kernel;
@@ -49,10 +63,7 @@ void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset,
     constexpr std::int64_t ph = w.height + 2 * w.padding, pw = w.width + 2 * w.padding;
     const S* source = image;
     if constexpr (w.padding > 0) {
-      for (std::int64_t c = 0; c < w.channels; ++c)
-        for (std::int64_t h = 0; h < w.height; ++h)
-          std::memcpy(padded + (c * ph + h + w.padding) * pw + w.padding,
-                      image + (c * w.height + h) * w.width, w.width * sizeof(S));
+      pad_image<w>(image, padded);
       source = padded;
     }
     for (std::int64_t c = 0; c < w.channels; ++c)
@@ -93,6 +104,56 @@ constexpr std::int64_t padded_size(const Window& w) {
   return w.stride == 1 && w.padding > 0 ? w.channels * (w.height + 2 * w.padding) * (w.width + 2 * w.padding)
                                         : 0;
 }
+
+// A stride-1 convolution of one image without an im2col matrix (an indirect GEMM): with the image
+// zero-padded to PH x PW, row (c, kh, kw) of the im2col matrix is the padded image read from offset
+// (c*PH + kh)*PW + kw, provided its columns are numbered oh*PW + ow, that is, in rows PW wide of
+// which the last k-1 are not outputs. The GEMM computes those too (waste (PW - OW)/PW) and the
+// valid columns are copied out. Worth it where the waste is small next to the im2col it saves:
+// wide maps (32 and 16 pixels with k = 3), not 8x8 ones.
+template <Window w>
+struct IndirectConvolution {
+  static constexpr std::int64_t kPaddedHeight = w.height + 2 * w.padding;
+  static constexpr std::int64_t kPaddedWidth = w.width + 2 * w.padding;
+  static constexpr std::int64_t kDepth = w.channels * w.kernel * w.kernel;
+  // Up to the last output; the reads end exactly at the padded image's last element.
+  static constexpr std::int64_t kColumns = (w.out_height - 1) * kPaddedWidth + w.out_width;
+  static constexpr std::int64_t kProductLd = (kColumns + 15) / 16 * 16;  // rows on 64-byte lines
+  static constexpr bool kWorthIt = w.stride == 1 && kPaddedWidth * 8 <= w.out_width * 9;
+
+  static constexpr std::array<std::int64_t, kDepth> kRowOffsets = [] {
+    std::array<std::int64_t, kDepth> offsets{};
+    for (std::int64_t c = 0; c < w.channels; ++c)
+      for (std::int64_t kh = 0; kh < w.kernel; ++kh)
+        for (std::int64_t kw = 0; kw < w.kernel; ++kw)
+          offsets[static_cast<std::size_t>((c * w.kernel + kh) * w.kernel + kw)] =
+              (c * kPaddedHeight + kh) * kPaddedWidth + kw;
+    return offsets;
+  }();
+
+  // out[m][OH*OW] = weights[m][C*k*k] (*) image (+ bias[m] when given). `padded` holds
+  // padded_size(w) elements with a zero border; `product` m * kProductLd.
+  template <class S>
+  static void run(std::int64_t m, const S* weights, const S* image, S* padded, S* product, S* out,
+                  const S* bias) {
+    const S* source = image;
+    if constexpr (w.padding > 0) {
+      pad_image<w>(image, padded);
+      source = padded;
+    }
+    tensor::gemm_nn_indirect(m, kColumns, kDepth, weights, kDepth, source, kRowOffsets.data(), product,
+                             kProductLd, false);
+    constexpr std::int64_t plane = w.out_height * w.out_width;
+    for (std::int64_t c = 0; c < m; ++c) {
+      const S shift = bias ? bias[c] : S(0);
+      for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
+        const S* src = product + c * kProductLd + oh * kPaddedWidth;
+        S* dst = out + c * plane + oh * w.out_width;
+        for (std::int64_t ow = 0; ow < w.out_width; ++ow) dst[ow] = src[ow] + shift;
+      }
+    }
+  }
+};
 
 // The adjoint of im2col: image += the columns folded back onto the pixels they were read from.
 template <Window w, class S>
@@ -155,6 +216,10 @@ class Conv2dLayer {
   static constexpr detail::Window kGradientWindow{kCout, kOutH, kOutW, kKernel, 1,
                                                   kKernel - 1 - std::min(kPadding, kKernel - 1), kH, kW};
   static constexpr std::int64_t kInHw = kH * kW;
+  using ForwardIndirect = detail::IndirectConvolution<kWindow>;
+  using GradientIndirect = detail::IndirectConvolution<kGradientWindow>;
+  static constexpr bool kIndirectForward = ForwardIndirect::kWorthIt;
+  static constexpr bool kIndirectGradient = kGradientAsConvolution && GradientIndirect::kWorthIt;
 
  public:
   using Input = In;
@@ -181,6 +246,16 @@ class Conv2dLayer {
     const S* bias = nullptr;
     if constexpr (HasBias) bias = detail::compute_view<T>(bias_.value.view(), bias_scratch_).data();
     prepare_workspaces(ctx.threads());
+    if constexpr (kIndirectForward) {
+      ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
+        Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
+        for (std::int64_t b = begin; b < end; ++b)
+          ForwardIndirect::run(kCout, w.data(), x.data() + b * kCin * kInHw, ws.padded.data(),
+                               ws.product.data(), y.data() + b * kCout * kHw, bias);
+      });
+      detail::store_result<T, S>(y, out);
+      return;
+    }
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
       for (std::int64_t first = begin; first < end; first += kGroup) {
@@ -250,7 +325,12 @@ class Conv2dLayer {
         tensor::gemm_nt_long_k(kCout, kK, ld, dy_group, ld, ws.col.data(), ld, ws.weight_grad.data(), kK,
                                true);
         if (want_input_grad) {
-          if constexpr (kGradientAsConvolution) {
+          if constexpr (kIndirectGradient) {
+            for (std::int64_t g = 0; g < count; ++g)
+              GradientIndirect::run(kCin, flipped_.data(), dy.data() + (first + g) * kCout * kHw,
+                                    ws.gradient_padded.data(), ws.gradient_product.data(),
+                                    dx.data() + (first + g) * kCin * kInHw, static_cast<const S*>(nullptr));
+          } else if constexpr (kGradientAsConvolution) {
             const std::int64_t ld_in = count * kInHw;
             for (std::int64_t g = 0; g < count; ++g)
               detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw, ws.gradient_col.data(),
@@ -323,11 +403,14 @@ class Conv2dLayer {
     workspaces_.resize(static_cast<std::size_t>(threads));
     for (Workspace& ws : workspaces_) {
       ws.col.resize({kK, kGroup * kHw});
-      ws.product.resize({kCout, kGroup * kHw});
+      ws.product.resize({kCout, std::max(kGroup * kHw, kIndirectForward ? ForwardIndirect::kProductLd : 0)});
       ws.weight_grad.resize({kCout, kK});
       ws.bias_grad.resize({kCout});
       ws.padded.resize({detail::padded_size(kWindow)});
-      if constexpr (kGradientAsConvolution) {
+      if constexpr (kIndirectGradient) {
+        ws.gradient_product.resize({kCin, GradientIndirect::kProductLd});
+        ws.gradient_padded.resize({detail::padded_size(kGradientWindow)});
+      } else if constexpr (kGradientAsConvolution) {
         ws.gradient_col.resize({kGradientK, kGroup * kInHw});
         ws.gradient_product.resize({kCin, kGroup * kInHw});
         ws.gradient_padded.resize({detail::padded_size(kGradientWindow)});

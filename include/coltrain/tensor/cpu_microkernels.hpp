@@ -4,9 +4,10 @@
 // packing the large one (the im2col matrix) costs about a quarter of the product; these kernels
 // read both in place.
 //
-//   gemm_nn_small_m  C[m x n] (=|+=) A[m x k] * B[k x n]     conv forward and input gradient
-//   gemm_tn_small_k  C[m x n] (=|+=) A[k x m]^T * B[k x n]   input gradient through col2im
-//   gemm_nt_long_k   C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient
+//   gemm_nn_small_m   C[m x n] (=|+=) A[m x k] * B[k x n]     conv forward and input gradient
+//   gemm_nn_indirect  the same, B's rows at given offsets    implicit im2col (stride 1)
+//   gemm_tn_small_k   C[m x n] (=|+=) A[k x m]^T * B[k x n]   input gradient through col2im
+//   gemm_nt_long_k    C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient
 //
 // Row-major with leading dimensions (as tensor::gemm); C must not overlap A or B. Rows that start
 // on 64-byte boundaries (the Tensor allocator's, with leading dimensions a multiple of 16) are much
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #if !defined(__CUDA_ARCH__) && (defined(__GNUC__) || defined(__clang__))
 #define COLTRAIN_MICROKERNELS 1
@@ -111,29 +113,60 @@ COLTRAIN_FORCE_INLINE void dispatch(int n, F&& f) {
 // --- NN and TN: C = op(A) * B, B read row by row -------------------------------------------------
 // A Rows x Vectors*kLanes tile of C stays in registers for the whole k loop. Each step loads one
 // row segment of B (contiguous) and broadcasts a column of Rows values of op(A): Rows*Vectors FMAs
-// for Vectors + Rows loads. B's rows are `ldb` apart, often 4 KiB (a new page each step, which the
-// hardware prefetchers do not follow), so the rows a few steps ahead are prefetched.
+// for Vectors + Rows loads.
+//
+// Where B's rows are is a policy. StridedRows: `ldb` apart, often 4 KiB (a new page each step,
+// which the hardware prefetchers do not follow), so the rows a few steps ahead are prefetched.
+// IndirectRows: row p starts at b + offsets[p], the implicit im2col of a stride-1 convolution,
+// whose rows are shifted windows of one zero-padded image (near each other; no prefetch needed).
 inline constexpr int kPrefetchRows = 4;
 
-template <int Rows, int Vectors, bool TransA, bool Prefetch>
+struct StridedRows {
+  const float* b;
+  std::int64_t ldb;
+  using Cursor = const float*;  // the row itself: one register for the loop
+  Cursor begin() const { return b; }
+  Cursor end(std::int64_t k) const { return b + k * ldb; }
+  void advance(Cursor& cursor) const { cursor += ldb; }
+  const float* row(Cursor cursor) const { return cursor; }
+  const float* row_at(std::int64_t p) const { return b + p * ldb; }
+  StridedRows shifted(std::int64_t columns) const { return {b + columns, ldb}; }
+  COLTRAIN_FORCE_INLINE void prefetch(Cursor cursor, std::int64_t offset) const {
+    __builtin_prefetch(cursor + kPrefetchRows * ldb + offset);
+  }
+};
+
+struct IndirectRows {
+  const float* b;
+  const std::int64_t* offsets;
+  using Cursor = const std::int64_t*;
+  Cursor begin() const { return offsets; }
+  Cursor end(std::int64_t k) const { return offsets + k; }
+  void advance(Cursor& cursor) const { ++cursor; }
+  const float* row(Cursor cursor) const { return b + *cursor; }
+  const float* row_at(std::int64_t p) const { return b + offsets[p]; }
+  IndirectRows shifted(std::int64_t columns) const { return {b + columns, offsets}; }
+  COLTRAIN_FORCE_INLINE void prefetch(Cursor, std::int64_t) const {}
+};
+
+template <int Rows, int Vectors, bool TransA, bool Prefetch, class BRows>
 COLTRAIN_FORCE_INLINE void nn_tile(std::int64_t k, const float* COLTRAIN_RESTRICT a,
-                                   std::int64_t lda, const float* COLTRAIN_RESTRICT b,
-                                   std::int64_t ldb, float* COLTRAIN_RESTRICT c, std::int64_t ldc,
-                                   bool accumulate) {
+                                   std::int64_t lda, BRows b, float* COLTRAIN_RESTRICT c,
+                                   std::int64_t ldc, bool accumulate) {
   // op(A)(i, p): row i of A, or column i of the stored A when transposed.
   const std::int64_t row_stride = TransA ? 1 : lda, depth_stride = TransA ? lda : 1;
   Vector acc[Rows][Vectors];
   unroll2<Rows, Vectors>([&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE { acc[i][v] = Vector{}; });
   const float* a_column = a;
-  // Counted by the row pointer: a separate step counter is one general register too many.
-  const float* const b_end = b + k * ldb;
-  for (const float* b_row = b; b_row != b_end; b_row += ldb, a_column += depth_stride) {
+  // Counted by the cursor: a separate step counter is one general register too many.
+  const typename BRows::Cursor b_end = b.end(k);
+  for (typename BRows::Cursor cursor = b.begin(); cursor != b_end;
+       b.advance(cursor), a_column += depth_stride) {
+    const float* COLTRAIN_RESTRICT b_row = b.row(cursor);
     Vector row[Vectors];
     unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE { row[v] = load(b_row + v * kLanes); });
     if constexpr (Prefetch)
-      unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE {
-        __builtin_prefetch(b_row + kPrefetchRows * ldb + v * kLanes);
-      });
+      unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE { b.prefetch(cursor, v * kLanes); });
     // Rows addressed from two bases, rows 0..3 and 4..7, so that the offsets are row_stride times
     // 0..3 (x86 scales 1 and 2, and one register): eight separate offsets do not fit in the general
     // registers next to the outer loops' and spilled to the stack, 10-15% slower.
@@ -155,9 +188,9 @@ COLTRAIN_FORCE_INLINE const float* a_block(const float* a, std::int64_t lda, std
   return TransA ? a + depth * lda + row : a + row * lda + depth;
 }
 
-template <bool TransA>
+template <bool TransA, class BRows>
 void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-             const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+             BRows b, float* c, std::int64_t ldc, bool accumulate) {
   constexpr std::int64_t kPanel = kNnVectors * kLanes;
   const EvenSplit row_tiles(m, kNnRows);
   const std::int64_t whole = n / kLanes * kLanes;  // columns in whole vectors
@@ -172,8 +205,8 @@ void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std
       const int vectors = static_cast<int>(std::min(kPanel, whole - j0) / kLanes);
       dispatch<kNnRows>(rows, [&]<int Rows>() COLTRAIN_MICROKERNEL_INLINE {
         dispatch<kNnVectors>(vectors, [&]<int Vectors>() COLTRAIN_MICROKERNEL_INLINE {
-          nn_tile<Rows, Vectors, TransA, true>(k, a_rows, lda, b + j0, ldb, c + i0 * ldc + j0, ldc,
-                                               accumulate);
+          nn_tile<Rows, Vectors, TransA, true>(k, a_rows, lda, b.shifted(j0), c + i0 * ldc + j0,
+                                               ldc, accumulate);
         });
       });
     }
@@ -189,15 +222,15 @@ void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std
     const std::int64_t depth = std::min(kTailDepth, k - p0);
     for (std::int64_t p = 0; p < depth; ++p) {
       std::fill_n(panel + p * kLanes, kLanes, 0.0f);
-      std::copy_n(b + (p0 + p) * ldb + whole, width, panel + p * kLanes);
+      std::copy_n(b.row_at(p0 + p) + whole, width, panel + p * kLanes);
     }
     const bool add = accumulate || p0 > 0;
     for (std::int64_t t = 0; t < row_tiles.parts; ++t) {
       const std::int64_t i0 = row_tiles.begin(t);
       const int rows = static_cast<int>(row_tiles.size(t));
       dispatch<kNnRows>(rows, [&]<int Rows>() COLTRAIN_MICROKERNEL_INLINE {
-        nn_tile<Rows, 1, TransA, false>(depth, a_block<TransA>(a, lda, i0, p0), lda, panel, kLanes,
-                                        scratch, kLanes, false);
+        nn_tile<Rows, 1, TransA, false>(depth, a_block<TransA>(a, lda, i0, p0), lda,
+                                        StridedRows{panel, kLanes}, scratch, kLanes, false);
       });
       for (int i = 0; i < rows; ++i) {
         float* out = c + (i0 + i) * ldc + whole;
@@ -360,6 +393,19 @@ void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, 
        ldc);
 }
 
+// C[m x n] (=|+=) A[m x k] * B[k x n] where row p of B starts at b + b_rows[p], that is
+// B(p, j) = b[b_rows[p] + j]: an indirect GEMM. A stride-1 convolution reads its im2col matrix this
+// way straight from the zero-padded image, without building it (see nn/conv2d.hpp).
+template <class S>
+void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                      const S* b, const std::int64_t* b_rows, S* c, std::int64_t ldc,
+                      bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  std::vector<S> gathered(static_cast<std::size_t>(k * n));
+  for (std::int64_t p = 0; p < k; ++p) std::copy_n(b + b_rows[p], n, gathered.data() + p * n);
+  gemm_nn_small_m<S>(m, n, k, a, lda, gathered.data(), n, c, ldc, accumulate);
+}
+
 // C[m x n] (=|+=) A[m x k] * B[k x n].
 inline void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                             std::int64_t lda, const float* b, std::int64_t ldb, float* c,
@@ -367,9 +413,23 @@ inline void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, cons
 #if COLTRAIN_MICROKERNELS
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, detail::microkernel::StridedRows{b, ldb}, c,
+                                      ldc, accumulate);
 #else
   gemm_nn_small_m<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+}
+
+inline void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                             std::int64_t lda, const float* b, const std::int64_t* b_rows, float* c,
+                             std::int64_t ldc, bool accumulate) {
+#if COLTRAIN_MICROKERNELS
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
+  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, detail::microkernel::IndirectRows{b, b_rows},
+                                      c, ldc, accumulate);
+#else
+  gemm_nn_indirect<float>(m, n, k, a, lda, b, b_rows, c, ldc, accumulate);
 #endif
 }
 
@@ -380,7 +440,8 @@ inline void gemm_tn_small_k(std::int64_t m, std::int64_t n, std::int64_t k, cons
 #if COLTRAIN_MICROKERNELS
   if (m <= 0 || n <= 0) return;
   if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nn<true>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  detail::microkernel::gemm_nn<true>(m, n, k, a, lda, detail::microkernel::StridedRows{b, ldb}, c,
+                                     ldc, accumulate);
 #else
   gemm_tn_small_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 #endif
