@@ -3,6 +3,7 @@
 // (coltrain/cuda/*.cuh) are included separately, by translation units that nvcc compiles.
 
 #include <coltrain/comm.hpp>
+#include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/denormals.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -11,7 +12,9 @@
 #include <coltrain/core/log.hpp>
 #include <coltrain/core/thread_pool.hpp>
 #include <coltrain/core/timer.hpp>
+#include <coltrain/data.hpp>
 #include <coltrain/models.hpp>
 #include <coltrain/nn.hpp>
 #include <coltrain/optim.hpp>
 #include <coltrain/tensor.hpp>
+#include <coltrain/train.hpp>

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../support/parity.hpp"
+#include "../support/file_size_limit.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -610,34 +611,6 @@ TEST_CASE("a path without a directory part is written in the working directory",
         std::vector<float>{3.0f});
 }
 
-namespace {
-
-// Limits the size of files this process may write (RLIMIT_FSIZE) until destroyed, and ignores
-// SIGXFSZ so that going past it is a failing write(), not a killed process. Works as root too,
-// unlike a read-only directory.
-class FileSizeLimit {
- public:
-  explicit FileSizeLimit(rlim_t bytes) {
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved_) == 0);
-    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit limited = saved_;
-    limited.rlim_cur = bytes;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limited) == 0);
-  }
-  FileSizeLimit(const FileSizeLimit&) = delete;
-  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
-  ~FileSizeLimit() {
-    ::setrlimit(RLIMIT_FSIZE, &saved_);
-    std::signal(SIGXFSZ, previous_handler_);
-  }
-
- private:
-  rlimit saved_{};
-  void (*previous_handler_)(int) = nullptr;
-};
-
-}  // namespace
-
 TEST_CASE("a failed write leaves the existing file intact and removes the temporary file",
           "[safetensors][write]") {
   TempDir dir;
@@ -652,7 +625,7 @@ TEST_CASE("a failed write leaves the existing file intact and removes the tempor
   big.add("big", {1 << 18}, std::vector<float>(1 << 18, 0.5f));  // 1 MB
   big.set_metadata("version", "new");
   {
-    const FileSizeLimit limit(64 * 1024);
+    const coltrain::testing::FileSizeLimit limit(64 * 1024);
     try {
       big.write(file);
       FAIL("write succeeded past the file size limit");

@@ -49,6 +49,8 @@ namespace detail {
 
 #if COLTRAIN_WITH_MPI
 // Initialises MPI when nobody has, and then finalises it when the last communicator using it goes.
+// SERIALIZED: train::DataParallel calls MPI from its communication thread while a step is in flight
+// and from the caller's thread otherwise, never from both at once.
 class MpiSession {
  public:
   MpiSession() {
@@ -56,7 +58,7 @@ class MpiSession {
     COLTRAIN_CHECK_MPI(MPI_Initialized(&initialized));
     if (!initialized) {
       int provided = 0;
-      COLTRAIN_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      COLTRAIN_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
       owns_mpi_ = true;
     }
   }

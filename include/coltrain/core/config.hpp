@@ -71,6 +71,15 @@
 #endif
 #endif
 
+// zlib reads the gzip-compressed datasets (MNIST's official files, the shipped subset).
+#ifndef COLTRAIN_WITH_ZLIB
+#if __has_include(<zlib.h>)
+#define COLTRAIN_WITH_ZLIB 1
+#else
+#define COLTRAIN_WITH_ZLIB 0
+#endif
+#endif
+
 #if COLTRAIN_WITH_NCCL && !COLTRAIN_WITH_CUDA
 #error "COLTRAIN_WITH_NCCL=1 needs COLTRAIN_WITH_CUDA=1: NCCL works on device buffers"
 #endif
@@ -86,6 +95,7 @@ struct BuildConfig {
   static constexpr bool kWithCuda = COLTRAIN_WITH_CUDA != 0;
   static constexpr bool kWithNccl = COLTRAIN_WITH_NCCL != 0;
   static constexpr bool kWithCudnn = COLTRAIN_WITH_CUDNN != 0;
+  static constexpr bool kWithZlib = COLTRAIN_WITH_ZLIB != 0;
   static constexpr const char* kVersion = COLTRAIN_VERSION_STRING;
 };
 

@@ -1,12 +1,15 @@
 #pragma once
 // What a layer needs besides its tensors: the threads to run on, whether it is training (BatchNorm
-// and Dropout behave differently), and a seed and step counter for reproducible random masks.
+// and Dropout behave differently), a seed and step counter for reproducible random masks, and the
+// hook through which containers report gradients that a backward pass has finished.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/thread_pool.hpp>
 #include <coltrain/tensor/device.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 namespace coltrain::nn {
 
@@ -33,11 +36,20 @@ class Context<tensor::Cpu> {
   std::uint64_t step() const { return step_; }
   void set_step(std::uint64_t step) { step_ = step; }
 
+  // Called once per parameter and backward pass, on the thread running backward(), as soon as the
+  // parameter's gradient is final, with the address of its Parameter<T, Device> (the protocol is in
+  // nn/layer.hpp). Data-parallel training starts reducing gradients from here while the backward
+  // pass goes on. Unset by default: containers then skip reporting after one test per child.
+  using GradientReadyHook = std::function<void(const void* parameter)>;
+  const GradientReadyHook& gradient_ready_hook() const { return gradient_ready_hook_; }
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_hook_ = std::move(hook); }
+
  private:
   ThreadPool pool_;
   Mode mode_ = Mode::kTrain;
   std::uint64_t seed_ = 0;
   std::uint64_t step_ = 0;
+  GradientReadyHook gradient_ready_hook_;
 };
 
 namespace detail {

@@ -18,6 +18,16 @@
 // Tensors carry the batch as their first axis. backward() adds to the parameter gradients and
 // writes grad_in unless grad_in is empty (the first layer's input needs no gradient). A shape that
 // does not fit is a static_assert in the bound layer, with a message that names the layer.
+//
+// Gradient-ready reports. When the context has a gradient-ready hook (Context::gradient_ready_hook,
+// which data-parallel training sets), every parameter is reported to it exactly once per backward
+// pass, as soon as its gradient is final: a container (Sequential, Residual) reports each child's
+// parameters right after that child's backward(), in the child's visit_parameters order. A child
+// that is itself a container reports its own parameters and declares
+//   static constexpr bool kReportsGradients = true;
+// so that the container around it does not report them again. Leaf layers do nothing. A new layer
+// that holds containers must declare kReportsGradients and report its other parameters itself, or
+// the containers' parameters would be reported twice.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/tensor/shape.hpp>
@@ -79,6 +89,15 @@ constexpr std::size_t forward_macs() {
     return Layer::kForwardMacs;
   else
     return 0;
+}
+
+// Whether a bound layer reports its own parameters' gradients (a container; see the protocol).
+template <class Layer>
+constexpr bool reports_gradients() {
+  if constexpr (requires { Layer::kReportsGradients; })
+    return Layer::kReportsGradients;
+  else
+    return false;
 }
 
 template <class Spec, class In, class T, class Device>

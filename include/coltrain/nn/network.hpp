@@ -67,7 +67,9 @@ class Network {
     return output_.view();
   }
 
-  // Back-propagates d(loss)/d(output) of the last forward(); parameter gradients accumulate.
+  // Back-propagates d(loss)/d(output) of the last forward(); parameter gradients accumulate. Each
+  // parameter is reported to context().gradient_ready_hook(), when set, as soon as its gradient is
+  // final: layer by layer, last layer first (see the protocol in nn/layer.hpp).
   void backward(tensor::TensorView<const T, Device> grad_output) {
     check_shape(grad_output.shape(), output_.shape(), "output gradient");
     const FlushDenormalsScope flush;

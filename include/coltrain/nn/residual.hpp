@@ -7,6 +7,7 @@
 // under "shortcut." ("shortcut.0.weight").
 
 #include <coltrain/core/config.hpp>
+#include <coltrain/nn/activation.hpp>
 #include <coltrain/nn/batch_norm.hpp>
 #include <coltrain/nn/context.hpp>
 #include <coltrain/nn/conv2d.hpp>
@@ -33,6 +34,9 @@ template <class BodySpec, class ShortcutSpec, class AfterSpec, class In, class T
 class ResidualLayer {
   static constexpr bool kIdentity = std::is_same_v<ShortcutSpec, IdentityShortcut>;
   static constexpr bool kActivation = !std::is_same_v<AfterSpec, NoActivation>;
+  // ReLU after the sum is applied in the same pass as the addition; its backward needs only the
+  // block's output, so the sum is never stored.
+  static constexpr bool kFusedRelu = std::is_same_v<AfterSpec, ReLU>;
   using BodyLayer = bind_t<BodySpec, In, T, Device>;
   using Out = typename BodyLayer::Output;
   static_assert(!kIdentity || std::is_same_v<In, Out>,
@@ -67,6 +71,7 @@ class ResidualLayer {
   static constexpr std::size_t kParameterCount =
       BodyLayer::kParameterCount + ShortcutLayer::kParameterCount;
   static constexpr std::size_t kForwardMacs = forward_macs<BodyLayer>() + forward_macs<ShortcutLayer>();
+  static constexpr bool kReportsGradients = true;
 
   void initialize(Rng& rng) {
     body_.initialize(rng);
@@ -85,13 +90,15 @@ class ResidualLayer {
       shortcut_.forward(in, shortcut_out_.view(), ctx);
       added = shortcut_out_.data();
     }
-    T* sum = out.data();
-    if constexpr (kActivation) {
+    if constexpr (kFusedRelu) {
+      add<true>(ctx, body_out_.data(), added, out.data(), body_out_.numel());
+    } else if constexpr (kActivation) {
       sum_.resize(shape);
-      sum = sum_.data();
+      add(ctx, body_out_.data(), added, sum_.data(), body_out_.numel());
+      after_.forward(sum_.view(), out, ctx);
+    } else {
+      add(ctx, body_out_.data(), added, out.data(), body_out_.numel());
     }
-    add(ctx, body_out_.data(), added, sum, body_out_.numel());
-    if constexpr (kActivation) after_.forward(sum_.view(), out, ctx);
   }
 
   void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device> out,
@@ -100,23 +107,27 @@ class ResidualLayer {
     tensor::TensorView<const T, Device> grad_sum = grad_out;
     if constexpr (kActivation) {
       grad_sum_.resize(grad_out.shape());
-      after_.backward(sum_.view(), out, grad_out, grad_sum_.view(), ctx);
+      after_.backward(kFusedRelu ? out : sum_.view(), out, grad_out, grad_sum_.view(), ctx);
       grad_sum = grad_sum_.view();
     }
     const bool want_input_grad = !grad_in.empty();
-    // The body writes grad_in; the shortcut's share is added to it.
-    body_.backward(in, body_out_.view(), grad_sum, grad_in, ctx);
-    if constexpr (kIdentity) {
-      if (want_input_grad) add(ctx, grad_in.data(), grad_sum.data(), grad_in.data(), grad_in.numel());
-    } else {
+    // The shortcut goes first: its parameters come last in state_dict order, so layers finish
+    // their gradients in reverse state_dict order, the order in which data-parallel buckets fill.
+    // The body then writes grad_in, and the shortcut's share is added to it.
+    if constexpr (!kIdentity) {
       tensor::TensorView<T, Device> shortcut_grad;
       if (want_input_grad) {
         grad_shortcut_in_.resize(in.shape());
         shortcut_grad = grad_shortcut_in_.view();
       }
       shortcut_.backward(in, shortcut_out_.view(), grad_sum, shortcut_grad, ctx);
-      if (want_input_grad)
-        add(ctx, grad_in.data(), grad_shortcut_in_.data(), grad_in.data(), grad_in.numel());
+      shortcut_report_(shortcut_, ctx);
+    }
+    body_.backward(in, body_out_.view(), grad_sum, grad_in, ctx);
+    body_report_(body_, ctx);
+    if (want_input_grad) {
+      const T* shortcut_share = kIdentity ? grad_sum.data() : grad_shortcut_in_.data();
+      add(ctx, grad_in.data(), shortcut_share, grad_in.data(), grad_in.numel());
     }
   }
 
@@ -132,17 +143,23 @@ class ResidualLayer {
   }
 
  private:
+  // out = a + b, or relu(a + b) (NaN passes, as torch.relu).
+  template <bool Relu = false>
   static void add(Context<Device>& ctx, const T* a, const T* b, T* out, std::int64_t n) {
     using S = compute_t<T>;
     detail::parallel_range(ctx, n, n, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i)
-        out[i] = detail::to_storage_value<T>(detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]));
+      for (std::int64_t i = begin; i < end; ++i) {
+        const S sum = detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]);
+        out[i] = detail::to_storage_value<T>(Relu && sum < S(0) ? S(0) : sum);
+      }
     });
   }
 
   BodyLayer body_;
   [[no_unique_address]] std::conditional_t<kIdentity, NoLayer, ShortcutLayer> shortcut_;
   [[no_unique_address]] std::conditional_t<kActivation, AfterLayer, NoLayer> after_;
+  [[no_unique_address]] detail::GradientReport<BodyLayer> body_report_;
+  [[no_unique_address]] detail::GradientReport<ShortcutLayer> shortcut_report_;
   tensor::Tensor<T, Device> body_out_, shortcut_out_, sum_, grad_sum_, grad_shortcut_in_;
 };
 

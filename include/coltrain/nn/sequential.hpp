@@ -3,6 +3,8 @@
 // A network's top level starts with Input<...>; a nested Sequential (a block, a stage) takes its
 // input shape from where it is used. Repeat<N, Block> entries are spliced in place. Children are named
 // by position, or by Named<"...">, exactly as torch.nn.Sequential and module attributes name them.
+// After each child's backward pass, its parameters are reported to the context's gradient-ready
+// hook (the protocol is in nn/layer.hpp).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/context.hpp>
@@ -16,10 +18,40 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace coltrain::nn {
 
 namespace detail {
+
+// Reports the parameters of one child of a container to the context's gradient-ready hook, unless
+// the child reports its own or has none (then this is an empty type). The addresses are collected
+// on first use, because visit_parameters builds names: a step costs one hook call per parameter.
+template <class Layer, bool = (Layer::kParameterCount > 0 && !reports_gradients<Layer>())>
+class GradientReport {
+ public:
+  template <class Device>
+  void operator()(Layer&, Context<Device>&) {}
+};
+
+template <class Layer>
+class GradientReport<Layer, true> {
+ public:
+  template <class Device>
+  void operator()(Layer& layer, Context<Device>& ctx) {
+    const auto& hook = ctx.gradient_ready_hook();
+    if (!hook) return;
+    if (parameters_.empty()) {
+      layer.visit_parameters(
+          [this](const std::string&, const auto& parameter) { parameters_.push_back(&parameter); },
+          "");
+    }
+    for (const void* parameter : parameters_) hook(parameter);
+  }
+
+ private:
+  std::vector<const void*> parameters_;
+};
 
 template <class... Ts>
 struct TypeList {};
@@ -99,6 +131,7 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
   using Output = typename LayerAt<kCount - 1>::Output;
   static constexpr std::size_t kParameterCount = (std::size_t{0} + ... + Layers::kParameterCount);
   static constexpr std::size_t kForwardMacs = (std::size_t{0} + ... + forward_macs<Layers>());
+  static constexpr bool kReportsGradients = true;
 
   void initialize(Rng& rng) {
     std::apply([&](auto&... layer) { (layer.initialize(rng), ...); }, layers_);
@@ -136,6 +169,7 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
       else
         layer_out = activations_[I].view();
       std::get<I>(layers_).backward(input_of<I>(in), layer_out, layer_grad_out, layer_grad_in, ctx);
+      std::get<I>(reports_)(std::get<I>(layers_), ctx);
     });
   }
 
@@ -188,6 +222,7 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
   }
 
   LayerTuple layers_;
+  [[no_unique_address]] std::tuple<GradientReport<Layers>...> reports_;
   // The output of every layer but the last (which writes to the caller's tensor), and its gradient.
   std::array<tensor::Tensor<T, Device>, kCount> activations_;
   std::array<tensor::Tensor<T, Device>, kCount> gradients_;

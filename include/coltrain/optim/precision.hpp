@@ -195,6 +195,16 @@ class PrecisionOptimizer {
 
   std::size_t size() const { return params_.size(); }
 
+  // The state_dict name of parameter `index`, as the optimizer's state is keyed.
+  const std::string& parameter_name(std::size_t index) const { return params_.at(index).name; }
+
+  // For loading a checkpoint: creates the optimizer's state for these parameters (zeros, the state
+  // a first step starts from), for optimizer().for_each_state (and for_each_step) to fill.
+  void allocate_optimizer_state() requires requires(Optimizer& o, std::span<const ParamRef> p) {
+    o.allocate_state(p);
+  }
+  { optimizer_.allocate_state(std::span<const ParamRef>(refs_)); }
+
   // The fp32 master copy of parameter `index`. After writing into it (a checkpoint), call
   // round_masters_into_model().
   std::span<const float> master_weights(

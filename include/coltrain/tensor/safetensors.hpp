@@ -8,6 +8,7 @@
 // in which file and, where it helps, at which byte offset. The writer replaces files atomically, so
 // an interrupted checkpoint never leaves a half-written file under the real name.
 
+#include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
@@ -17,7 +18,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstddef>
@@ -165,16 +165,7 @@ class SafetensorsFd {
   explicit SafetensorsFd(int fd) : fd_(fd) {}
   SafetensorsFd(const SafetensorsFd&) = delete;
   SafetensorsFd& operator=(const SafetensorsFd&) = delete;
-  ~SafetensorsFd() { close(); }
-
-  int get() const { return fd_; }
-  // Returns close()'s errno, or 0: a failed close can mean lost writes on network filesystems.
-  int close() {
-    if (fd_ < 0) return 0;
-    const int result = ::close(fd_);
-    fd_ = -1;
-    return result == 0 ? 0 : errno;
-  }
+  ~SafetensorsFd() { ::close(fd_); }
 
  private:
   int fd_;
@@ -563,57 +554,18 @@ class SafetensorsWriter {
     metadata_.insert_or_assign(std::move(key), std::move(value));
   }
 
-  // Writes a temporary file next to `file`, flushes it to disk and renames it over `file`, so that
-  // readers and crashes see either the old file or the complete new one. On failure `file` is
-  // untouched and the temporary file removed.
+  // Replaces `file` atomically (core/atomic_file.hpp): readers and crashes see either the old file
+  // or the complete new one. On failure `file` is untouched and the temporary file removed.
   void write(const std::filesystem::path& file) const {
     const std::string header = header_json();
     const std::uint64_t header_bytes = header.size();
-
-    const std::filesystem::path directory =
-        file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
-    std::pair<int, std::filesystem::path> created = create_temporary(file, directory);
-    const int fd = created.first;
-    detail::SafetensorsFd guard(fd);
-    TemporaryFile cleanup{std::move(created.second)};
-    // Names the temporary file too: its directory may be where the problem lies.
-    auto fail = [&](const std::string& what, int error) {
-      ErrorContext c;
-      c.operation = "write safetensors";
-      c.file = file.string();
-      throw IoError("cannot " + what + " temporary file " + cleanup.path.string() + ": " +
-                        detail::errno_text(error),
-                    c);
-    };
-
     std::byte length[8];
     std::memcpy(length, &header_bytes, 8);
-    auto write_all = [&](const void* bytes, std::size_t size) {
-      const auto* next = static_cast<const std::byte*>(bytes);
-      while (size > 0) {
-        const ssize_t wrote = ::write(fd, next, size);
-        if (wrote < 0 && errno == EINTR) continue;
-        if (wrote < 0) fail("write the", errno);
-        next += wrote;
-        size -= static_cast<std::size_t>(wrote);
-      }
-    };
-    write_all(length, sizeof length);
-    write_all(header.data(), header.size());
-    for (const std::size_t i : data_order()) {
-      write_all(tensors_[i].data.data(), tensors_[i].data.size());
-    }
-    if (::fsync(fd) != 0) fail("flush the", errno);
-    if (const int error = guard.close(); error != 0) fail("close the", error);
-    if (::rename(cleanup.path.c_str(), file.c_str()) != 0) fail("rename into place the", errno);
-    cleanup.committed = true;
-    // Makes the rename itself durable. Some filesystems cannot sync a directory; the file is in
-    // place either way, so a failure here is not reported.
-    if (const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        dir_fd >= 0) {
-      static_cast<void>(::fsync(dir_fd));
-      ::close(dir_fd);
-    }
+    AtomicFileWriter out(file, "write safetensors");
+    out.write(length);
+    out.write(header);
+    for (const std::size_t i : data_order()) out.write(tensors_[i].data);
+    out.commit();
   }
 
  private:
@@ -622,15 +574,6 @@ class SafetensorsWriter {
     DataType dtype;
     std::vector<std::int64_t> shape;
     std::vector<std::byte> data;
-  };
-
-  // Removes the temporary file unless it was renamed into place.
-  struct TemporaryFile {
-    std::filesystem::path path;
-    bool committed = false;
-    ~TemporaryFile() {
-      if (!committed) ::unlink(path.c_str());
-    }
   };
 
   static bool is_valid_utf8(const std::string& text) {
@@ -669,30 +612,6 @@ class SafetensorsWriter {
     // Spaces are JSON whitespace; padding to 8 keeps the data section 8-byte aligned.
     text.append((8 - text.size() % 8) % 8, ' ');
     return text;
-  }
-
-  static std::pair<int, std::filesystem::path> create_temporary(
-      const std::filesystem::path& file, const std::filesystem::path& directory) {
-    static std::atomic<unsigned> counter{0};
-    // A bounded prefix of the name, so that a long file name does not make the temporary one
-    // exceed the filesystem's limit; pid and counter make it unique.
-    const std::string stem = file.filename().string().substr(0, 160);
-    int error = 0;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      const std::filesystem::path temp =
-          directory / ("." + stem + ".tmp." + std::to_string(::getpid()) + "." +
-                       std::to_string(counter.fetch_add(1)));
-      const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd >= 0) return {fd, temp};
-      error = errno;
-      if (error != EEXIST) break;
-    }
-    ErrorContext c;
-    c.operation = "write safetensors";
-    c.file = file.string();
-    throw IoError("cannot create a temporary file in '" + directory.string() +
-                      "': " + detail::errno_text(error),
-                  c);
   }
 
   std::vector<Pending> tensors_;

@@ -1,0 +1,90 @@
+#pragma once
+// DistributedSampler: which samples each rank takes in an epoch, with the semantics of PyTorch's
+// torch.utils.data.DistributedSampler, so that a coltrain run and a PyTorch run split a dataset the
+// same way:
+//
+//   num_samples = ceil(N / R), or floor(N / R) with drop_last (PyTorch's ceil((N - R) / R) when
+//                 N % R != 0); total = num_samples * R
+//   indices     = 0..N-1, shuffled if `shuffle`; without drop_last padded by repeating the list
+//                 from its start up to `total`, with drop_last cut to `total`
+//   rank r      takes indices[r], indices[r + R], indices[r + 2R], ...
+//
+// The shuffle is a deterministic function of (seed, epoch) through coltrain's own generator
+// (SplitMix64 + Fisher-Yates), so the same on every rank and every run; it is not PyTorch's
+// randperm, whose permutations come from torch's Mersenne Twister and cannot be reproduced here.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/data/random.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace coltrain::data {
+
+struct DistributedSamplerOptions {
+  int num_replicas = 1;  // ranks sharing the dataset (the world size)
+  int rank = 0;          // this rank, in [0, num_replicas)
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // must be the same on every rank
+  bool drop_last = false;  // drop the tail instead of padding it with repeated samples
+};
+
+class DistributedSampler {
+ public:
+  DistributedSampler(std::int64_t dataset_size, DistributedSamplerOptions options = {})
+      : dataset_size_(dataset_size), options_(options) {
+    auto invalid = [&](const std::string& message) {
+      ErrorContext c;
+      c.operation = "DistributedSampler";
+      c.rank = options_.rank;
+      throw InvalidArgument(message, c);
+    };
+    if (dataset_size < 0) invalid("dataset size " + std::to_string(dataset_size) + " is negative");
+    if (options_.num_replicas < 1) {
+      invalid("num_replicas is " + std::to_string(options_.num_replicas) + ", expected at least 1");
+    }
+    if (options_.rank < 0 || options_.rank >= options_.num_replicas) {
+      invalid("rank " + std::to_string(options_.rank) +
+              " is outside [0, num_replicas = " + std::to_string(options_.num_replicas) + ")");
+    }
+    const std::int64_t replicas = options_.num_replicas;
+    num_samples_ =
+        options_.drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+  }
+
+  // Selects the epoch's shuffle; call it at the start of every epoch, as with PyTorch.
+  void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
+  std::uint64_t epoch() const { return epoch_; }
+
+  // Samples per rank and epoch (PyTorch's len(sampler)).
+  std::int64_t num_samples() const { return num_samples_; }
+  // Samples over all ranks: num_samples() * num_replicas.
+  std::int64_t total_size() const { return num_samples_ * options_.num_replicas; }
+  std::int64_t dataset_size() const { return dataset_size_; }
+  const DistributedSamplerOptions& options() const { return options_; }
+
+  // This rank's dataset indices for the current epoch, in order.
+  std::vector<std::int64_t> indices() const {
+    std::vector<std::int64_t> all(static_cast<std::size_t>(dataset_size_));
+    std::iota(all.begin(), all.end(), std::int64_t{0});
+    if (options_.shuffle) SplitMix64::keyed(options_.seed, epoch_).shuffle(std::span(all));
+    std::vector<std::int64_t> mine;
+    mine.reserve(static_cast<std::size_t>(num_samples_));
+    const auto size = static_cast<std::int64_t>(all.size());
+    for (std::int64_t i = options_.rank; i < total_size(); i += options_.num_replicas)
+      mine.push_back(all[static_cast<std::size_t>(i % size)]);  // i >= size: padding from the start
+    return mine;
+  }
+
+ private:
+  std::int64_t dataset_size_;
+  DistributedSamplerOptions options_;
+  std::int64_t num_samples_ = 0;
+  std::uint64_t epoch_ = 0;
+};
+
+}  // namespace coltrain::data

@@ -1,0 +1,11 @@
+#pragma once
+// coltrain's training loop and what surrounds it: data-parallel gradient synchronisation, the
+// trainer, metrics, the phase profile, run records and checkpoints.
+
+#include <coltrain/train/checkpoint.hpp>
+#include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/metrics.hpp>
+#include <coltrain/train/phase_tracker.hpp>
+#include <coltrain/train/run_log.hpp>
+#include <coltrain/train/state_dict.hpp>
+#include <coltrain/train/trainer.hpp>

@@ -1,0 +1,672 @@
+#pragma once
+// Checkpoints of a training run: a network and its PrecisionOptimizer (SGD, Adam or AdamW under
+// fp32, fp16 or bf16), enough to resume bit for bit. Each checkpoint is three files in one
+// directory, numbered by a sequence that grows with every save:
+//
+//   checkpoint-000007.model.safetensors      the network's state_dict (train/state_dict.hpp):
+//                                            PyTorch names and dtypes, loads with strict=True
+//   checkpoint-000007.optimizer.safetensors  optimizer tensors under PyTorch's state names
+//                                            (<param>.momentum_buffer, .exp_avg, .exp_avg_sq) and,
+//                                            with master weights, <param>.master_weight (fp32)
+//   checkpoint-000007.json                   the sidecar: format version, epoch, global step, the
+//                                            optimizer's type, hyperparameters and step counts, the
+//                                            loss scaler, the RNG state (network seed and context
+//                                            step), the model's name and parameter count, the two
+//                                            files' names and sizes, and the trainer's extra data
+//
+// Crash safety: every file is written to a temporary name, flushed, renamed into place and its
+// directory flushed; the sidecar is written last and is the commit record. A checkpoint counts
+// only once its sidecar exists and names files of the recorded sizes, so a crash at any point
+// leaves the previous checkpoint the newest complete one. The next save removes what an
+// interrupted one left (temporary files, data files without a sidecar) and then, once its own
+// sidecar is in place, all but the newest `keep` checkpoints (sidecar first, so that a crash while
+// pruning leaves no sidecar without its files). One process writes a directory at a time (rank 0).
+//
+// Resuming: the network is constructed with the same seed (its dropout masks derive from it), the
+// optimizer from the network's parameters as for training, then load_checkpoint() restores weights,
+// buffers, optimizer state, fp32 masters, loss scale and the context's step, and returns the epoch
+// and global step to continue from. Data order and learning-rate schedules are functions of the
+// (seed, epoch) and the step, so nothing else is needed.
+
+#include <coltrain/core/atomic_file.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/optim/adam.hpp>
+#include <coltrain/optim/loss_scaler.hpp>
+#include <coltrain/optim/precision.hpp>
+#include <coltrain/optim/sgd.hpp>
+#include <coltrain/tensor/safetensors.hpp>
+#include <coltrain/train/state_dict.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace coltrain::train {
+
+// The sidecar's format_version; a reader refuses newer ones.
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointOptions {
+  // The model's name ("resnet20"), recorded; on load, a different recorded name is an error when
+  // both are set.
+  std::string model_name{};
+  // Complete checkpoints kept in the directory after a save (>= 1).
+  int keep = 2;
+  // On load: the optimizer's and loss scaler's settings must equal the recorded ones (a changed
+  // momentum or beta would silently change the resumed run).
+  bool check_hyperparameters = true;
+  // Called after each file is in place (model, optimizer, sidecar), for progress messages.
+  std::function<void(const std::filesystem::path&)> on_file_written{};
+};
+
+// Where the run stands; saved with the checkpoint and returned by load_checkpoint.
+struct TrainingState {
+  std::int64_t epoch = 0;        // epochs completed
+  std::int64_t global_step = 0;  // training steps taken (skipped fp16 steps included)
+  nlohmann::json extra = nlohmann::json::object();  // the trainer's own (best accuracy, time...)
+};
+
+// The files of one checkpoint.
+struct CheckpointFiles {
+  std::int64_t sequence = 0;
+  std::filesystem::path sidecar{}, model{}, optimizer{};
+};
+
+namespace detail {
+
+inline constexpr std::string_view kCheckpointPrefix = "checkpoint-";
+inline constexpr std::string_view kSidecarSuffix = ".json";
+inline constexpr std::string_view kModelSuffix = ".model.safetensors";
+inline constexpr std::string_view kOptimizerSuffix = ".optimizer.safetensors";
+inline constexpr std::string_view kCheckpointFormat = "coltrain.checkpoint";
+inline constexpr std::string_view kMasterSuffix = "master_weight";
+
+inline CheckpointFiles checkpoint_files(const std::filesystem::path& dir, std::int64_t sequence) {
+  char digits[32];
+  std::snprintf(digits, sizeof digits, "%06lld", static_cast<long long>(sequence));
+  const std::string stem = std::string(kCheckpointPrefix) + digits;
+  return {sequence, dir / (stem + std::string(kSidecarSuffix)),
+          dir / (stem + std::string(kModelSuffix)), dir / (stem + std::string(kOptimizerSuffix))};
+}
+
+// The sequence number and kind of a checkpoint file name, or nullopt for any other name.
+struct CheckpointName {
+  std::int64_t sequence;
+  bool sidecar;
+};
+
+inline std::optional<CheckpointName> parse_checkpoint_name(std::string_view name) {
+  if (!name.starts_with(kCheckpointPrefix)) return std::nullopt;
+  name.remove_prefix(kCheckpointPrefix.size());
+  const std::size_t digits = name.find_first_not_of("0123456789");
+  if (digits == 0 || digits == std::string_view::npos) return std::nullopt;
+  std::int64_t sequence = 0;
+  const auto parsed = std::from_chars(name.data(), name.data() + digits, sequence);
+  if (parsed.ec != std::errc()) return std::nullopt;
+  const std::string_view suffix = name.substr(digits);
+  if (suffix == kSidecarSuffix) return CheckpointName{sequence, true};
+  if (suffix == kModelSuffix || suffix == kOptimizerSuffix) return CheckpointName{sequence, false};
+  return std::nullopt;
+}
+
+struct DirectoryScan {
+  std::map<std::int64_t, bool> sequences;  // sequence -> has a sidecar
+  std::vector<std::filesystem::path> temporaries;
+  std::vector<std::filesystem::path> data_files;
+};
+
+inline DirectoryScan scan_checkpoints(const std::filesystem::path& dir) {
+  DirectoryScan scan;
+  std::error_code error;
+  std::filesystem::directory_iterator it(dir, error);
+  if (error)
+    coltrain::detail::fail_io("list checkpoints", dir,
+                              "cannot list the directory: " + error.message());
+  for (const std::filesystem::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (is_atomic_write_temporary(name, kCheckpointPrefix)) {
+      scan.temporaries.push_back(entry.path());
+      continue;
+    }
+    const std::optional<CheckpointName> parsed = parse_checkpoint_name(name);
+    if (!parsed) continue;
+    bool& has_sidecar = scan.sequences[parsed->sequence];
+    has_sidecar = has_sidecar || parsed->sidecar;
+    if (!parsed->sidecar) scan.data_files.push_back(entry.path());
+  }
+  return scan;
+}
+
+[[noreturn]] inline void fail_checkpoint(const std::filesystem::path& file,
+                                         const std::string& message) {
+  coltrain::detail::fail_io("load checkpoint", file, message);
+}
+
+[[noreturn]] inline void mismatch(const std::filesystem::path& file, const std::string& message) {
+  ErrorContext context;
+  context.operation = "load checkpoint";
+  context.file = file.string();
+  throw InvalidArgument(message, context);
+}
+
+inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail_checkpoint(file, "cannot open the checkpoint's sidecar");
+  std::ostringstream text;
+  text << in.rdbuf();
+  nlohmann::json sidecar;
+  try {
+    sidecar = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()));
+  }
+  if (!sidecar.is_object() || !sidecar.contains("format") || !sidecar["format"].is_string() ||
+      sidecar["format"].get<std::string>() != kCheckpointFormat) {
+    fail_checkpoint(file, "not a coltrain checkpoint sidecar (\"format\" is not \"" +
+                              std::string(kCheckpointFormat) + "\")");
+  }
+  const nlohmann::json& version = sidecar["format_version"];
+  if (!version.is_number_integer()) fail_checkpoint(file, "the sidecar has no format_version");
+  if (version.get<int>() > kCheckpointFormatVersion) {
+    fail_checkpoint(file, "format version " + version.dump() +
+                              " was written by a newer coltrain; this one reads version " +
+                              std::to_string(kCheckpointFormatVersion));
+  }
+  return sidecar;
+}
+
+// The sidecar's field at a JSON pointer, of the kind `check` accepts; IoError naming it otherwise.
+template <class Check>
+const nlohmann::json& field(const nlohmann::json& sidecar, const std::filesystem::path& file,
+                            const std::string& pointer, Check&& check, const char* kind) {
+  const nlohmann::json::json_pointer at(pointer);
+  if (!sidecar.contains(at) || !check(sidecar.at(at))) {
+    fail_checkpoint(file, "the sidecar's " + pointer + " is missing or not " + kind);
+  }
+  return sidecar.at(at);
+}
+
+inline std::int64_t integer_field(const nlohmann::json& sidecar, const std::filesystem::path& file,
+                                  const std::string& pointer) {
+  return field(
+             sidecar, file, pointer, [](const nlohmann::json& v) { return v.is_number_integer(); },
+             "an integer")
+      .get<std::int64_t>();
+}
+
+// The data files a sidecar names, checked to exist with the recorded sizes (a mismatch means
+// they were replaced or cut short after the commit).
+inline CheckpointFiles sidecar_files(const nlohmann::json& sidecar,
+                                     const std::filesystem::path& file) {
+  CheckpointFiles files;
+  files.sidecar = file;
+  files.sequence = integer_field(sidecar, file, "/sequence");
+  const std::filesystem::path dir = coltrain::detail::directory_of(file);
+  for (const char* key : {"model", "optimizer"}) {
+    const std::string base = std::string("/files/") + key;
+    const auto name = field(
+                          sidecar, file, base + "/name",
+                          [](const nlohmann::json& v) { return v.is_string(); }, "a string")
+                          .get<std::string>();
+    const std::int64_t bytes = integer_field(sidecar, file, base + "/bytes");
+    if (name.empty() || std::filesystem::path(name).filename() != name) {
+      fail_checkpoint(file, "the sidecar's " + base + "/name '" + name + "' is not a file name");
+    }
+    const std::filesystem::path path = dir / name;
+    std::error_code error;
+    const std::uintmax_t size = std::filesystem::file_size(path, error);
+    if (error)
+      fail_checkpoint(file, "its " + std::string(key) + " file " + path.string() +
+                                " cannot be read: " + error.message());
+    if (size != static_cast<std::uintmax_t>(bytes)) {
+      fail_checkpoint(file, "its " + std::string(key) + " file " + path.string() + " has " +
+                                std::to_string(size) + " bytes, the sidecar records " +
+                                std::to_string(bytes));
+    }
+    (std::string_view(key) == "model" ? files.model : files.optimizer) = path;
+  }
+  return files;
+}
+
+inline std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// What a checkpoint records about each optimizer: its PyTorch class name, hyperparameters, and the
+// suffixes of the state it keeps per parameter.
+template <class Optimizer>
+struct OptimizerRecord {
+  static_assert(sizeof(Optimizer) == 0,
+                "coltrain::train checkpoints know optim::Sgd, optim::Adam and optim::AdamW");
+};
+
+template <>
+struct OptimizerRecord<optim::Sgd> {
+  static constexpr std::string_view kType = "SGD";
+  static nlohmann::ordered_json hyperparameters(const optim::Sgd& sgd) {
+    const optim::Sgd::Options& o = sgd.options();
+    return {{"lr", o.lr},
+            {"momentum", o.momentum},
+            {"dampening", o.dampening},
+            {"weight_decay", o.weight_decay},
+            {"nesterov", o.nesterov}};
+  }
+  // Momentum buffers exist only with momentum.
+  static std::vector<std::string> state_suffixes(const optim::Sgd& sgd) {
+    if (sgd.options().momentum == 0) return {};
+    return {"momentum_buffer"};
+  }
+};
+
+template <class Adam>
+struct AdamRecord {
+  static nlohmann::ordered_json hyperparameters(const Adam& adam) {
+    const typename Adam::Options& o = adam.options();
+    return {{"lr", o.lr},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"eps", o.eps},
+            {"weight_decay", o.weight_decay}};
+  }
+  static std::vector<std::string> state_suffixes(const Adam&) { return {"exp_avg", "exp_avg_sq"}; }
+};
+
+template <>
+struct OptimizerRecord<optim::Adam> : AdamRecord<optim::Adam> {
+  static constexpr std::string_view kType = "Adam";
+};
+
+template <>
+struct OptimizerRecord<optim::AdamW> : AdamRecord<optim::AdamW> {
+  static constexpr std::string_view kType = "AdamW";
+};
+
+template <class Optimizer>
+concept HasStepCounts = requires(Optimizer& o) {
+  o.for_each_step([](const std::string&, std::int64_t&) {});
+};
+
+// How many state tensors the optimizer holds (none before its first step).
+template <class Optimizer>
+std::size_t count_state(const Optimizer& optimizer) {
+  std::size_t count = 0;
+  optimizer.for_each_state([&](const std::string&, std::span<const float>) { ++count; });
+  return count;
+}
+
+template <class Network>
+std::map<std::string, std::vector<std::int64_t>> parameter_shapes(Network& network) {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  network.visit_parameters([&](const std::string& name, auto& parameter) {
+    const auto dims = parameter.value.shape().dims();
+    shapes.emplace(name, std::vector<std::int64_t>(dims.begin(), dims.end()));
+  });
+  return shapes;
+}
+
+inline std::uintmax_t file_bytes(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::uintmax_t bytes = std::filesystem::file_size(path, error);
+  if (error)
+    coltrain::detail::fail_io("save checkpoint", path,
+                              "cannot read the file's size: " + error.message());
+  return bytes;
+}
+
+inline void remove_file(const std::filesystem::path& path) {
+  std::error_code error;
+  std::filesystem::remove(path, error);
+  if (error)
+    coltrain::detail::fail_io("remove checkpoint file", path, "cannot remove: " + error.message());
+}
+
+}  // namespace detail
+
+// The newest complete checkpoint in `dir`: the highest sequence whose sidecar parses and names
+// files of the recorded sizes. Incomplete or damaged ones are passed over. nullopt when there is
+// none (or no such directory).
+inline std::optional<CheckpointFiles> find_latest_checkpoint(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) return std::nullopt;
+  const detail::DirectoryScan scan = detail::scan_checkpoints(dir);
+  for (auto it = scan.sequences.rbegin(); it != scan.sequences.rend(); ++it) {
+    if (!it->second) continue;
+    const CheckpointFiles names = detail::checkpoint_files(dir, it->first);
+    try {
+      CheckpointFiles files =
+          detail::sidecar_files(detail::read_sidecar(names.sidecar), names.sidecar);
+      if (files.sequence == it->first) return files;
+    } catch (const IoError&) {
+      // Damaged: an older complete checkpoint is the one to resume from.
+    }
+  }
+  return std::nullopt;
+}
+
+// Saves a checkpoint of `network` (an nn::Network on the CPU) and `optimizer` into `dir` (created
+// if needed), then prunes older ones; see the top of this header. The optimizer must have been
+// built from the network's parameters (optim::parameters_of). Returns the new files. Throws
+// IoError naming the file that could not be written, InvalidArgument for keep < 1 or a negative
+// epoch or step; after a failure, the previous checkpoints are intact.
+template <class Network, class Precision, class Optimizer>
+CheckpointFiles save_checkpoint(const std::filesystem::path& dir, Network& network,
+                                const optim::PrecisionOptimizer<Precision, Optimizer>& optimizer,
+                                const TrainingState& state, const CheckpointOptions& options = {}) {
+  using Record = detail::OptimizerRecord<Optimizer>;
+  if (options.keep < 1 || state.epoch < 0 || state.global_step < 0) {
+    ErrorContext context;
+    context.operation = "save checkpoint";
+    context.file = dir.string();
+    throw InvalidArgument(
+        "save_checkpoint: keep must be >= 1 and epoch and global step >= 0 (keep " +
+            std::to_string(options.keep) + ", epoch " + std::to_string(state.epoch) + ", step " +
+            std::to_string(state.global_step) + ")",
+        context);
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error)
+    coltrain::detail::fail_io("save checkpoint", dir,
+                              "cannot create the directory: " + error.message());
+
+  // What an interrupted save left behind goes first; its sequence numbers are not reused.
+  const detail::DirectoryScan scan = detail::scan_checkpoints(dir);
+  for (const std::filesystem::path& temp : scan.temporaries) detail::remove_file(temp);
+  for (const std::filesystem::path& file : scan.data_files) {
+    const auto parsed = detail::parse_checkpoint_name(file.filename().string());
+    if (!scan.sequences.at(parsed->sequence)) detail::remove_file(file);
+  }
+  const std::int64_t sequence = scan.sequences.empty() ? 1 : scan.sequences.rbegin()->first + 1;
+  const CheckpointFiles files = detail::checkpoint_files(dir, sequence);
+  auto written = [&](const std::filesystem::path& path) {
+    if (options.on_file_written) options.on_file_written(path);
+  };
+
+  tensor::SafetensorsWriter model;
+  model.set_metadata("format", "pt");
+  add_state_dict(model, network);
+  model.write(files.model);
+  written(files.model);
+
+  const auto shapes = detail::parameter_shapes(network);
+  tensor::SafetensorsWriter optimizer_file;
+  optimizer_file.set_metadata("format", "pt");
+  std::size_t state_count = 0;
+  optimizer.optimizer().for_each_state([&](const std::string& name, std::span<const float> values) {
+    optimizer_file.add(name, shapes.at(name.substr(0, name.rfind('.'))), values);
+    ++state_count;
+  });
+  if constexpr (Precision::kMasterWeights) {
+    for (std::size_t p = 0; p < optimizer.size(); ++p) {
+      const std::string& name = optimizer.parameter_name(p);
+      optimizer_file.add(name + "." + std::string(detail::kMasterSuffix), shapes.at(name),
+                         optimizer.master_weights(p));
+    }
+  }
+  optimizer_file.write(files.optimizer);
+  written(files.optimizer);
+
+  nlohmann::ordered_json sidecar;
+  sidecar["format"] = detail::kCheckpointFormat;
+  sidecar["format_version"] = kCheckpointFormatVersion;
+  sidecar["sequence"] = sequence;
+  sidecar["saved_at"] = detail::utc_now();
+  sidecar["epoch"] = state.epoch;
+  sidecar["global_step"] = state.global_step;
+  sidecar["files"] = {
+      {"model",
+       {{"name", files.model.filename().string()}, {"bytes", detail::file_bytes(files.model)}}},
+      {"optimizer",
+       {{"name", files.optimizer.filename().string()},
+        {"bytes", detail::file_bytes(files.optimizer)}}}};
+  sidecar["model"] = {{"name", options.model_name},
+                      {"parameter_count", Network::kParameterCount},
+                      {"storage", detail::dtype_text(data_type_v<typename Network::value_type>)}};
+  sidecar["precision"] = Precision::kName;
+  nlohmann::ordered_json optimizer_record = {
+      {"type", Record::kType},
+      {"hyperparameters", Record::hyperparameters(optimizer.optimizer())},
+      {"has_state", state_count > 0}};
+  if constexpr (detail::HasStepCounts<Optimizer>) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::object();
+    optimizer.optimizer().for_each_step(
+        [&](const std::string& name, const std::int64_t& step) { steps[name] = step; });
+    optimizer_record["step_counts"] = std::move(steps);
+  }
+  sidecar["optimizer"] = std::move(optimizer_record);
+  if constexpr (Precision::kLossScaling) {
+    const optim::DynamicLossScaler& scaler = optimizer.scaler();
+    sidecar["loss_scaler"] = {{"scale", scaler.scale()},
+                              {"growth_tracker", scaler.growth_tracker()},
+                              {"init_scale", scaler.options().init_scale},
+                              {"growth_factor", scaler.options().growth_factor},
+                              {"backoff_factor", scaler.options().backoff_factor},
+                              {"growth_interval", scaler.options().growth_interval}};
+  } else {
+    sidecar["loss_scaler"] = nullptr;
+  }
+  sidecar["rng"] = {{"network_seed", network.context().seed()},
+                    {"context_step", network.context().step()}};
+  sidecar["extra"] = state.extra;
+  write_file_atomically(files.sidecar, sidecar.dump(2) + "\n");
+  written(files.sidecar);
+
+  // Prune: the sequences with a sidecar, newest first, beyond `keep`.
+  std::vector<std::int64_t> committed;
+  for (const auto& [number, has_sidecar] : detail::scan_checkpoints(dir).sequences) {
+    if (has_sidecar) committed.push_back(number);
+  }
+  std::ranges::sort(committed, std::greater<>());
+  for (std::size_t i = static_cast<std::size_t>(options.keep); i < committed.size(); ++i) {
+    const CheckpointFiles old = detail::checkpoint_files(dir, committed[i]);
+    detail::remove_file(old.sidecar);
+    sync_directory(dir);
+    detail::remove_file(old.model);
+    detail::remove_file(old.optimizer);
+  }
+  if (committed.size() > static_cast<std::size_t>(options.keep)) sync_directory(dir);
+  return files;
+}
+
+// Restores a checkpoint into `network` and `optimizer`, built as for training (see the top of this
+// header). `path` is a sidecar (checkpoint-NNNNNN.json) or a directory, whose newest complete
+// checkpoint is taken. Everything is checked before anything changes: the format version, the
+// files' sizes, the model's name, parameter count, storage and precision, the optimizer's type and
+// (with check_hyperparameters) settings, the network's seed, and every tensor's name, dtype and
+// shape. Returns the epoch, global step and extra data saved with it. Throws IoError for a missing,
+// damaged or unreadable checkpoint, InvalidArgument (naming the tensor or setting, the expected
+// and the found value, and the file) for one that does not fit.
+template <class Network, class Precision, class Optimizer>
+TrainingState load_checkpoint(const std::filesystem::path& path, Network& network,
+                              optim::PrecisionOptimizer<Precision, Optimizer>& optimizer,
+                              const CheckpointOptions& options = {}) {
+  using Record = detail::OptimizerRecord<Optimizer>;
+  std::filesystem::path sidecar_path = path;
+  if (std::filesystem::is_directory(path)) {
+    const std::optional<CheckpointFiles> latest = find_latest_checkpoint(path);
+    if (!latest) detail::fail_checkpoint(path, "no complete checkpoint in the directory");
+    sidecar_path = latest->sidecar;
+  }
+  const nlohmann::json sidecar = detail::read_sidecar(sidecar_path);
+  const CheckpointFiles files = detail::sidecar_files(sidecar, sidecar_path);
+  auto string_field = [&](const std::string& pointer) {
+    return detail::field(
+               sidecar, sidecar_path, pointer,
+               [](const nlohmann::json& v) { return v.is_string(); }, "a string")
+        .template get<std::string>();
+  };
+  auto expect = [&](const std::string& what, const std::string& recorded, const std::string& here) {
+    if (recorded != here) {
+      detail::mismatch(sidecar_path,
+                       "the checkpoint's " + what + " is " + recorded + ", this one's is " + here);
+    }
+  };
+
+  TrainingState state;
+  state.epoch = detail::integer_field(sidecar, sidecar_path, "/epoch");
+  state.global_step = detail::integer_field(sidecar, sidecar_path, "/global_step");
+  if (sidecar.contains("extra")) state.extra = sidecar["extra"];
+
+  // The model and the run's settings.
+  const std::string model_name = string_field("/model/name");
+  if (!model_name.empty() && !options.model_name.empty()) {
+    expect("model", "'" + model_name + "'", "'" + options.model_name + "'");
+  }
+  expect("parameter count",
+         std::to_string(detail::integer_field(sidecar, sidecar_path, "/model/parameter_count")),
+         std::to_string(Network::kParameterCount));
+  expect("storage type", string_field("/model/storage"),
+         detail::dtype_text(data_type_v<typename Network::value_type>));
+  expect("precision", string_field("/precision"), std::string(Precision::kName));
+  expect("optimizer", string_field("/optimizer/type"), std::string(Record::kType));
+  const nlohmann::json& seed = detail::field(
+      sidecar, sidecar_path, "/rng/network_seed",
+      [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer");
+  expect("network seed (construct the network with it: dropout masks derive from it)",
+         std::to_string(seed.get<std::uint64_t>()), std::to_string(network.context().seed()));
+  const auto context_step =
+      detail::field(
+          sidecar, sidecar_path, "/rng/context_step",
+          [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer")
+          .template get<std::uint64_t>();
+  if (options.check_hyperparameters) {
+    const nlohmann::ordered_json here = Record::hyperparameters(optimizer.optimizer());
+    const nlohmann::json& recorded = detail::field(
+        sidecar, sidecar_path, "/optimizer/hyperparameters",
+        [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+    for (const auto& [key, value] : here.items()) {
+      const std::string saved = recorded.contains(key) ? recorded[key].dump() : "missing";
+      expect("optimizer setting '" + key + "'", saved, value.dump());
+    }
+  }
+  [[maybe_unused]] std::optional<optim::DynamicLossScaler::State> scaler_state;
+  if constexpr (Precision::kLossScaling) {
+    auto number = [&](const std::string& key) {
+      return detail::field(
+                 sidecar, sidecar_path, "/loss_scaler/" + key,
+                 [](const nlohmann::json& v) { return v.is_number(); }, "a number")
+          .template get<double>();
+    };
+    scaler_state = optim::DynamicLossScaler::State{
+        static_cast<float>(number("scale")),
+        detail::integer_field(sidecar, sidecar_path, "/loss_scaler/growth_tracker")};
+    if (options.check_hyperparameters) {
+      const optim::DynamicLossScaler::Options& o = optimizer.scaler().options();
+      expect("loss scaler growth_factor", nlohmann::json(number("growth_factor")).dump(),
+             nlohmann::json(o.growth_factor).dump());
+      expect("loss scaler backoff_factor", nlohmann::json(number("backoff_factor")).dump(),
+             nlohmann::json(o.backoff_factor).dump());
+      expect("loss scaler growth_interval",
+             std::to_string(
+                 detail::integer_field(sidecar, sidecar_path, "/loss_scaler/growth_interval")),
+             std::to_string(o.growth_interval));
+    }
+  } else if (sidecar.contains("loss_scaler") && !sidecar["loss_scaler"].is_null()) {
+    detail::mismatch(sidecar_path, "the checkpoint has loss-scaler state, the precision " +
+                                       std::string(Precision::kName) + " scales no loss");
+  }
+
+  // The tensors: the model's, then the optimizer's, all checked before anything is copied.
+  const tensor::SafetensorsReader model_reader(files.model);
+  const std::vector<StateTensor> model_tensors = state_tensors(network);
+  detail::check_tensors(model_reader, model_tensors, "model");
+
+  const bool has_state = detail::field(
+                             sidecar, sidecar_path, "/optimizer/has_state",
+                             [](const nlohmann::json& v) { return v.is_boolean(); }, "a boolean")
+                             .template get<bool>();
+  if (!has_state && detail::count_state(optimizer.optimizer()) > 0) {
+    detail::mismatch(sidecar_path,
+                     "the checkpoint has no optimizer state but this optimizer has taken steps; "
+                     "load into a freshly constructed one");
+  }
+  const auto shapes = detail::parameter_shapes(network);
+  std::vector<StateTensor> optimizer_tensors;
+  std::map<std::string, std::int64_t> step_counts;
+  for (std::size_t p = 0; p < optimizer.size(); ++p) {
+    const std::string& name = optimizer.parameter_name(p);
+    const auto shape = shapes.find(name);
+    if (shape == shapes.end()) {
+      detail::mismatch(sidecar_path, "the optimizer's parameter '" + name +
+                                         "' is not a parameter of the network");
+    }
+    auto add = [&](std::string_view suffix) {
+      optimizer_tensors.push_back(
+          {name + "." + std::string(suffix), DataType::kFloat32, shape->second, {}});
+    };
+    if (has_state) {
+      for (const std::string& suffix : Record::state_suffixes(optimizer.optimizer())) add(suffix);
+      if constexpr (detail::HasStepCounts<Optimizer>) {
+        const nlohmann::json& counts = detail::field(
+            sidecar, sidecar_path, "/optimizer/step_counts",
+            [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+        const std::string key = name + ".step";
+        if (!counts.contains(key) || !counts[key].is_number_integer() || counts[key] < 0) {
+          detail::fail_checkpoint(sidecar_path, "the sidecar has no step count for '" + key + "'");
+        }
+        step_counts[key] = counts[key].template get<std::int64_t>();
+      }
+    }
+    if constexpr (Precision::kMasterWeights) add(detail::kMasterSuffix);
+  }
+  if (optimizer.size() != shapes.size()) {
+    detail::mismatch(sidecar_path, "the optimizer steps " + std::to_string(optimizer.size()) +
+                                       " parameters, the network has " +
+                                       std::to_string(shapes.size()) +
+                                       "; build it from optim::parameters_of(network)");
+  }
+  const tensor::SafetensorsReader optimizer_reader(files.optimizer);
+  detail::check_tensors(optimizer_reader, optimizer_tensors, "optimizer state");
+
+  // Everything fits: copy.
+  for (const StateTensor& t : model_tensors) {
+    const std::span<const std::byte> bytes = model_reader.bytes(t.name);
+    if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
+  }
+  if (has_state) {
+    optimizer.allocate_optimizer_state();
+    optimizer.optimizer().for_each_state([&](const std::string& name, std::span<float> values) {
+      optimizer_reader.read_into(name, values);
+    });
+    if constexpr (detail::HasStepCounts<Optimizer>) {
+      optimizer.optimizer().for_each_step(
+          [&](const std::string& name, std::int64_t& step) { step = step_counts.at(name); });
+    }
+  }
+  if constexpr (Precision::kMasterWeights) {
+    for (std::size_t p = 0; p < optimizer.size(); ++p) {
+      optimizer_reader.read_into(
+          optimizer.parameter_name(p) + "." + std::string(detail::kMasterSuffix),
+          optimizer.master_weights(p));
+    }
+  }
+  if constexpr (Precision::kLossScaling) optimizer.scaler().set_state(*scaler_state);
+  network.context().set_step(context_step);
+  return state;
+}
+
+}  // namespace coltrain::train

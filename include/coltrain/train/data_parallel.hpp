@@ -1,0 +1,507 @@
+#pragma once
+// DataParallel<Net>: synchronous data-parallel training in the manner of PyTorch's
+// DistributedDataParallel, for any nn::Network on the CPU and any comm::Communicator backend.
+//
+//   comm::Communicator comm = comm::Communicator::from_env();
+//   nn::Network<Spec> net({.threads = 2, .seed = 1});
+//   train::DataParallel ddp(net, comm);        // every rank now holds rank 0's parameters
+//   net.zero_grad();
+//   net.forward(my_shard);  ...  net.backward(grad_logits);   // buckets reduce during backward
+//   ddp.finish_gradient_sync();                // waits; the gradients are the ranks' average
+//   sgd.step(lr);
+//
+// Gradients are grouped into buckets in reverse state_dict order (the order in which the backward
+// pass finishes them), the first bucket small so that communication starts early. The network
+// reports each parameter whose gradient is final (nn::Context's gradient-ready hook); when all of a
+// bucket's parameters are in, and all earlier buckets have gone, the bucket is handed to a
+// communication thread, which copies the gradients into the bucket's flat buffer, allreduces it
+// (ReduceOp::kAvg) and copies the average back, while the main thread goes on with the backward
+// pass. Buckets go in the same order on every rank. docs/data-parallel.md has details and costs.
+//
+// 16-bit gradients (half, bfloat16) are widened into f32 bucket buffers, reduced in f32 and
+// rounded once, on the way back: the numerics of the communicator's own f16/bf16 path, with one
+// copy fewer. Bucket sizes count the bytes an allreduce carries (f32 for 16-bit gradients).
+//
+// Threads: the communicator is used by the communication thread while a step is in flight and by
+// the caller's thread otherwise (construction, the helpers at the end), never by both at once. With
+// the MPI backend that is MPI_THREAD_SERIALIZED use, the level Communicator::from_env requests
+// when it initialises MPI itself.
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/timer.hpp>
+#include <coltrain/tensor/device.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace coltrain::train {
+
+struct DataParallelOptions {
+  // DDP's defaults: a 1 MiB first bucket gets communication going early in the backward pass; the
+  // larger later ones amortise the per-call latency. A bucket closes as soon as it holds at least
+  // its cap, so 1 gives one bucket per parameter.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  comm::Algorithm algorithm = comm::Algorithm::kAutomatic;  // of the gradient allreduces
+};
+
+// One bucket: whole parameters, by index in state_dict order, in the order they are packed.
+struct GradientBucket {
+  std::vector<std::size_t> parameters;
+  std::size_t bytes = 0;  // what one allreduce of the bucket carries
+};
+
+// Packs parameters (given by their allreduce bytes, in state_dict order) into buckets in reverse
+// state_dict order: the first bucket closes once it holds first_bucket_bytes, each later one once
+// it holds bucket_bytes, as DDP's compute_bucket_assignment_by_size. A parameter larger than the
+// cap gets a bucket of its own.
+inline std::vector<GradientBucket> assign_gradient_buckets(std::span<const std::size_t> bytes,
+                                                           std::size_t first_bucket_bytes,
+                                                           std::size_t bucket_bytes) {
+  std::vector<GradientBucket> buckets;
+  GradientBucket open;
+  for (std::size_t i = bytes.size(); i-- > 0;) {
+    open.parameters.push_back(i);
+    open.bytes += bytes[i];
+    if (open.bytes >= (buckets.empty() ? first_bucket_bytes : bucket_bytes)) {
+      buckets.push_back(std::move(open));
+      open = {};
+    }
+  }
+  if (!open.parameters.empty()) buckets.push_back(std::move(open));
+  return buckets;
+}
+
+// What the last finish_gradient_sync() saw, to show that communication overlapped the backward
+// pass: launched_during_backward is exact; reduced_before_wait depends on timing.
+struct GradientSyncStats {
+  std::size_t buckets = 0;
+  std::size_t launched_during_backward = 0;  // handed to the communication thread by the hook
+                                             // (all but the last, which the caller reduces)
+  std::size_t reduced_before_wait = 0;       // already averaged when the wait began
+  double wait_seconds = 0;                   // time finish_gradient_sync() blocked
+};
+
+namespace detail {
+
+template <class T>
+inline constexpr bool kSixteenBit = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+// The element type of a bucket buffer: f32 for 16-bit gradients.
+template <class T>
+using bucket_element_t = std::conditional_t<kSixteenBit<T>, float, T>;
+
+// Rethrows as the same type, the message prefixed with `what`, the context completed with the rank.
+[[noreturn]] inline void rethrow_with_context(std::exception_ptr error, const std::string& what,
+                                              int rank) {
+  const auto context_of = [rank](const Error& e) {
+    ErrorContext context = e.context();
+    if (!context.rank) context.rank = rank;
+    return context;
+  };
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(what + e.message(), context_of(e));
+  } catch (const PeerLostError& e) {
+    throw PeerLostError(what + e.message(), context_of(e));
+  } catch (const MismatchError& e) {
+    throw MismatchError(what + e.message(), context_of(e));
+  } catch (const CommError& e) {
+    throw CommError(what + e.message(), context_of(e));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(what + e.message(), context_of(e));
+  } catch (...) {
+    // BackendError (whose message embeds its library and code), std::bad_alloc: as they are.
+    throw;
+  }
+}
+
+}  // namespace detail
+
+// What DataParallel needs of a network: nn::Network on the CPU.
+template <class Net>
+concept DataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cpu> &&
+    requires(Net& net) {
+  typename Net::value_type;
+  net.context().set_gradient_ready_hook(nullptr);
+  net.visit_parameters([](const std::string&, auto&) {});
+  net.visit_buffers([](const std::string&, auto&) {});
+};
+
+template <DataParallelNetwork Net>
+class DataParallel {
+  using T = typename Net::value_type;
+  using B = detail::bucket_element_t<T>;
+
+ public:
+  // Broadcasts rank 0's parameters and buffers to every rank, checks that all ranks built the same
+  // buckets, and starts the communication thread. Collective: every rank constructs its
+  // DataParallel at the same point. The network and the communicator must outlive this object.
+  // Throws InvalidArgument if the network already has a gradient-ready hook (another DataParallel),
+  // MismatchError if ranks disagree on the buckets (different models or options), and the
+  // communicator's errors.
+  DataParallel(Net& network, comm::Communicator& communicator, DataParallelOptions options = {})
+      : network_(network),
+        comm_(communicator),
+        options_(options),
+        rank_(communicator.rank()),
+        world_size_(communicator.size()) {
+    if (network_.context().gradient_ready_hook()) {
+      throw InvalidArgument(
+          "DataParallel: the network already has a gradient-ready hook (is it "
+          "wrapped by another DataParallel?)",
+          error_context("construct"));
+    }
+    std::vector<std::size_t> bytes;
+    network_.visit_parameters([&](const std::string& name, auto& parameter) {
+      index_.emplace(static_cast<const void*>(&parameter), grads_.size());
+      grads_.push_back(parameter.grad.span());
+      names_.push_back(name);
+      bytes.push_back(parameter.grad.span().size() * sizeof(B));
+    });
+    buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
+    bucket_of_.resize(grads_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      for (std::size_t p : buckets_[b].parameters) bucket_of_[p] = b;
+      buffers_.emplace_back(buckets_[b].bytes / sizeof(B));
+    }
+    reported_.assign(grads_.size(), 0);
+    reset_step();
+    check_same_buckets_on_every_rank();
+    broadcast_parameters_and_buffers();
+    network_.context().set_gradient_ready_hook(
+        [this](const void* parameter) { on_gradient_ready(parameter); });
+    try {
+      thread_ = std::thread([this] { communicate(); });
+    } catch (...) {
+      network_.context().set_gradient_ready_hook(nullptr);
+      throw;
+    }
+  }
+
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Lets the communication thread finish the buckets it was given (each bounded by the
+  // communicator's deadline), then joins it; errors met then are dropped.
+  ~DataParallel() {
+    network_.context().set_gradient_ready_hook(nullptr);
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    thread_.join();
+  }
+
+  // Waits until every bucket of this step is averaged and copied back into the gradients, and
+  // returns the seconds it waited (the trainer's "allreduce wait"). Buckets whose parameters were
+  // not all reported (a layer outside the protocol) are reduced now, so the result is complete in
+  // any case. Under no_sync() it does nothing and returns 0. Rethrows an error of the
+  // communication thread, prefixed with the bucket, as the same exception type; the communicator
+  // is then unusable, and so is this object (later calls throw CommError).
+  double finish_gradient_sync() {
+    throw_if_failed("finish_gradient_sync");
+    if (!sync_enabled_) return 0.0;
+    const std::size_t launched_during_backward = next_launch_;
+    std::size_t reduced_before_wait = 0;
+    {
+      const std::lock_guard lock(mutex_);
+      reduced_before_wait = completed_;
+    }
+    // The last bucket is ready only when the backward pass ends, so nothing is left to overlap it
+    // with: it is reduced here, on the caller's thread, once the communication thread has
+    // finished the others (in order). That saves two thread wake-ups per step, which are most of
+    // the communication time of a small model with one bucket.
+    if (buckets_.empty()) return 0.0;  // a network without parameters
+    const std::size_t last = buckets_.size() - 1;
+    launch(last);
+    const Stopwatch watch;
+    std::exception_ptr error;
+    std::size_t error_bucket = 0;
+    {
+      std::unique_lock lock(mutex_);
+      // Bounded: every allreduce on the communication thread has the communicator's deadline.
+      work_done_.wait(lock, [this] { return completed_ == launched_; });
+      error = std::exchange(error_, nullptr);
+      error_bucket = error_bucket_;
+      launched_ = completed_ = 0;
+    }
+    if (!error) {
+      try {
+        reduce_bucket(last);
+      } catch (...) {
+        error = std::current_exception();
+        error_bucket = last;
+      }
+    }
+    last_sync_ = {buckets_.size(), launched_during_backward, reduced_before_wait, watch.seconds()};
+    reset_step();
+    if (error) {
+      failure_ = "DataParallel: allreduce of gradient bucket " + std::to_string(error_bucket) +
+                 " of " + std::to_string(buckets_.size()) + " (" +
+                 std::to_string(buckets_[error_bucket].bytes) + " bytes) failed";
+      detail::rethrow_with_context(error, failure_ + ": ", rank_);
+    }
+    return last_sync_.wait_seconds;
+  }
+
+  // Gradient accumulation without communication, as DDP's no_sync(): backward passes inside the
+  // scope only add to the local gradients; the first synchronised backward pass after it reduces
+  // the accumulated sums.
+  class [[nodiscard]] NoSyncScope {
+   public:
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+    ~NoSyncScope() { owner_.sync_enabled_ = previous_; }
+
+   private:
+    friend class DataParallel;
+    explicit NoSyncScope(DataParallel& owner) : owner_(owner), previous_(owner.sync_enabled_) {
+      owner_.sync_enabled_ = false;
+    }
+    DataParallel& owner_;
+    bool previous_;
+  };
+  // Throws InvalidArgument inside a synchronised step (some gradients already reported).
+  NoSyncScope no_sync() {
+    if (step_started_) {
+      throw InvalidArgument(
+          "DataParallel::no_sync: a synchronised backward pass has already "
+          "reported gradients; call finish_gradient_sync() first",
+          error_context("no_sync"));
+    }
+    return NoSyncScope(*this);
+  }
+
+  // ---- helpers on the same communicator, for use between steps (they throw coltrain::Error when
+  // called after a synchronised backward pass and before finish_gradient_sync()) ----
+
+  // Whether every rank's gradients are finite, so that all ranks skip a mixed-precision step
+  // together (PrecisionOptimizer::unscale_and_check, then apply).
+  bool all_finite(bool local_finite) {
+    require_idle("all_finite");
+    std::int32_t flag = local_finite ? 1 : 0;
+    comm_.allreduce(std::span(&flag, 1), comm::ReduceOp::kMin);
+    return flag == 1;
+  }
+
+  // In place across ranks, for metrics (loss sums, correct counts).
+  void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
+    require_idle("allreduce");
+    comm_.allreduce(values, op);
+  }
+
+  void barrier() {
+    require_idle("barrier");
+    comm_.barrier();
+  }
+
+  // Rank 0's parameters and buffers to every rank (the constructor does this; call it again after
+  // loading a checkpoint on rank 0 only). Collective.
+  void broadcast_parameters_and_buffers() {
+    require_idle("broadcast_parameters_and_buffers");
+    network_.visit_parameters(
+        [this](const std::string&, auto& parameter) { comm_.broadcast(parameter.value.span()); });
+    network_.visit_buffers(
+        [this](const std::string&, auto& buffer) { comm_.broadcast(buffer.span()); });
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Net& network() { return network_; }
+  const DataParallelOptions& options() const { return options_; }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  const GradientSyncStats& last_sync() const { return last_sync_; }
+
+ private:
+  ErrorContext error_context(std::string operation) const {
+    ErrorContext c;
+    c.rank = rank_;
+    c.operation = std::move(operation);
+    return c;
+  }
+
+  void throw_if_failed(const char* what) const {
+    if (!failure_.empty()) {
+      throw CommError(std::string("DataParallel::") + what +
+                          ": an earlier communication error left the communicator unusable (" +
+                          failure_ + ")",
+                      error_context(what));
+    }
+  }
+
+  void require_idle(const char* what) const {
+    throw_if_failed(what);
+    if (step_started_) {
+      throw Error(std::string("DataParallel::") + what +
+                      ": gradient buckets of this step may be on the communication thread; call "
+                      "finish_gradient_sync() first",
+                  error_context(what));
+    }
+  }
+
+  void reset_step() {
+    pending_.resize(buckets_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].parameters.size();
+    std::fill(reported_.begin(), reported_.end(), char{0});
+    next_launch_ = 0;
+    step_started_ = false;
+  }
+
+  // The gradient-ready hook, on the thread running backward().
+  void on_gradient_ready(const void* parameter) {
+    if (!sync_enabled_) return;
+    const auto found = index_.find(parameter);
+    if (found == index_.end()) {
+      throw Error(
+          "DataParallel: the network reported a gradient that is not one of its "
+          "parameters",
+          error_context("gradient-ready report"));
+    }
+    const std::size_t p = found->second;
+    if (reported_[p]) {
+      throw Error("DataParallel: the gradient of '" + names_[p] +
+                      "' was reported twice in one step; call finish_gradient_sync() after each "
+                      "synchronised backward pass, and accumulate inside no_sync()",
+                  error_context("gradient-ready report"));
+    }
+    reported_[p] = 1;
+    step_started_ = true;
+    if (--pending_[bucket_of_[p]] == 0) {
+      std::size_t end = next_launch_;
+      while (end < buckets_.size() && pending_[end] == 0) ++end;
+      launch(std::min(end, buckets_.size() - 1));  // the last one: finish_gradient_sync()
+    }
+  }
+
+  // Hands buckets [next_launch_, end) to the communication thread.
+  void launch(std::size_t end) {
+    if (end <= next_launch_) return;
+    next_launch_ = end;
+    {
+      const std::lock_guard lock(mutex_);
+      launched_ = end;
+    }
+    work_ready_.notify_one();
+  }
+
+  // The communication thread: reduces launched buckets in order; after an error it only counts
+  // them off, since the communicator is unusable.
+  void communicate() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_ready_.wait(lock, [this] { return stopping_ || completed_ < launched_; });
+      if (completed_ == launched_) return;  // stopping, and nothing left to do
+      const std::size_t b = completed_;
+      const bool skip = static_cast<bool>(error_);
+      lock.unlock();
+      std::exception_ptr error;
+      if (!skip) {
+        try {
+          reduce_bucket(b);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      lock.lock();
+      if (error) {
+        error_ = error;
+        error_bucket_ = b;
+      }
+      ++completed_;
+      work_done_.notify_all();
+    }
+  }
+
+  void reduce_bucket(std::size_t b) {
+    std::vector<B>& buffer = buffers_[b];
+    B* out = buffer.data();
+    for (std::size_t p : buckets_[b].parameters) {
+      for (const T& g : grads_[p]) *out++ = static_cast<B>(g);
+    }
+    comm_.allreduce(std::span<B>(buffer), comm::ReduceOp::kAvg, options_.algorithm);
+    const B* in = buffer.data();
+    for (std::size_t p : buckets_[b].parameters) {
+      for (T& g : grads_[p]) g = T(*in++);
+    }
+  }
+
+  void check_same_buckets_on_every_rank() {
+    // Count, total size and a fingerprint of the sizes; each as (x, -x) so that one kMin gives
+    // every rank both the smallest and the largest value.
+    std::int64_t fingerprint = 0;
+    std::int64_t total = 0;
+    for (const GradientBucket& bucket : buckets_) {
+      const auto bytes = static_cast<std::int64_t>(bucket.bytes);
+      total += bytes;
+      fingerprint = (fingerprint * 1000003 + bytes) & ((std::int64_t{1} << 61) - 1);
+    }
+    const auto count = static_cast<std::int64_t>(buckets_.size());
+    std::int64_t values[] = {count, -count, total, -total, fingerprint, -fingerprint};
+    comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
+    if (values[0] != -values[1] || values[2] != -values[3] || values[4] != -values[5]) {
+      throw MismatchError(
+          "DataParallel: ranks built different gradient buckets (this rank: " +
+              std::to_string(count) + " buckets, " + std::to_string(total) +
+              " bytes; across ranks: " + std::to_string(values[0]) + " to " +
+              std::to_string(-values[1]) + " buckets, " + std::to_string(values[2]) + " to " +
+              std::to_string(-values[3]) +
+              " bytes); every rank needs the same model and the same bucket options",
+          error_context("construct"));
+    }
+  }
+
+  Net& network_;
+  comm::Communicator& comm_;
+  DataParallelOptions options_;
+  int rank_;
+  int world_size_;
+
+  // Fixed at construction.
+  std::vector<std::span<T>> grads_;  // by parameter index (state_dict order)
+  std::vector<std::string> names_;
+  std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
+  std::vector<GradientBucket> buckets_;
+  std::vector<std::size_t> bucket_of_;
+  std::vector<std::vector<B>> buffers_;  // touched by the communication thread only
+
+  // The caller's thread only.
+  std::vector<std::size_t> pending_;  // per bucket: parameters not yet reported this step
+  std::vector<char> reported_;        // per parameter
+  std::size_t next_launch_ = 0;       // buckets launched this step
+  bool step_started_ = false;
+  bool sync_enabled_ = true;
+  GradientSyncStats last_sync_;
+  std::string failure_;  // the error that made the communicator unusable
+
+  // Shared with the communication thread, under mutex_.
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable work_done_;
+  std::size_t launched_ = 0;   // buckets handed over this step
+  std::size_t completed_ = 0;  // buckets done (or skipped after an error)
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::size_t error_bucket_ = 0;
+
+  std::thread thread_;
+};
+
+}  // namespace coltrain::train

@@ -1,0 +1,381 @@
+#pragma once
+// Trainer: the epoch loop of data-parallel classification training, with what users of PyTorch
+// Lightning and MLBench expect around it: one line per epoch on rank 0, a progress bar on a
+// terminal, validation metrics (top-1, top-5, macro precision/recall/F1, the confusion matrix at
+// the end), a profile of where the time went, a time-to-accuracy goal, run records and
+// checkpoints with exact resume.
+//
+//   train::DataParallel ddp(net, comm);
+//   optim::PrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(optim::parameters_of(net), ...);
+//   train::Trainer trainer(net, sgd, ddp, optim::CosineAnnealingLr{...}, {.epochs = 10});
+//   train::FitResult result = trainer.fit(train_loader, validation_loader);
+//
+// A step: forward, loss (scaled under fp16), backward (gradient buckets are allreduced while it
+// runs), wait for the last buckets, agree across ranks on whether the gradients are finite, and
+// step the optimizer (or skip it and back off the loss scale). Each rank trains on its own shard
+// (the loaders' samplers); validation runs on each rank's shard and the counts are summed, so the
+// metrics are those of the whole validation set.
+//
+// Resume: with `resume` and a checkpoint directory, fit() loads the newest complete checkpoint
+// (weights, optimizer state, loss scale, the network's step counter) on every rank and continues
+// after its epoch; data order and learning rate are functions of (seed, epoch) and the step, so on
+// the CPU the result equals an uninterrupted run's, bit for bit.
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/data/loader.hpp>
+#include <coltrain/nn/loss.hpp>
+#include <coltrain/optim/precision.hpp>
+#include <coltrain/train/checkpoint.hpp>
+#include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/metrics.hpp>
+#include <coltrain/train/phase_tracker.hpp>
+#include <coltrain/train/run_log.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace coltrain::train {
+
+struct TrainerOptions {
+  std::int64_t epochs = 10;
+  // Stop after the first epoch whose validation top-1 accuracy reaches this (MLBench's goal).
+  std::optional<double> target_accuracy{};
+  // Run records (config.json, metrics.jsonl, result.json), written by rank 0; empty: none.
+  std::filesystem::path log_dir{};
+  // Checkpoints every `checkpoint_every` epochs and at the end, written by rank 0; empty: none.
+  std::filesystem::path checkpoint_dir{};
+  std::int64_t checkpoint_every = 1;
+  std::string model_name{};  // recorded in checkpoints and checked on resume
+  // Continue from the newest complete checkpoint in checkpoint_dir (a fresh start if none).
+  bool resume = false;
+  // The progress bar; unset: when rank 0's standard output is a terminal.
+  std::optional<bool> progress{};
+  // Print the profile table and the confusion matrix at the end (rank 0).
+  bool report = true;
+  nlohmann::ordered_json config = nlohmann::ordered_json::object();  // recorded in config.json
+  std::ostream* out = &std::cout;
+};
+
+struct FitResult {
+  std::int64_t epochs = 0;  // completed, including those before a resume
+  std::int64_t global_step = 0;
+  double train_seconds = 0;  // training steps only, this process (no evaluation, no checkpoints)
+  double total_seconds = 0;  // wall time of fit()
+  double images_per_second = 0;            // training images of all ranks per training second
+  std::optional<double> time_to_target{};  // training seconds until the target was reached
+  std::optional<std::int64_t> target_epoch{};
+  ClassificationMetrics validation{1};  // the last evaluation
+};
+
+namespace detail {
+
+// "epoch: 01/10  training loss: 0.0040  training accuracy 0.9228  validation loss: ..." (the
+// seeds' form; the missing colon after "training accuracy" is theirs).
+inline std::string epoch_line(std::int64_t epoch, std::int64_t epochs, double train_loss,
+                              double train_accuracy, const ClassificationMetrics& validation) {
+  std::ostringstream line;
+  const int width = std::max<int>(2, static_cast<int>(std::to_string(epochs).size()));
+  line << "epoch: " << std::setw(width) << std::setfill('0') << epoch << '/' << std::setw(width)
+       << epochs << std::setfill(' ') << std::fixed << std::setprecision(4)
+       << "  training loss: " << train_loss << "  training accuracy " << train_accuracy
+       << "  validation loss: " << validation.mean_loss()
+       << "  validation accuracy: " << validation.top1();
+  return line.str();
+}
+
+inline std::string progress_bar(std::int64_t epoch, std::int64_t epochs, std::int64_t done,
+                                std::int64_t total, double loss, double images_per_second) {
+  constexpr int kWidth = 30;
+  const auto filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
+  std::ostringstream bar;
+  bar << "\repoch " << epoch << '/' << epochs << " ["
+      << std::string(static_cast<std::size_t>(filled), '=')
+      << std::string(static_cast<std::size_t>(kWidth - filled), ' ') << "] " << done << '/' << total
+      << std::fixed << std::setprecision(4) << "  loss " << loss << std::setprecision(0) << "  "
+      << images_per_second << " img/s ";
+  return bar.str();
+}
+
+}  // namespace detail
+
+template <class Net, class Policy, class Optimizer>
+class Trainer {
+  using T = typename Net::value_type;
+
+ public:
+  using Schedule = std::function<double(std::int64_t step)>;
+
+  // The network, optimizer and data-parallel wrapper must outlive the trainer; the optimizer was
+  // built from the network's parameters, the schedule maps the global step to a learning rate.
+  Trainer(Net& network, optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
+          DataParallel<Net>& ddp, Schedule schedule, TrainerOptions options = {})
+      : network_(network),
+        optimizer_(optimizer),
+        ddp_(ddp),
+        schedule_(std::move(schedule)),
+        options_(std::move(options)) {
+    if (options_.epochs < 1 || options_.checkpoint_every < 1)
+      throw InvalidArgument("Trainer: epochs and checkpoint_every must be >= 1 (got " +
+                            std::to_string(options_.epochs) + " and " +
+                            std::to_string(options_.checkpoint_every) + ")");
+    if (options_.resume && options_.checkpoint_dir.empty())
+      throw InvalidArgument("Trainer: resume needs a checkpoint directory");
+    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+  }
+
+  template <class Transform>
+  FitResult fit(data::Loader<T, Transform>& train, data::Loader<T, Transform>& validation) {
+    const auto started = std::chrono::steady_clock::now();
+    PhaseTracker phases;
+    FitResult result;
+    std::int64_t first_epoch = 0;
+    double train_seconds_before = 0;  // across a resume
+    if (options_.resume) {
+      if (find_latest_checkpoint(options_.checkpoint_dir)) {
+        const TrainingState state =
+            load_checkpoint(options_.checkpoint_dir, network_, optimizer_, checkpoint_options());
+        first_epoch = state.epoch;
+        global_step_ = state.global_step;
+        train_seconds_before = state.extra.value("train_seconds", 0.0);
+        if (rank0())
+          *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
+                        << ") from " << options_.checkpoint_dir.string() << '\n';
+      } else if (rank0()) {
+        *options_.out << "no checkpoint in " << options_.checkpoint_dir.string()
+                      << "; starting from scratch\n";
+      }
+    }
+    std::optional<RunLog> log;
+    if (rank0() && !options_.log_dir.empty()) {
+      RunLogOptions log_options;
+      if (first_epoch > 0) log_options.resume_after_epoch = first_epoch;
+      log.emplace(options_.log_dir, log_options);
+      log->write_config(options_.config);
+    }
+
+    double train_seconds = train_seconds_before;
+    double last_train_loss = 0, last_train_accuracy = 0;
+    std::int64_t images = 0;
+    std::int64_t epoch = first_epoch;
+    while (epoch < options_.epochs) {
+      phases.start_epoch();
+      const auto epoch_started = std::chrono::steady_clock::now();
+      network_.train();
+      double loss_sum = 0, correct = 0, seen = 0;
+      train.start_epoch(static_cast<std::uint64_t>(epoch));
+      const std::int64_t batches = train.batches_per_epoch();
+      double step_seconds = 0;
+      for (std::int64_t b = 0;; ++b) {
+        const auto step_started = std::chrono::steady_clock::now();
+        const data::Batch<T>* batch = nullptr;
+        {
+          auto timed = phases.time(Phase::kData);
+          batch = train.next();
+        }
+        if (!batch) break;
+        const double loss = step(*batch, phases);
+        loss_sum += loss * static_cast<double>(batch->size());
+        correct += static_cast<double>(nn::topk_correct<T>(network_output(), batch->labels, 1));
+        seen += static_cast<double>(batch->size());
+        step_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
+        if (progress_ && (b % 10 == 0 || b + 1 == batches))
+          *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
+                                                loss_sum / seen, seen / step_seconds)
+                        << std::flush;
+      }
+      if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
+      // The ranks' training counts, and their slowest training time (they wait for each other).
+      double totals[4] = {loss_sum, correct, seen, 0};
+      ddp_.allreduce(std::span<double>(totals, 3), comm::ReduceOp::kSum);
+      totals[3] = step_seconds;
+      ddp_.allreduce(std::span<double>(totals + 3, 1), comm::ReduceOp::kMax);
+      train_seconds += totals[3];
+      images += static_cast<std::int64_t>(totals[2]);
+      last_train_loss = totals[2] > 0 ? totals[0] / totals[2] : 0.0;
+      last_train_accuracy = totals[2] > 0 ? totals[1] / totals[2] : 0.0;
+
+      ClassificationMetrics metrics = [&] {
+        auto timed = phases.time(Phase::kOther);
+        return evaluate(validation);
+      }();
+      ++epoch;
+      const bool reached = options_.target_accuracy && metrics.top1() >= *options_.target_accuracy;
+      if (reached && !result.time_to_target) {
+        result.time_to_target = train_seconds;
+        result.target_epoch = epoch;
+      }
+      if (rank0()) {
+        *options_.out << detail::epoch_line(epoch, options_.epochs, last_train_loss,
+                                            last_train_accuracy, metrics)
+                      << '\n'
+                      << std::flush;
+        if (log) {
+          EpochRecord record;
+          record.epoch = epoch;
+          record.global_step = global_step_;
+          record.train_loss = last_train_loss;
+          record.train_accuracy = last_train_accuracy;
+          record.set_validation(metrics);
+          record.lr = schedule_(std::max<std::int64_t>(0, global_step_ - 1));
+          record.images_per_second = totals[3] > 0 ? totals[2] / totals[3] : 0.0;
+          record.epoch_seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_started)
+                  .count();
+          record.elapsed_seconds = train_seconds;
+          record.phase_seconds = phases.epoch_json();
+          if constexpr (Policy::kLossScaling) record.loss_scale = optimizer_.loss_scale();
+          log->append_epoch(record);
+        }
+      }
+      const bool last = epoch == options_.epochs || reached;
+      if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
+        auto timed = phases.time(Phase::kOther);
+        if (rank0()) {
+          TrainingState state;
+          state.epoch = epoch;
+          state.global_step = global_step_;
+          state.extra["train_seconds"] = train_seconds;
+          save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state,
+                          checkpoint_options());
+        }
+      }
+      result.validation = std::move(metrics);
+      if (reached) break;
+    }
+
+    result.epochs = epoch;
+    result.global_step = global_step_;
+    result.train_seconds = train_seconds;
+    result.total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double this_run = train_seconds - train_seconds_before;
+    result.images_per_second = this_run > 0 ? static_cast<double>(images) / this_run : 0.0;
+    if (rank0()) finish(result, phases, log, last_train_loss, last_train_accuracy);
+    return result;
+  }
+
+  // Validation over each rank's shard, summed across ranks: the whole set's metrics on every rank.
+  template <class Transform>
+  ClassificationMetrics evaluate(data::Loader<T, Transform>& loader) {
+    network_.eval();
+    ClassificationMetrics metrics(static_cast<int>(Net::Output::kDims[0]));
+    loader.start_epoch(0);
+    while (const data::Batch<T>* batch = loader.next()) {
+      const auto logits = network_.forward(batch->images.view());
+      metrics.add_batch(logits, batch->labels, loss_.loss(logits, batch->labels));
+    }
+    metrics.allreduce(ddp_);
+    network_.train();
+    return metrics;
+  }
+
+  std::int64_t global_step() const { return global_step_; }
+
+ private:
+  bool rank0() const { return ddp_.rank() == 0; }
+
+  tensor::TensorView<const T> network_output() { return output_; }
+
+  double step(const data::Batch<T>& batch, PhaseTracker& phases) {
+    network_.zero_grad();
+    {
+      auto timed = phases.time(Phase::kForward);
+      output_ = network_.forward(batch.images.view());
+    }
+    double loss = 0;
+    {
+      auto timed = phases.time(Phase::kLoss);
+      grad_.resize(output_.shape());
+      loss = loss_.loss_and_grad(output_, batch.labels, grad_.view(), optimizer_.loss_scale());
+    }
+    {
+      auto timed = phases.time(Phase::kBackward);
+      network_.backward(grad_.view());
+    }
+    phases.add_seconds(Phase::kAllreduceWait, ddp_.finish_gradient_sync());
+    {
+      auto timed = phases.time(Phase::kOptimizer);
+      // Every rank takes the same decision on an overflowed fp16 step.
+      const bool finite = ddp_.all_finite(optimizer_.unscale_and_check());
+      optimizer_.apply(finite, schedule_(global_step_));
+    }
+    ++global_step_;
+    return loss;
+  }
+
+  CheckpointOptions checkpoint_options() const {
+    CheckpointOptions options;
+    options.model_name = options_.model_name;
+    return options;
+  }
+
+  void finish(const FitResult& result, const PhaseTracker& phases, std::optional<RunLog>& log,
+              double train_loss, double train_accuracy) {
+    std::ostream& out = *options_.out;
+    if (options_.target_accuracy) {
+      if (result.time_to_target)
+        out << "time to " << *options_.target_accuracy << " validation accuracy: " << std::fixed
+            << std::setprecision(2) << *result.time_to_target << " s of training (epoch "
+            << *result.target_epoch << ")\n";
+      else
+        out << "target " << *options_.target_accuracy << " not reached in " << result.epochs
+            << " epochs\n";
+    }
+    out << std::fixed << std::setprecision(0) << "training: " << result.images_per_second
+        << " images/s over " << ddp_.world_size() << (ddp_.world_size() == 1 ? " rank" : " ranks")
+        << ", " << std::setprecision(2) << result.train_seconds << " s\n";
+    if (options_.report) {
+      out << '\n' << phases.report() << '\n';
+      out << "confusion matrix (rows: true class, columns: predicted)\n"
+          << result.validation.format_confusion_matrix() << '\n';
+    }
+    if (log) {
+      RunResult record;
+      record.epochs = result.epochs;
+      record.global_step = result.global_step;
+      record.total_seconds = result.total_seconds;
+      record.world_size = ddp_.world_size();
+      record.backend = options_.config.value("backend", std::string("unknown"));
+      record.train_loss = train_loss;
+      record.train_accuracy = train_accuracy;
+      record.validation = result.validation.to_json(true);
+      record.target_accuracy = options_.target_accuracy;
+      record.extra["train_seconds"] = result.train_seconds;
+      record.extra["images_per_second"] = result.images_per_second;
+      log->write_result(record);
+      out << "run record: " << options_.log_dir.string() << '\n';
+    }
+    out << std::flush;
+  }
+
+  Net& network_;
+  optim::PrecisionOptimizer<Policy, Optimizer>& optimizer_;
+  DataParallel<Net>& ddp_;
+  Schedule schedule_;
+  TrainerOptions options_;
+  bool progress_ = false;
+  nn::SoftmaxCrossEntropy loss_;
+  tensor::TensorView<const T> output_;
+  tensor::Tensor<T> grad_;
+  std::int64_t global_step_ = 0;
+};
+
+}  // namespace coltrain::train
