@@ -11,6 +11,15 @@ set(COLTRAIN_SKIP_RETURN_CODE 77)
 add_library(coltrain_catch_main OBJECT "${CMAKE_CURRENT_LIST_DIR}/../tests/support/catch_main.cpp")
 target_link_libraries(coltrain_catch_main PUBLIC Catch2::Catch2)
 
+# The Catch main of a kind of test, compiled once and linked into every suite of that kind (each
+# takes 15-30 s to compile: Catch's implementation).
+function(_coltrain_catch_main_library name source)
+  if(NOT TARGET ${name})
+    add_library(${name} OBJECT "${PROJECT_SOURCE_DIR}/tests/support/${source}")
+    target_link_libraries(${name} PUBLIC coltrain::coltrain Catch2::Catch2 PRIVATE coltrain_warnings)
+  endif()
+endfunction()
+
 function(_coltrain_timeout_for labels out)
   if("slow" IN_LIST labels)
     set(${out} ${COLTRAIN_SLOW_TEST_TIMEOUT} PARENT_SCOPE)
@@ -38,8 +47,9 @@ endfunction()
 # suites that oversubscribe the cores with many ranks.
 function(coltrain_add_mpi_test)
   cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SOURCES;RANKS;LABELS;LINK" ${ARGN})
-  add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_mpi_main.cpp")
-  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
+  _coltrain_catch_main_library(coltrain_catch_mpi_main catch_mpi_main.cpp)
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_mpi_main
                                             ${ARG_LINK})
   set(labels mpi ${ARG_LABELS})
   _coltrain_timeout_for("${labels}" timeout)
@@ -136,10 +146,10 @@ endfunction()
 # that reports "skipped: PyTorch is not installed" (CTest: skipped), so a missing PyTorch is visible.
 function(coltrain_add_parity_test)
   cmake_parse_arguments(ARG "" "NAME;SCRIPT" "SOURCES;LINK" ${ARGN})
-  add_executable(${ARG_NAME} ${ARG_SOURCES}
-                 "${PROJECT_SOURCE_DIR}/tests/support/catch_parity_main.cpp")
-  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
-                                            ${ARG_LINK})
+  _coltrain_catch_main_library(coltrain_catch_parity_main catch_parity_main.cpp)
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings
+                                            coltrain_catch_parity_main ${ARG_LINK})
   if(COLTRAIN_PYTHON_HAS_TORCH)
     set(dir "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_references")
     add_test(NAME ${ARG_NAME}.references
