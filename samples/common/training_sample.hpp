@@ -125,10 +125,8 @@ inline std::function<double(std::int64_t)> make_schedule(const Options& o,
     after = ct::optim::MultiStepLr{.base_lr = o.lr, .milestones = {rest / 2, rest * 3 / 4}};
   else
     after = ct::optim::ConstantLr{.base_lr = o.lr};
-  return [warmup, after](std::int64_t step) {
-    return ct::optim::LinearWarmup<std::function<double(std::int64_t)>>{
-        .warmup_steps = warmup, .start_factor = 0.1, .inner = after}(step);
-  };
+  return ct::optim::LinearWarmup<std::function<double(std::int64_t)>>{
+      .warmup_steps = warmup, .start_factor = 0.1, .inner = std::move(after)};
 }
 
 // Trains Model on `train`, validating on `test`, across the ranks the launcher started. Returns the

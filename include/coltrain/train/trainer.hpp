@@ -192,7 +192,7 @@ class Trainer {
         if (!batch) break;
         const double loss = step(*batch, phases);
         loss_sum += loss * static_cast<double>(batch->size());
-        correct += static_cast<double>(nn::topk_correct<T>(network_output(), batch->labels, 1));
+        correct += static_cast<double>(nn::topk_correct<T>(output_, batch->labels, 1));
         seen += static_cast<double>(batch->size());
         step_seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
@@ -291,8 +291,6 @@ class Trainer {
 
  private:
   bool rank0() const { return ddp_.rank() == 0; }
-
-  tensor::TensorView<const T> network_output() { return output_; }
 
   double step(const data::Batch<T>& batch, PhaseTracker& phases) {
     network_.zero_grad();
