@@ -528,7 +528,7 @@ TEST_CASE("gradients: BatchNorm2d in evaluation mode", "[nn][gradients][batch_no
 }
 
 TEST_CASE("gradients: BatchNorm2d on 2 threads", "[nn][gradients][batch_norm]") {
-  // 37 x 8 x 12 x 12 values exceed the layer's parallel threshold: channels split across threads.
+  // 37 x 8 x 12 x 12 values exceed the layer's parallel threshold: the batch splits across threads.
   check<Sequential<Input<8, 12, 12>, GradProbe, nn::BatchNorm2d<>>>(
       "BatchNorm2d, training, batch 37, 2 threads", {.batch = 37, .threads = 2, .max_elements = 120});
   check<Sequential<Input<8, 12, 12>, GradProbe, nn::BatchNorm2d<>>>(

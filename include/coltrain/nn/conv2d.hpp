@@ -1,6 +1,7 @@
 #pragma once
-// Conv2d<OutChannels, Kernel, Stride, Padding, Bias>: 2-D convolution on NCHW samples (torch.nn.Conv2d
-// with a square kernel, zero padding, no dilation or groups); weight [out, in, kh, kw].
+// Conv2d<OutChannels, Kernel, Stride, Padding, Bias>: 2-D convolution on NCHW samples
+// (torch.nn.Conv2d with a square kernel, zero padding, no dilation or groups);
+// weight [out, in, kh, kw].
 //
 // CPU: im2col + GEMM. Each thread takes a contiguous share of the batch; small feature maps are
 // packed several images to a GEMM, so that the product stays wide
@@ -47,15 +48,15 @@ void pad_image(const S* image, S* padded) {
   constexpr std::int64_t ph = w.height + 2 * w.padding, pw = w.width + 2 * w.padding;
   for (std::int64_t c = 0; c < w.channels; ++c)
     for (std::int64_t h = 0; h < w.height; ++h)
-      std::memcpy(padded + (c * ph + h + w.padding) * pw + w.padding, image + (c * w.height + h) * w.width,
-                  w.width * sizeof(S));
+      std::memcpy(padded + (c * ph + h + w.padding) * pw + w.padding,
+                  image + (c * w.height + h) * w.width, w.width * sizeof(S));
 }
 
-// col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0 outside).
-// The window is a template argument so that every loop bound is a constant. With stride 1 the image
-// is first copied into `padded` (pad_image), whose zero border replaces all bounds checks: each row
-// of the columns is then a copy of OW contiguous values, which compiles to a few vector moves
-// instead of a call to memmove.
+// col[(c*k + kh)*k + kw][column_offset + oh*OW + ow] = image[c][oh*s - p + kh][ow*s - p + kw] (0
+// outside). The window is a template argument so that every loop bound is a constant. With stride 1
+// the image is first copied into `padded` (pad_image), whose zero border replaces all bounds
+// checks: each row of the columns is then a copy of OW contiguous values, which compiles to a few
+// vector moves instead of a call to memmove.
 template <Window w, class S>
 void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset, S* padded) {
   constexpr std::int64_t k = w.kernel;
@@ -101,8 +102,9 @@ void im2col(const S* image, S* col, std::int64_t ld, std::int64_t column_offset,
 
 // Elements of im2col's `padded` scratch for a window.
 constexpr std::int64_t padded_size(const Window& w) {
-  return w.stride == 1 && w.padding > 0 ? w.channels * (w.height + 2 * w.padding) * (w.width + 2 * w.padding)
-                                        : 0;
+  return w.stride == 1 && w.padding > 0
+             ? w.channels * (w.height + 2 * w.padding) * (w.width + 2 * w.padding)
+             : 0;
 }
 
 // A stride-1 convolution of one image without an im2col matrix (an indirect GEMM): with the image
@@ -120,6 +122,16 @@ struct IndirectConvolution {
   static constexpr std::int64_t kColumns = (w.out_height - 1) * kPaddedWidth + w.out_width;
   static constexpr std::int64_t kProductLd = (kColumns + 15) / 16 * 16;  // rows on 64-byte lines
   static constexpr bool kWorthIt = w.stride == 1 && kPaddedWidth * 8 <= w.out_width * 9;
+  static constexpr std::int64_t kChannelStride = kPaddedHeight * kPaddedWidth;
+  // Where row (c, kh, kw) starts, relative to the padded channel c: the same for every channel.
+  static constexpr std::size_t kWindowSize = static_cast<std::size_t>(w.kernel * w.kernel);
+  static constexpr std::array<std::int64_t, kWindowSize> kWindowOffsets = [] {
+    std::array<std::int64_t, kWindowSize> offsets{};
+    for (std::int64_t kh = 0; kh < w.kernel; ++kh)
+      for (std::int64_t kw = 0; kw < w.kernel; ++kw)
+        offsets[static_cast<std::size_t>(kh * w.kernel + kw)] = kh * kPaddedWidth + kw;
+    return offsets;
+  }();
 
   static constexpr std::array<std::int64_t, kDepth> kRowOffsets = [] {
     std::array<std::int64_t, kDepth> offsets{};
@@ -141,8 +153,8 @@ struct IndirectConvolution {
       pad_image<w>(image, padded);
       source = padded;
     }
-    tensor::gemm_nn_indirect(m, kColumns, kDepth, weights, kDepth, source, kRowOffsets.data(), product,
-                             kProductLd, false);
+    tensor::gemm_nn_indirect(m, kColumns, kDepth, weights, kDepth, source, kRowOffsets.data(),
+                             product, kProductLd, false);
     constexpr std::int64_t plane = w.out_height * w.out_width;
     for (std::int64_t c = 0; c < m; ++c) {
       const S shift = bias ? bias[c] : S(0);
@@ -152,6 +164,35 @@ struct IndirectConvolution {
         for (std::int64_t ow = 0; ow < w.out_width; ++ow) dst[ow] = src[ow] + shift;
       }
     }
+  }
+
+  // The weight gradient of one image, transposed: weight_grad_t[C*k*k][ld] += im2col(image) *
+  // out_grad_t, without the im2col matrix. out_grad_t is the output gradient transposed into the
+  // padded numbering of the columns (transpose_output_gradient); `padded` as in run().
+  template <class S>
+  static void add_weight_gradient(std::int64_t n, const S* image, S* padded, const S* out_grad_t,
+                                  std::int64_t ld, S* weight_grad_t) {
+    const S* source = image;
+    if constexpr (w.padding > 0) {
+      pad_image<w>(image, padded);
+      source = padded;
+    }
+    tensor::gemm_nn_windowed<kWindowOffsets>(w.channels, kChannelStride, n, kColumns, source,
+                                             out_grad_t, ld, weight_grad_t, ld, true);
+  }
+
+  // out_grad_t[oh*PW + ow][c] = out_grad[c][oh][ow] for c < m, rows kColumns x ld. The other
+  // entries (the k-1 columns past each output row, and c >= m) are never written: the caller zeroes
+  // the buffer once.
+  template <class S>
+  static void transpose_output_gradient(std::int64_t m, const S* out_grad, S* out_grad_t,
+                                        std::int64_t ld) {
+    for (std::int64_t oh = 0; oh < w.out_height; ++oh)
+      for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
+        S* row = out_grad_t + (oh * kPaddedWidth + ow) * ld;
+        const S* src = out_grad + oh * w.out_width + ow;
+        for (std::int64_t c = 0; c < m; ++c) row[c] = src[c * w.out_height * w.out_width];
+      }
   }
 };
 
@@ -172,7 +213,8 @@ void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, S* im
           if (w.stride == 1) {
             const std::int64_t shift = kw - w.padding;
             const std::int64_t ow_begin = std::clamp<std::int64_t>(-shift, 0, w.out_width);
-            const std::int64_t ow_end = std::clamp<std::int64_t>(w.width - shift, ow_begin, w.out_width);
+            const std::int64_t ow_end =
+                std::clamp<std::int64_t>(w.width - shift, ow_begin, w.out_width);
             for (std::int64_t ow = ow_begin; ow < ow_end; ++ow) dst[ow + shift] += src[ow];
           } else {
             for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
@@ -213,13 +255,20 @@ class Conv2dLayer {
   // k-1-p, with the kernel flipped and its in/out channels swapped. That GEMM has depth Cout*k*k
   // instead of Cout, and needs no scatter-add (col2im).
   static constexpr bool kGradientAsConvolution = Stride == 1 && Padding < Kernel;
-  static constexpr detail::Window kGradientWindow{kCout, kOutH, kOutW, kKernel, 1,
-                                                  kKernel - 1 - std::min(kPadding, kKernel - 1), kH, kW};
+  static constexpr detail::Window kGradientWindow{
+      kCout, kOutH, kOutW, kKernel, 1, kKernel - 1 - std::min(kPadding, kKernel - 1), kH, kW};
   static constexpr std::int64_t kInHw = kH * kW;
   using ForwardIndirect = detail::IndirectConvolution<kWindow>;
   using GradientIndirect = detail::IndirectConvolution<kGradientWindow>;
   static constexpr bool kIndirectForward = ForwardIndirect::kWorthIt;
   static constexpr bool kIndirectGradient = kGradientAsConvolution && GradientIndirect::kWorthIt;
+  // Where the forward pass reads the padded image, so does the weight gradient: dW^T = col * dY^T
+  // through gemm_nn_windowed, whose broadcasts of col are constant offsets into a k x k window
+  // (up to 5 x 5: more rows than that would not fit a register tile). Output channels are padded
+  // to whole vectors in dY^T and dW^T.
+  static constexpr bool kWindowedWeightGradient =
+      kIndirectForward && kKernel * kKernel >= 4 && kKernel * kKernel <= 25;
+  static constexpr std::int64_t kCoutPadded = (kCout + 15) / 16 * 16;
 
  public:
   using Input = In;
@@ -229,7 +278,8 @@ class Conv2dLayer {
   static constexpr std::size_t kForwardMacs = static_cast<std::size_t>(kCout * kK * kHw);
 
   Conv2dLayer()
-      : weight_({kCout, kCin, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Kernel)}),
+      : weight_(
+            {kCout, kCin, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Kernel)}),
         bias_({HasBias ? kCout : 0}) {}
 
   void initialize(Rng& rng) {
@@ -262,8 +312,8 @@ class Conv2dLayer {
         const std::int64_t count = std::min(kGroup, end - first);
         const std::int64_t ld = count * kHw;
         for (std::int64_t g = 0; g < count; ++g)
-          detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
-                                  ws.padded.data());
+          detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld,
+                                  g * kHw, ws.padded.data());
         S* target = count == 1 ? y.data() + first * kCout * kHw : ws.product.data();
         tensor::gemm_nn_small_m(kCout, ld, kK, w.data(), kK, ws.col.data(), ld, target, ld, false);
         for (std::int64_t g = 0; g < count; ++g) {
@@ -301,7 +351,7 @@ class Conv2dLayer {
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
-      std::fill_n(ws.weight_grad.data(), kCout * kK, S(0));
+      std::fill_n(ws.weight_grad.data(), ws.weight_grad.numel(), S(0));
       std::fill_n(ws.bias_grad.data(), kCout, S(0));
       for (std::int64_t first = begin; first < end; first += kGroup) {
         const std::int64_t count = std::min(kGroup, end - first);
@@ -315,26 +365,38 @@ class Conv2dLayer {
                           ws.product.data() + c * ld + g * kHw);
           dy_group = ws.product.data();
         }
-        for (std::int64_t c = 0; c < kCout; ++c) {
-          ws.bias_grad.data()[c] += detail::lane_sum<S>(dy_group + c * ld, ld);
+        if constexpr (HasBias)
+          for (std::int64_t c = 0; c < kCout; ++c)
+            ws.bias_grad.data()[c] += detail::lane_sum<S>(dy_group + c * ld, ld);
+        if constexpr (kWindowedWeightGradient) {
+          for (std::int64_t g = 0; g < count; ++g) {
+            ForwardIndirect::transpose_output_gradient(kCout, dy.data() + (first + g) * kCout * kHw,
+                                                       ws.out_grad_t.data(), kCoutPadded);
+            ForwardIndirect::add_weight_gradient(kCoutPadded, x.data() + (first + g) * kCin * kInHw,
+                                                 ws.padded.data(), ws.out_grad_t.data(),
+                                                 kCoutPadded, ws.weight_grad.data());
+          }
+        } else {
+          for (std::int64_t g = 0; g < count; ++g)
+            detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld,
+                                    g * kHw, ws.padded.data());
+          // dW += dY * col^T
+          tensor::gemm_nt_long_k(kCout, kK, ld, dy_group, ld, ws.col.data(), ld,
+                                 ws.weight_grad.data(), kK, true);
         }
-        for (std::int64_t g = 0; g < count; ++g)
-          detail::im2col<kWindow>(x.data() + (first + g) * kCin * kH * kW, ws.col.data(), ld, g * kHw,
-                                  ws.padded.data());
-        // dW += dY * col^T
-        tensor::gemm_nt_long_k(kCout, kK, ld, dy_group, ld, ws.col.data(), ld, ws.weight_grad.data(), kK,
-                               true);
         if (want_input_grad) {
           if constexpr (kIndirectGradient) {
             for (std::int64_t g = 0; g < count; ++g)
               GradientIndirect::run(kCin, flipped_.data(), dy.data() + (first + g) * kCout * kHw,
                                     ws.gradient_padded.data(), ws.gradient_product.data(),
-                                    dx.data() + (first + g) * kCin * kInHw, static_cast<const S*>(nullptr));
+                                    dx.data() + (first + g) * kCin * kInHw,
+                                    static_cast<const S*>(nullptr));
           } else if constexpr (kGradientAsConvolution) {
             const std::int64_t ld_in = count * kInHw;
             for (std::int64_t g = 0; g < count; ++g)
-              detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw, ws.gradient_col.data(),
-                                              ld_in, g * kInHw, ws.gradient_padded.data());
+              detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw,
+                                              ws.gradient_col.data(), ld_in, g * kInHw,
+                                              ws.gradient_padded.data());
             S* target = count == 1 ? dx.data() + first * kCin * kInHw : ws.gradient_product.data();
             tensor::gemm_nn_small_m(kCin, ld_in, kGradientK, flipped_.data(), kGradientK,
                                     ws.gradient_col.data(), ld_in, target, ld_in, false);
@@ -345,7 +407,8 @@ class Conv2dLayer {
                               dx.data() + ((first + g) * kCin + c) * kInHw);
           } else {
             // dcol = W^T * dY, folded back onto the input images.
-            tensor::gemm_tn_small_k(kK, ld, kCout, w.data(), kK, dy_group, ld, ws.col.data(), ld, false);
+            tensor::gemm_tn_small_k(kK, ld, kCout, w.data(), kK, dy_group, ld, ws.col.data(), ld,
+                                    false);
             for (std::int64_t g = 0; g < count; ++g)
               detail::col2im_add<kWindow>(ws.col.data(), ld, g * kHw,
                                           dx.data() + (first + g) * kCin * kInHw);
@@ -362,7 +425,13 @@ class Conv2dLayer {
     std::fill_n(db, kCout, S(0));
     for (int t = 0; t < parts; ++t) {
       const Workspace& ws = workspaces_[static_cast<std::size_t>(t)];
-      for (std::int64_t i = 0; i < kCout * kK; ++i) dw[i] += ws.weight_grad.data()[i];
+      if constexpr (kWindowedWeightGradient) {
+        for (std::int64_t c = 0; c < kCout; ++c)
+          for (std::int64_t i = 0; i < kK; ++i)
+            dw[c * kK + i] += ws.weight_grad.data()[i * kCoutPadded + c];
+      } else {
+        for (std::int64_t i = 0; i < kCout * kK; ++i) dw[i] += ws.weight_grad.data()[i];
+      }
       for (std::int64_t c = 0; c < kCout; ++c) db[c] += ws.bias_grad.data()[c];
     }
     detail::accumulate<T, S>(weight_.grad.view(), weight_delta_.view());
@@ -384,9 +453,11 @@ class Conv2dLayer {
   struct Workspace {
     tensor::Tensor<S, Device> col, product, weight_grad, bias_grad, gradient_col, gradient_product;
     tensor::Tensor<S, Device> padded, gradient_padded;  // im2col's zero-bordered copies
+    tensor::Tensor<S, Device> out_grad_t;               // dY^T for the windowed weight gradient
   };
 
-  // flipped_[ci][co][kh][kw] = W[co][ci][k-1-kh][k-1-kw]: the kernel of the input-gradient convolution.
+  // flipped_[ci][co][kh][kw] = W[co][ci][k-1-kh][k-1-kw]: the kernel of the input-gradient
+  // convolution.
   void flip_weights(const S* w) {
     flipped_.resize({kCin, kGradientK});
     S* f = flipped_.data();
@@ -402,9 +473,17 @@ class Conv2dLayer {
     if (workspaces_.size() >= static_cast<std::size_t>(threads)) return;
     workspaces_.resize(static_cast<std::size_t>(threads));
     for (Workspace& ws : workspaces_) {
-      ws.col.resize({kK, kGroup * kHw});
-      ws.product.resize({kCout, std::max(kGroup * kHw, kIndirectForward ? ForwardIndirect::kProductLd : 0)});
-      ws.weight_grad.resize({kCout, kK});
+      ws.product.resize(
+          {kCout, std::max(kGroup * kHw, kIndirectForward ? ForwardIndirect::kProductLd : 0)});
+      if constexpr (kWindowedWeightGradient) {
+        // The forward pass and the input gradient need no im2col matrix either (indirect).
+        if constexpr (!kIndirectGradient) ws.col.resize({kK, kGroup * kHw});
+        ws.weight_grad.resize({kK, kCoutPadded});  // transposed
+        ws.out_grad_t.resize({ForwardIndirect::kColumns, kCoutPadded});
+      } else {
+        ws.col.resize({kK, kGroup * kHw});
+        ws.weight_grad.resize({kCout, kK});
+      }
       ws.bias_grad.resize({kCout});
       ws.padded.resize({detail::padded_size(kWindow)});
       if constexpr (kIndirectGradient) {
@@ -427,8 +506,8 @@ class Conv2dLayer {
 };
 
 // torch.nn.Conv2d(in, OutChannels, Kernel, stride=Stride, padding=Padding, bias=HasBias).
-template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Padding = 0,
-          bool HasBias = true>
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1,
+          std::size_t Padding = 0, bool HasBias = true>
 struct Conv2d {
   template <class In, class T, class Device>
   using Bind = Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, In, T, Device>;

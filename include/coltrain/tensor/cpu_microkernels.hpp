@@ -8,6 +8,8 @@
 //   gemm_nn_indirect  the same, B's rows at given offsets    implicit im2col (stride 1)
 //   gemm_tn_small_k   C[m x n] (=|+=) A[k x m]^T * B[k x n]   input gradient through col2im
 //   gemm_nt_long_k    C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient
+//   gemm_nn_windowed  the same as NN, A's rows at a constant window of offsets per group of rows
+//                     (the im2col matrix as A, read from the zero-padded image)   weight gradient
 //
 // Row-major with leading dimensions (as tensor::gemm); C must not overlap A or B. Rows that start
 // on 64-byte boundaries (the Tensor allocator's, with leading dimensions a multiple of 16) are much
@@ -360,6 +362,53 @@ inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float*
   }
 }
 
+// --- Windowed NN: A's rows are shifted windows of one image --------------------------------------
+// Row (g, r) of A starts at a + g * group_stride + Offsets[r]. For a stride-1 convolution's weight
+// gradient, dW^T = col * dY^T, row (c, kh, kw) of the im2col matrix `col` is the zero-padded
+// channel c read from offset kh*PW + kw, the same window for every channel. With the window a
+// template argument each broadcast of A is one instruction with a constant displacement, and the
+// loop needs no row pointers; B's rows (dY^T) are contiguous.
+template <auto Offsets, int Vectors>
+COLTRAIN_FORCE_INLINE void windowed_tile(std::int64_t depth, const float* COLTRAIN_RESTRICT a,
+                                         const float* COLTRAIN_RESTRICT b, std::int64_t ldb,
+                                         float* COLTRAIN_RESTRICT c, std::int64_t ldc,
+                                         bool accumulate) {
+  constexpr int kRows = static_cast<int>(Offsets.size());
+  Vector acc[kRows][Vectors];
+  unroll2<kRows, Vectors>([&](auto i, auto v)
+                              COLTRAIN_MICROKERNEL_INLINE { acc[i][v] = Vector{}; });
+  for (const float* const a_end = a + depth; a != a_end; ++a, b += ldb) {
+    Vector row[Vectors];
+    unroll<Vectors>([&](auto v) COLTRAIN_MICROKERNEL_INLINE { row[v] = load(b + v * kLanes); });
+    unroll2<kRows, Vectors>(
+        [&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE { acc[i][v] += row[v] * a[Offsets[i]]; });
+  }
+  unroll2<kRows, Vectors>([&](auto i, auto v) COLTRAIN_MICROKERNEL_INLINE {
+    float* out = c + i * ldc + v * kLanes;
+    store(out, accumulate ? acc[i][v] + load(out) : acc[i][v]);
+  });
+}
+
+template <auto Offsets>
+void gemm_nn_windowed(std::int64_t groups, std::int64_t group_stride, std::int64_t n,
+                      std::int64_t depth, const float* a, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, bool accumulate) {
+  constexpr int kRows = static_cast<int>(Offsets.size());
+  // About 20 accumulators: enough independent chains to hide the FMA latency, with registers left
+  // for B's row and the broadcast.
+  constexpr int kMaxVectors = std::clamp(20 / kRows, 1, kNnVectors);
+  const EvenSplit column_tiles(n / kLanes, kMaxVectors);
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (std::int64_t t = 0; t < column_tiles.parts; ++t) {
+      const std::int64_t j0 = column_tiles.begin(t) * kLanes;
+      dispatch<kMaxVectors>(
+          static_cast<int>(column_tiles.size(t)), [&]<int Vectors>() COLTRAIN_MICROKERNEL_INLINE {
+            windowed_tile<Offsets, Vectors>(depth, a + g * group_stride, b + j0, ldb,
+                                            c + g * kRows * ldc + j0, ldc, accumulate);
+          });
+    }
+}
+
 }  // namespace detail::microkernel
 #endif  // COLTRAIN_MICROKERNELS
 
@@ -457,6 +506,39 @@ inline void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const
   detail::microkernel::gemm_nt(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 #else
   gemm_nt_long_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+#endif
+}
+
+// C[groups * R x n] (=|+=) A * B[depth x n], where A has R = Offsets.size() rows per group and
+// A((g, r), p) = a[g * group_stride + Offsets[r] + p]: the im2col matrix of a stride-1 convolution
+// read from the zero-padded image (groups = channels, Offsets = the kernel window's kh*PW + kw).
+// The generic version, for any S; the float one below takes precedence.
+template <auto Offsets, class S>
+void gemm_nn_windowed(std::int64_t groups, std::int64_t group_stride, std::int64_t n,
+                      std::int64_t depth, const S* a, const S* b, std::int64_t ldb, S* c,
+                      std::int64_t ldc, bool accumulate) {
+  constexpr std::int64_t kRows = static_cast<std::int64_t>(Offsets.size());
+  for (std::int64_t g = 0; g < groups; ++g)
+    for (std::int64_t r = 0; r < kRows; ++r) {
+      const S* row = a + g * group_stride + Offsets[static_cast<std::size_t>(r)];
+      S* out = c + (g * kRows + r) * ldc;
+      if (!accumulate) std::fill_n(out, n, S(0));
+      for (std::int64_t p = 0; p < depth; ++p)
+        for (std::int64_t j = 0; j < n; ++j) out[j] += row[p] * b[p * ldb + j];
+    }
+}
+
+// n must be a multiple of 16: callers pad B's and C's rows with zero columns.
+template <auto Offsets>
+void gemm_nn_windowed(std::int64_t groups, std::int64_t group_stride, std::int64_t n,
+                      std::int64_t depth, const float* a, const float* b, std::int64_t ldb,
+                      float* c, std::int64_t ldc, bool accumulate) {
+#if COLTRAIN_MICROKERNELS
+  if (groups <= 0 || n <= 0) return;
+  detail::microkernel::gemm_nn_windowed<Offsets>(groups, group_stride, n, depth, a, b, ldb, c, ldc,
+                                                 accumulate);
+#else
+  gemm_nn_windowed<Offsets, float>(groups, group_stride, n, depth, a, b, ldb, c, ldc, accumulate);
 #endif
 }
 
