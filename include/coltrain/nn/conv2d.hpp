@@ -262,12 +262,18 @@ class Conv2dLayer {
   using GradientIndirect = detail::IndirectConvolution<kGradientWindow>;
   static constexpr bool kIndirectForward = ForwardIndirect::kWorthIt;
   static constexpr bool kIndirectGradient = kGradientAsConvolution && GradientIndirect::kWorthIt;
-  // Where the forward pass reads the padded image, so does the weight gradient: dW^T = col * dY^T
-  // through gemm_nn_windowed, whose broadcasts of col are constant offsets into a k x k window
-  // (up to 5 x 5: more rows than that would not fit a register tile). Output channels are padded
-  // to whole vectors in dY^T and dW^T.
-  static constexpr bool kWindowedWeightGradient =
-      kIndirectForward && kKernel * kKernel >= 4 && kKernel * kKernel <= 25;
+  // Stride-1 weight gradients read the padded image directly, as the indirect forward pass does:
+  // dW^T = col * dY^T through gemm_nn_windowed, whose broadcasts of col are constant offsets into
+  // a k x k window (up to 5 x 5: more rows than that would not fit a register tile). Like the
+  // indirect product it computes the k-1 columns past each output row too, which is still cheaper
+  // than building col where that waste is at most a quarter (8 x 8 maps and up for k = 3). Output
+  // channels are padded to whole vectors in dY^T and dW^T.
+  static constexpr bool kWindowedWeightGradient = Stride == 1 && kKernel * kKernel >= 4 &&
+                                                  kKernel * kKernel <= 25 &&
+                                                  ForwardIndirect::kColumns * 4 <= kHw * 5;
+  // The im2col matrix, for whichever of the three products still needs one.
+  static constexpr bool kNeedsColumns =
+      !kIndirectForward || !kWindowedWeightGradient || !kGradientAsConvolution;
   static constexpr std::int64_t kCoutPadded = (kCout + 15) / 16 * 16;
 
  public:
@@ -358,7 +364,9 @@ class Conv2dLayer {
         const std::int64_t ld = count * kHw;
         // The output gradient of the group as one [Cout, G*HW] matrix.
         const S* dy_group = dy.data() + first * kCout * kHw;
-        if (count > 1) {
+        const bool group_read =
+            HasBias || !kWindowedWeightGradient || (!kGradientAsConvolution && want_input_grad);
+        if (count > 1 && group_read) {
           for (std::int64_t g = 0; g < count; ++g)
             for (std::int64_t c = 0; c < kCout; ++c)
               std::copy_n(dy.data() + ((first + g) * kCout + c) * kHw, kHw,
@@ -475,13 +483,11 @@ class Conv2dLayer {
     for (Workspace& ws : workspaces_) {
       ws.product.resize(
           {kCout, std::max(kGroup * kHw, kIndirectForward ? ForwardIndirect::kProductLd : 0)});
+      if constexpr (kNeedsColumns) ws.col.resize({kK, kGroup * kHw});
       if constexpr (kWindowedWeightGradient) {
-        // The forward pass and the input gradient need no im2col matrix either (indirect).
-        if constexpr (!kIndirectGradient) ws.col.resize({kK, kGroup * kHw});
         ws.weight_grad.resize({kK, kCoutPadded});  // transposed
         ws.out_grad_t.resize({ForwardIndirect::kColumns, kCoutPadded});
       } else {
-        ws.col.resize({kK, kGroup * kHw});
         ws.weight_grad.resize({kCout, kK});
       }
       ws.bias_grad.resize({kCout});
