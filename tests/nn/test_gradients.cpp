@@ -458,6 +458,23 @@ TEST_CASE("gradients: Conv2d on 16-pixel maps reads the padded image in place", 
       "Conv2d<3,3,1,0,nobias> on 2x18x18", {.batch = 2, .max_elements = 150});
 }
 
+TEST_CASE("gradients: Conv2d weight gradient read from the padded image, grouped images",
+          "[nn][gradients][conv2d]") {
+  // 8x8 maps: im2col forward, several images per GEMM, and the windowed weight gradient.
+  check<Sequential<Input<2, 8, 8>, GradProbe, nn::Conv2d<3, 3, 1, 1>>>(
+      "Conv2d<3,3,1,1> on 2x8x8, batch 5, 2 threads", {.batch = 5, .threads = 2, .max_elements = 150});
+}
+
+TEST_CASE("gradients: Conv2dReLU on both paths", "[nn][gradients][conv2d]") {
+  // Indirect (16-pixel maps) and im2col with grouped images (6x6), with and without bias.
+  check<Sequential<Input<2, 16, 16>, GradProbe, nn::Conv2dReLU<3, 3, 1, 1>>>(
+      "Conv2dReLU<3,3,1,1> on 2x16x16", {.batch = 3, .threads = 2, .max_elements = 150, .kinks = true});
+  check<Sequential<Input<3, 6, 6>, GradProbe, nn::Conv2dReLU<4, 3, 1, 1, false>>>(
+      "Conv2dReLU<4,3,1,1,nobias> on 3x6x6", {.batch = 9, .threads = 2, .max_elements = 150, .kinks = true});
+  check<Sequential<Input<2, 7, 7>, GradProbe, nn::Conv2dReLU<4, 3, 2, 1>>>(
+      "Conv2dReLU<4,3,2,1> on 2x7x7", {.batch = 4, .kinks = true});
+}
+
 TEST_CASE("gradients: Conv2d as the first layer, stacked convolutions", "[nn][gradients][conv2d]") {
   check<Sequential<Input<3, 6, 6>, nn::Conv2d<4, 3, 2, 1>, nn::Conv2d<3, 1, 1, 0, false>,
                    nn::Conv2d<2, 3, 1, 1, false>>>("Conv2d first, then two more", {.batch = 3, .threads = 2});

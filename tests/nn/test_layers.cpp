@@ -422,53 +422,72 @@ TEST_CASE("BatchNorm2d: training on one value per channel is an error", "[nn][ba
   CHECK_NOTHROW(net.forward(x.view()));
 }
 
+// A fused layer and its separate twin, with the same parameters (filled in name order), give the
+// same names, outputs and parameter gradients, bit for bit.
+template <class Fused, class Separate>
+void check_fusion(tensor::Shape input, tensor::Shape output, bool training) {
+  INFO((training ? "training" : "evaluation"));
+  nn::Network<Fused> fused({.threads = 2});
+  nn::Network<Separate> separate({.threads = 2});
+  std::vector<std::string> fused_names, separate_names;
+  fused.visit_parameters([&](const std::string& name, auto& p) {
+    fused_names.push_back(name);
+    nn_test::fill_uniform(p.value.span(), 3 + fused_names.size(), -1.0, 1.0);
+  });
+  separate.visit_parameters([&](const std::string& name, auto& p) {
+    separate_names.push_back(name);
+    nn_test::fill_uniform(p.value.span(), 3 + separate_names.size(), -1.0, 1.0);
+  });
+  CHECK(fused_names == separate_names);
+  if (!training) {
+    fused.eval();
+    separate.eval();
+  }
+  tensor::Tensor<float> x(input), dy(output);
+  nn_test::fill_uniform(x.span(), 1, -2.0, 2.0);
+  nn_test::fill_uniform(dy.span(), 2, -1.0, 1.0);
+  const auto y1 = fused.forward(x.view());
+  const auto y2 = separate.forward(x.view());
+  std::int64_t zeros = 0;
+  for (std::int64_t i = 0; i < y1.numel(); ++i) {
+    REQUIRE(y1.data()[i] == y2.data()[i]);
+    zeros += y1.data()[i] == 0.0f;
+  }
+  CHECK(zeros > y1.numel() / 10);  // the ReLU is exercised
+  fused.backward(dy.view());
+  separate.backward(dy.view());
+  std::vector<std::vector<float>> grads;
+  fused.visit_parameters([&](const std::string&, auto& p) {
+    grads.emplace_back(p.grad.span().begin(), p.grad.span().end());
+  });
+  std::size_t index = 0;
+  separate.visit_parameters([&](const std::string& name, auto& p) {
+    INFO(name);
+    const std::vector<float>& g = grads[index++];
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == p.grad.span()[i]);
+  });
+}
+
 TEST_CASE("BatchNormReLU2d: equals BatchNorm2d then ReLU, bit for bit, with the same names",
           "[nn][batch_norm]") {
   using Fused = Sequential<Input<3, 5, 5>, nn::Named<"bn", nn::BatchNormReLU2d<>>>;
   using Separate = Sequential<Input<3, 5, 5>, nn::Named<"bn", nn::BatchNorm2d<>>, nn::ReLU>;
-  for (const bool training : {true, false}) {
-    INFO((training ? "training" : "evaluation"));
-    nn::Network<Fused> fused({.threads = 2});
-    nn::Network<Separate> separate({.threads = 2});
-    // Non-trivial gamma and beta, the same in both; some outputs land below zero.
-    std::vector<std::string> fused_names, separate_names;
-    fused.visit_parameters([&](const std::string& name, auto& p) {
-      fused_names.push_back(name);
-      nn_test::fill_uniform(p.value.span(), 3 + fused_names.size(), -1.0, 1.0);
-    });
-    separate.visit_parameters([&](const std::string& name, auto& p) {
-      separate_names.push_back(name);
-      nn_test::fill_uniform(p.value.span(), 3 + separate_names.size(), -1.0, 1.0);
-    });
-    CHECK(fused_names == separate_names);
-    if (!training) {
-      fused.eval();
-      separate.eval();
-    }
-    tensor::Tensor<float> x(tensor::Shape{4, 3, 5, 5}), dy(tensor::Shape{4, 3, 5, 5});
-    nn_test::fill_uniform(x.span(), 1, -2.0, 2.0);
-    nn_test::fill_uniform(dy.span(), 2, -1.0, 1.0);
-    const auto y1 = fused.forward(x.view());
-    const auto y2 = separate.forward(x.view());
-    std::int64_t zeros = 0;
-    for (std::int64_t i = 0; i < y1.numel(); ++i) {
-      REQUIRE(y1.data()[i] == y2.data()[i]);
-      zeros += y1.data()[i] == 0.0f;
-    }
-    CHECK(zeros > 10);
-    fused.backward(dy.view());
-    separate.backward(dy.view());
-    std::vector<std::vector<float>> grads;
-    fused.visit_parameters([&](const std::string&, auto& p) {
-      grads.emplace_back(p.grad.span().begin(), p.grad.span().end());
-    });
-    std::size_t index = 0;
-    separate.visit_parameters([&](const std::string& name, auto& p) {
-      INFO(name);
-      const std::vector<float>& g = grads[index++];
-      for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(p.grad.span()[i]).epsilon(1e-6));
-    });
-  }
+  for (const bool training : {true, false})
+    check_fusion<Fused, Separate>(tensor::Shape{4, 3, 5, 5}, tensor::Shape{4, 3, 5, 5}, training);
+}
+
+TEST_CASE("Conv2dReLU: equals Conv2d then ReLU, bit for bit, with the same names", "[nn][conv2d]") {
+  // A 1x1 convolution goes first, so that its weight gradient carries the fused layer's input
+  // gradient too. 16x16 maps take the indirect product; 6x6 ones im2col, several images at a time.
+  using nn::Named;
+  check_fusion<
+      Sequential<Input<3, 16, 16>, Named<"pre", nn::Conv2d<3, 1>>, Named<"conv", nn::Conv2dReLU<16, 3, 1, 1>>>,
+      Sequential<Input<3, 16, 16>, Named<"pre", nn::Conv2d<3, 1>>, Named<"conv", nn::Conv2d<16, 3, 1, 1>>,
+                 nn::ReLU>>(tensor::Shape{5, 3, 16, 16}, tensor::Shape{5, 16, 16, 16}, true);
+  check_fusion<
+      Sequential<Input<4, 6, 6>, Named<"pre", nn::Conv2d<4, 1>>, Named<"conv", nn::Conv2dReLU<8, 3, 1, 1, false>>>,
+      Sequential<Input<4, 6, 6>, Named<"pre", nn::Conv2d<4, 1>>, Named<"conv", nn::Conv2d<8, 3, 1, 1, false>>,
+                 nn::ReLU>>(tensor::Shape{11, 4, 6, 6}, tensor::Shape{11, 8, 6, 6}, true);
 }
 
 // ----------------------------------------------------------------------------------------------

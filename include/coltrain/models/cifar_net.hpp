@@ -15,11 +15,12 @@
 namespace coltrain::models {
 
 // PyTorch twin: conv1..conv3 = Conv2d(3, 32, 3, padding=1), Conv2d(32, 64, 3, padding=1),
-// Conv2d(64, 128, 3, padding=1); fc1..fc3 = Linear(2048, 120), Linear(120, 84), Linear(84, 10).
+// Conv2d(64, 128, 3, padding=1), each followed by ReLU (fused here: Conv2dReLU);
+// fc1..fc3 = Linear(2048, 120), Linear(120, 84), Linear(84, 10).
 using CifarNet = nn::Sequential<nn::Input<3, 32, 32>,
-                                nn::Named<"conv1", nn::Conv2d<32, 3, 1, 1>>, nn::ReLU, nn::MaxPool2d<2>,
-                                nn::Named<"conv2", nn::Conv2d<64, 3, 1, 1>>, nn::ReLU, nn::MaxPool2d<2>,
-                                nn::Named<"conv3", nn::Conv2d<128, 3, 1, 1>>, nn::ReLU, nn::MaxPool2d<2>,
+                                nn::Named<"conv1", nn::Conv2dReLU<32, 3, 1, 1>>, nn::MaxPool2d<2>,
+                                nn::Named<"conv2", nn::Conv2dReLU<64, 3, 1, 1>>, nn::MaxPool2d<2>,
+                                nn::Named<"conv3", nn::Conv2dReLU<128, 3, 1, 1>>, nn::MaxPool2d<2>,
                                 nn::Flatten,
                                 nn::Named<"fc1", nn::Linear<120>>, nn::ReLU,
                                 nn::Named<"fc2", nn::Linear<84>>, nn::ReLU,

@@ -14,11 +14,12 @@
 
 namespace coltrain::models {
 
-// PyTorch twin: conv1 = Conv2d(1, 32, 3), conv2 = Conv2d(32, 64, 3), fc1 = Linear(9216, 128),
-// fc2 = Linear(128, 10); dropout1 (0.25) after the pool, dropout2 (0.5) after fc1's ReLU.
+// PyTorch twin: conv1 = Conv2d(1, 32, 3), conv2 = Conv2d(32, 64, 3), each followed by ReLU (fused
+// here: Conv2dReLU), fc1 = Linear(9216, 128), fc2 = Linear(128, 10); dropout1 (0.25) after the
+// pool, dropout2 (0.5) after fc1's ReLU.
 using MnistConvNet = nn::Sequential<nn::Input<1, 28, 28>,
-                                    nn::Named<"conv1", nn::Conv2d<32, 3>>, nn::ReLU,
-                                    nn::Named<"conv2", nn::Conv2d<64, 3>>, nn::ReLU,
+                                    nn::Named<"conv1", nn::Conv2dReLU<32, 3>>,
+                                    nn::Named<"conv2", nn::Conv2dReLU<64, 3>>,
                                     nn::MaxPool2d<2>, nn::Named<"dropout1", nn::Dropout<0.25>>,
                                     nn::Flatten,
                                     nn::Named<"fc1", nn::Linear<128>>, nn::ReLU,

@@ -143,9 +143,9 @@ struct IndirectConvolution {
     return offsets;
   }();
 
-  // out[m][OH*OW] = weights[m][C*k*k] (*) image (+ bias[m] when given). `padded` holds
-  // padded_size(w) elements with a zero border; `product` m * kProductLd.
-  template <class S>
+  // out[m][OH*OW] = weights[m][C*k*k] (*) image (+ bias[m] when given, then ReLU when Relu).
+  // `padded` holds padded_size(w) elements with a zero border; `product` m * kProductLd.
+  template <bool Relu = false, class S>
   static void run(std::int64_t m, const S* weights, const S* image, S* padded, S* product, S* out,
                   const S* bias) {
     const S* source = image;
@@ -161,7 +161,10 @@ struct IndirectConvolution {
       for (std::int64_t oh = 0; oh < w.out_height; ++oh) {
         const S* src = product + c * kProductLd + oh * kPaddedWidth;
         S* dst = out + c * plane + oh * w.out_width;
-        for (std::int64_t ow = 0; ow < w.out_width; ++ow) dst[ow] = src[ow] + shift;
+        for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
+          const S v = src[ow] + shift;
+          dst[ow] = Relu && v < S(0) ? S(0) : v;  // NaN passes, as torch.relu
+        }
       }
     }
   }
@@ -231,7 +234,7 @@ void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, S* im
 }  // namespace detail
 
 template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride, std::size_t Padding,
-          bool HasBias, class In, class T, class Device>
+          bool HasBias, bool FusedRelu, class In, class T, class Device>
 class Conv2dLayer {
   static_assert(In::kRank == 3,
                 "coltrain::nn::Conv2d: the input must be an image, StaticShape<C, H, W>; a flat "
@@ -306,8 +309,9 @@ class Conv2dLayer {
       ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
         Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
         for (std::int64_t b = begin; b < end; ++b)
-          ForwardIndirect::run(kCout, w.data(), x.data() + b * kCin * kInHw, ws.padded.data(),
-                               ws.product.data(), y.data() + b * kCout * kHw, bias);
+          ForwardIndirect::template run<FusedRelu>(kCout, w.data(), x.data() + b * kCin * kInHw,
+                                                   ws.padded.data(), ws.product.data(),
+                                                   y.data() + b * kCout * kHw, bias);
       });
       detail::store_result<T, S>(y, out);
       return;
@@ -327,8 +331,13 @@ class Conv2dLayer {
           for (std::int64_t c = 0; c < kCout; ++c) {
             S* dst = image + c * kHw;
             if (count > 1) std::copy_n(ws.product.data() + c * ld + g * kHw, kHw, dst);
-            if (bias)
-              for (std::int64_t i = 0; i < kHw; ++i) dst[i] += bias[c];
+            if (bias || FusedRelu) {
+              const S shift = bias ? bias[c] : S(0);
+              for (std::int64_t i = 0; i < kHw; ++i) {
+                const S v = dst[i] + shift;
+                dst[i] = FusedRelu && v < S(0) ? S(0) : v;
+              }
+            }
           }
         }
       }
@@ -336,7 +345,9 @@ class Conv2dLayer {
     detail::store_result<T, S>(y, out);
   }
 
-  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device>,
+  // With the fused ReLU, each group's output gradient is first masked where the output is not
+  // positive, into a scratch that stays in cache for the products that read it.
+  void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device> out,
                 tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
                 Context<Device>& ctx) {
     const std::int64_t batch = in.extent(0);
@@ -362,14 +373,23 @@ class Conv2dLayer {
       for (std::int64_t first = begin; first < end; first += kGroup) {
         const std::int64_t count = std::min(kGroup, end - first);
         const std::int64_t ld = count * kHw;
+        // The group's output gradients, image after image.
+        const S* dy_images = dy.data() + first * kCout * kHw;
+        if constexpr (FusedRelu) {
+          const T* y = out.data() + first * kCout * kHw;
+          S* masked = ws.masked_grad.data();
+          for (std::int64_t i = 0; i < count * kCout * kHw; ++i)
+            masked[i] = detail::to_compute_value<S>(y[i]) > S(0) ? dy_images[i] : S(0);
+          dy_images = masked;
+        }
         // The output gradient of the group as one [Cout, G*HW] matrix.
-        const S* dy_group = dy.data() + first * kCout * kHw;
+        const S* dy_group = dy_images;
         const bool group_read =
             HasBias || !kWindowedWeightGradient || (!kGradientAsConvolution && want_input_grad);
         if (count > 1 && group_read) {
           for (std::int64_t g = 0; g < count; ++g)
             for (std::int64_t c = 0; c < kCout; ++c)
-              std::copy_n(dy.data() + ((first + g) * kCout + c) * kHw, kHw,
+              std::copy_n(dy_images + (g * kCout + c) * kHw, kHw,
                           ws.product.data() + c * ld + g * kHw);
           dy_group = ws.product.data();
         }
@@ -378,7 +398,7 @@ class Conv2dLayer {
             ws.bias_grad.data()[c] += detail::lane_sum<S>(dy_group + c * ld, ld);
         if constexpr (kWindowedWeightGradient) {
           for (std::int64_t g = 0; g < count; ++g) {
-            ForwardIndirect::transpose_output_gradient(kCout, dy.data() + (first + g) * kCout * kHw,
+            ForwardIndirect::transpose_output_gradient(kCout, dy_images + g * kCout * kHw,
                                                        ws.out_grad_t.data(), kCoutPadded);
             ForwardIndirect::add_weight_gradient(kCoutPadded, x.data() + (first + g) * kCin * kInHw,
                                                  ws.padded.data(), ws.out_grad_t.data(),
@@ -395,16 +415,15 @@ class Conv2dLayer {
         if (want_input_grad) {
           if constexpr (kIndirectGradient) {
             for (std::int64_t g = 0; g < count; ++g)
-              GradientIndirect::run(kCin, flipped_.data(), dy.data() + (first + g) * kCout * kHw,
+              GradientIndirect::run(kCin, flipped_.data(), dy_images + g * kCout * kHw,
                                     ws.gradient_padded.data(), ws.gradient_product.data(),
                                     dx.data() + (first + g) * kCin * kInHw,
                                     static_cast<const S*>(nullptr));
           } else if constexpr (kGradientAsConvolution) {
             const std::int64_t ld_in = count * kInHw;
             for (std::int64_t g = 0; g < count; ++g)
-              detail::im2col<kGradientWindow>(dy.data() + (first + g) * kCout * kHw,
-                                              ws.gradient_col.data(), ld_in, g * kInHw,
-                                              ws.gradient_padded.data());
+              detail::im2col<kGradientWindow>(dy_images + g * kCout * kHw, ws.gradient_col.data(),
+                                              ld_in, g * kInHw, ws.gradient_padded.data());
             S* target = count == 1 ? dx.data() + first * kCin * kInHw : ws.gradient_product.data();
             tensor::gemm_nn_small_m(kCin, ld_in, kGradientK, flipped_.data(), kGradientK,
                                     ws.gradient_col.data(), ld_in, target, ld_in, false);
@@ -462,6 +481,7 @@ class Conv2dLayer {
     tensor::Tensor<S, Device> col, product, weight_grad, bias_grad, gradient_col, gradient_product;
     tensor::Tensor<S, Device> padded, gradient_padded;  // im2col's zero-bordered copies
     tensor::Tensor<S, Device> out_grad_t;               // dY^T for the windowed weight gradient
+    tensor::Tensor<S, Device> masked_grad;              // a group's dY through the fused ReLU
   };
 
   // flipped_[ci][co][kh][kw] = W[co][ci][k-1-kh][k-1-kw]: the kernel of the input-gradient
@@ -491,6 +511,7 @@ class Conv2dLayer {
         ws.weight_grad.resize({kCout, kK});
       }
       ws.bias_grad.resize({kCout});
+      if constexpr (FusedRelu) ws.masked_grad.resize({kGroup * kCout * kHw});
       ws.padded.resize({detail::padded_size(kWindow)});
       if constexpr (kIndirectGradient) {
         ws.gradient_product.resize({kCin, GradientIndirect::kProductLd});
@@ -516,7 +537,17 @@ template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1,
           std::size_t Padding = 0, bool HasBias = true>
 struct Conv2d {
   template <class In, class T, class Device>
-  using Bind = Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, In, T, Device>;
+  using Bind = Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, false, In, T, Device>;
+};
+
+// Conv2d followed by torch.relu, fused, with the convolution's parameter names: the ReLU is applied
+// as the products are copied out, and its mask to each group's output gradient while it is in
+// cache, instead of a separate layer reading and writing the whole activation once more each way.
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1,
+          std::size_t Padding = 0, bool HasBias = true>
+struct Conv2dReLU {
+  template <class In, class T, class Device>
+  using Bind = Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, true, In, T, Device>;
 };
 
 }  // namespace coltrain::nn
