@@ -11,7 +11,8 @@
 // instead of kept: recomputing them is cheap next to the GEMMs and saves batch x K x HW floats per
 // layer. Stride-1 convolutions on wide maps (16 pixels and more) skip the im2col matrix in the
 // forward pass and the input gradient: the GEMM reads its rows straight from the zero-padded image
-// (IndirectConvolution).
+// (IndirectConvolution). Their weight gradient does the same on maps of 8 pixels and more
+// (gemm_nn_windowed). Conv2dReLU is the convolution with the ReLU after it fused.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
