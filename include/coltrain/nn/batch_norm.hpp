@@ -51,7 +51,10 @@ class BatchNorm2dLayer {
         running_var_({kC}),
         batches_tracked_(tensor::Shape{}),
         mean_({kC}),
-        inv_std_({kC}) {}
+        inv_std_({kC}),
+        scale_({kC}),
+        shift_({kC}),
+        gradient_means_(2 * kC) {}
 
   void initialize(Rng&) {
     for (std::int64_t c = 0; c < kC; ++c) {
@@ -74,8 +77,6 @@ class BatchNorm2dLayer {
     const T* x = in.data();
     T* y = out.data();
     const double count = static_cast<double>(batch * kPlane);
-    scale_.resize({kC});
-    shift_.resize({kC});
     if (training) {
       // One pass for both sums, of (x - shift) and its square, shifted by one of the channel's
       // values so that the variance does not come from the difference of two large numbers.
@@ -144,7 +145,6 @@ class BatchNorm2dLayer {
     weight_delta_.resize({kC});
     bias_delta_.resize({kC});
     const double count = static_cast<double>(batch * kPlane);
-    gradient_means_.resize(2 * kC);
     // Sums of dy and of dy * (x - mean), in one pass.
     const int parts =
         for_each_image_range(ctx, batch, [&](std::int64_t begin, std::int64_t end, int part) {
