@@ -89,6 +89,8 @@ LAYER_CASES = [
     ("conv_k3_s2_p1_nobias", lambda: nn.Conv2d(4, 6, 3, 2, 1, bias=False), (3, 4, 10, 10), "train"),
     ("conv_k1_s2", lambda: nn.Conv2d(5, 4, 1, 2, 0), (3, 5, 7, 7), "train"),
     ("conv_k3_s1_p0_packed", lambda: nn.Conv2d(2, 5, 3), (37, 2, 6, 6), "train"),
+    ("conv_winograd_p1", lambda: nn.Conv2d(16, 16, 3, 1, 1), (6, 16, 8, 8), "train"),
+    ("conv_winograd_p0_nobias", lambda: nn.Conv2d(16, 24, 3, bias=False), (3, 16, 10, 10), "train"),
     ("maxpool_k3_s2_p1", lambda: nn.MaxPool2d(3, 2, 1), (3, 4, 9, 9), "train"),
     ("maxpool_k2", lambda: nn.MaxPool2d(2), (2, 3, 8, 7), "train"),
     ("avgpool_k3_s2_p1", lambda: nn.AvgPool2d(3, 2, 1), (3, 4, 9, 9), "train"),
