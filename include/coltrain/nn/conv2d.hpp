@@ -506,7 +506,9 @@ class Conv2dLayer {
   void forward_winograd(const S* x, const S* w, const S* bias, S* y, std::int64_t batch,
                         Context<Device>& ctx) {
     winograd_weights_.resize({16 * kCout * kCin});
-    detail::winograd_transform_weights(kCout, kCin, w, winograd_weights_.data());
+    ctx.pool().parallel_for(kCout, [&](std::int64_t begin, std::int64_t end, int) {
+      detail::winograd_transform_weights(kCout, kCin, begin, end, w, winograd_weights_.data());
+    });
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
       for (std::int64_t first = begin; first < end; first += kWinogradGroup) {
@@ -532,9 +534,11 @@ class Conv2dLayer {
   void backward_winograd(const S* x, const T* y, const S* dy, const S* w, S* dx, std::int64_t batch,
                          Context<Device>& ctx) {
     if (dx) {
-      flip_weights(w);
       winograd_flipped_.resize({16 * kCin * kCout});
-      detail::winograd_transform_weights(kCin, kCout, flipped_.data(), winograd_flipped_.data());
+      ctx.pool().parallel_for(kCin, [&](std::int64_t begin, std::int64_t end, int) {
+        detail::winograd_transform_weights<true>(kCin, kCout, begin, end, w,
+                                                 winograd_flipped_.data());
+      });
     }
     prepare_workspaces(ctx.threads());
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));

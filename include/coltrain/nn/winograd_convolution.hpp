@@ -274,28 +274,35 @@ struct WinogradConvolution {
   }
 };
 
-// u[pos][k][c] = (G g G^T)[pos] for the 3x3 kernels g = weights[k][c] (out_channels x in_channels),
-// G's rows (1 0 0), (1/2 1/2 1/2), (1/2 -1/2 1/2), (0 0 1).
-template <class S>
-void winograd_transform_weights(std::int64_t out_channels, std::int64_t in_channels,
-                                const S* COLTRAIN_RESTRICT weights, S* COLTRAIN_RESTRICT u) {
-  const std::int64_t position_stride = out_channels * in_channels;
-  for (std::int64_t kc = 0; kc < position_stride; ++kc) {
-    const S* g = weights + kc * 9;
-    S t[4][3];  // G g
-    for (int l = 0; l < 3; ++l) {
-      t[0][l] = g[l];
-      t[1][l] = S(0.5) * (g[l] + g[3 + l] + g[6 + l]);
-      t[2][l] = S(0.5) * (g[l] - g[3 + l] + g[6 + l]);
-      t[3][l] = g[6 + l];
+// Rows [row_begin, row_end) of u[pos][k][c] = (G g G^T)[pos], u being rows x columns per position,
+// for the 3x3 kernels g = weights[k][c] ([rows][columns][3][3]) or, when Flipped, the kernels of
+// the input-gradient convolution: weights[c][k] ([columns][rows][3][3]) turned by 180 degrees.
+// G's rows are (1 0 0), (1/2 1/2 1/2), (1/2 -1/2 1/2), (0 0 1).
+template <bool Flipped = false, class S>
+void winograd_transform_weights(std::int64_t rows, std::int64_t columns, std::int64_t row_begin,
+                                std::int64_t row_end, const S* COLTRAIN_RESTRICT weights,
+                                S* COLTRAIN_RESTRICT u) {
+  const std::int64_t position_stride = rows * columns;
+  for (std::int64_t k = row_begin; k < row_end; ++k)
+    for (std::int64_t c = 0; c < columns; ++c) {
+      const S* kernel = weights + (Flipped ? c * rows + k : k * columns + c) * 9;
+      S g[9];
+      for (int l = 0; l < 9; ++l) g[l] = kernel[Flipped ? 8 - l : l];
+      S t[4][3];  // G g
+      for (int l = 0; l < 3; ++l) {
+        t[0][l] = g[l];
+        t[1][l] = S(0.5) * (g[l] + g[3 + l] + g[6 + l]);
+        t[2][l] = S(0.5) * (g[l] - g[3 + l] + g[6 + l]);
+        t[3][l] = g[6 + l];
+      }
+      S* out = u + k * columns + c;
+      for (int i = 0; i < 4; ++i) {
+        out[(i * 4 + 0) * position_stride] = t[i][0];
+        out[(i * 4 + 1) * position_stride] = S(0.5) * (t[i][0] + t[i][1] + t[i][2]);
+        out[(i * 4 + 2) * position_stride] = S(0.5) * (t[i][0] - t[i][1] + t[i][2]);
+        out[(i * 4 + 3) * position_stride] = t[i][2];
+      }
     }
-    for (int i = 0; i < 4; ++i) {
-      u[(i * 4 + 0) * position_stride + kc] = t[i][0];
-      u[(i * 4 + 1) * position_stride + kc] = S(0.5) * (t[i][0] + t[i][1] + t[i][2]);
-      u[(i * 4 + 2) * position_stride + kc] = S(0.5) * (t[i][0] - t[i][1] + t[i][2]);
-      u[(i * 4 + 3) * position_stride + kc] = t[i][2];
-    }
-  }
 }
 
 // The 16 products of a transformed batch of tiles: m[pos] [out_channels x columns] =
