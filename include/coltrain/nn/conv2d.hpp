@@ -500,6 +500,7 @@ class Conv2dLayer {
     tensor::Tensor<S, Device> masked_grad;              // a group's dY through the fused ReLU
     tensor::Tensor<S, Device> split, gradient_split;    // Winograd's split padded x, dY
     tensor::Tensor<S, Device> transformed, gradient_transformed;  // Winograd's V of x and of dY
+    tensor::Tensor<S, Device> transformed_weight_grad;            // Winograd's dU
   };
 
   // Winograd: per group of images, V = the input tiles transformed, the 16 products with U = the
@@ -545,7 +546,7 @@ class Conv2dLayer {
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
-      std::fill_n(ws.weight_grad.data(), ws.weight_grad.numel(), S(0));
+      std::fill_n(ws.transformed_weight_grad.data(), ws.transformed_weight_grad.numel(), S(0));
       std::fill_n(ws.bias_grad.data(), kCout, S(0));
       for (std::int64_t first = begin; first < end; first += kWinogradGroup) {
         const std::int64_t count = std::min(kWinogradGroup, end - first);
@@ -564,7 +565,7 @@ class Conv2dLayer {
         }
         detail::winograd_add_weight_gradient(kCout, kCin, count * kTiles, ws.product.data(),
                                              ws.transformed.data(), kWinogradLd,
-                                             ws.weight_grad.data());
+                                             ws.transformed_weight_grad.data());
         if (!dx) continue;
         for (std::int64_t g = 0; g < count; ++g) {
           GradientWinograd::split_image(dy_images + g * kCout * kHw, ws.gradient_split.data());
@@ -580,6 +581,11 @@ class Conv2dLayer {
               kCin, ws.gradient_product.data(), kGradientWinogradLd, g * kGradientTiles,
               dx + (first + g) * kCin * kInHw, static_cast<const S*>(nullptr));
       }
+      // Folded back to 3x3 by each thread (the fold is linear), so that the calling thread sums
+      // 9 values per kernel instead of 16.
+      std::fill_n(ws.weight_grad.data(), kCout * kK, S(0));
+      detail::winograd_fold_weight_gradient(kCout, kCin, ws.transformed_weight_grad.data(),
+                                            ws.weight_grad.data());
     });
     reduce_gradients(parts);
   }
@@ -592,18 +598,10 @@ class Conv2dLayer {
     bias_delta_.resize({kCout});
     S* db = bias_delta_.data();
     std::fill_n(db, kCout, S(0));
-    S* du = nullptr;
-    if constexpr (kWinograd) {
-      winograd_weight_delta_.resize({16 * kCout * kCin});
-      du = winograd_weight_delta_.data();
-      std::fill_n(du, 16 * kCout * kCin, S(0));
-    }
     for (int t = 0; t < parts; ++t) {
       const Workspace& ws = workspaces_[static_cast<std::size_t>(t)];
       const S* partial = ws.weight_grad.data();
-      if constexpr (kWinograd) {
-        for (std::int64_t i = 0; i < 16 * kCout * kCin; ++i) du[i] += partial[i];
-      } else if constexpr (kWindowedWeightGradient) {
+      if constexpr (kWindowedWeightGradient && !kWinograd) {
         for (std::int64_t c = 0; c < kCout; ++c)
           for (std::int64_t i = 0; i < kK; ++i) dw[c * kK + i] += partial[i * kCoutPadded + c];
       } else {
@@ -611,7 +609,6 @@ class Conv2dLayer {
       }
       for (std::int64_t c = 0; c < kCout; ++c) db[c] += ws.bias_grad.data()[c];
     }
-    if constexpr (kWinograd) detail::winograd_fold_weight_gradient(kCout, kCin, du, dw);
     detail::accumulate<T, S>(weight_.grad.view(), weight_delta_.view());
     if constexpr (HasBias) detail::accumulate<T, S>(bias_.grad.view(), bias_delta_.view());
   }
@@ -653,7 +650,8 @@ class Conv2dLayer {
             {16 * detail::winograd_position_stride(kCout, kGradientWinogradLd)});
         ws.gradient_product.resize(
             {16 * detail::winograd_position_stride(kCin, kGradientWinogradLd)});
-        ws.weight_grad.resize({16 * kCout * kCin});
+        ws.transformed_weight_grad.resize({16 * kCout * kCin});
+        ws.weight_grad.resize({kCout, kK});
         if constexpr (FusedRelu) ws.masked_grad.resize({kWinogradGroup * kCout * kHw});
         continue;
       }
@@ -683,7 +681,7 @@ class Conv2dLayer {
   Parameter<T, Device> bias_;
   std::vector<Workspace> workspaces_;
   tensor::Tensor<S, Device> flipped_;
-  tensor::Tensor<S, Device> winograd_weights_, winograd_flipped_, winograd_weight_delta_;
+  tensor::Tensor<S, Device> winograd_weights_, winograd_flipped_;
   tensor::Tensor<S, Device> in_scratch_, weight_scratch_, bias_scratch_, out_scratch_;
   tensor::Tensor<S, Device> grad_out_scratch_, grad_in_scratch_, weight_delta_, bias_delta_;
 };
