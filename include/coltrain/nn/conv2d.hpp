@@ -398,11 +398,7 @@ class Conv2dLayer {
     }
     if (want_input_grad) {
       dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
-      if constexpr (kGradientAsConvolution) {
-        flip_weights(w.data());
-      } else {
-        std::fill_n(dx.data(), dx.numel(), S(0));  // col2im adds into it
-      }
+      if constexpr (kGradientAsConvolution) flip_weights(w.data());
     }
     prepare_workspaces(ctx.threads());
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
@@ -471,9 +467,12 @@ class Conv2dLayer {
             // dcol = W^T * dY, folded back onto the input images.
             tensor::gemm_tn_small_k(kK, ld, kCout, w.data(), kK, dy_group, ld, ws.col.data(), ld,
                                     false);
-            for (std::int64_t g = 0; g < count; ++g)
-              detail::col2im_add<kWindow>(ws.col.data(), ld, g * kHw,
-                                          dx.data() + (first + g) * kCin * kInHw);
+            for (std::int64_t g = 0; g < count; ++g) {
+              // Zeroed here, by the thread that adds into it, rather than all at once up front.
+              S* image = dx.data() + (first + g) * kCin * kInHw;
+              std::fill_n(image, kCin * kInHw, S(0));
+              detail::col2im_add<kWindow>(ws.col.data(), ld, g * kHw, image);
+            }
           }
         }
       }
