@@ -34,14 +34,12 @@ namespace coltrain::nn::detail {
 template <class S, int N>
 struct WinogradPack {
   using type = S;
-  static constexpr int kLanes = 1;
 };
 #if COLTRAIN_MICROKERNELS
 template <int N>
 requires(N > 1) struct WinogradPack<float, N> {
   typedef float type __attribute__((vector_size(N * sizeof(float))));
   typedef std::int32_t Indices __attribute__((vector_size(N * sizeof(float))));
-  static constexpr int kLanes = N;
 };
 #endif
 
