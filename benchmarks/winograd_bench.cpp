@@ -39,9 +39,9 @@ void compare(const char* layer, int samples, std::int64_t batch) {
   constexpr nn::detail::Window kWindow{Cin, H, H, 3, 1, Padding, kOut, kOut};
   using Direct = nn::detail::IndirectConvolution<kWindow>;
   using Winograd = nn::detail::WinogradConvolution<Cin, H, H, Padding>;
-  // The layer's own grouping: up to 256 columns of tiles, at most 256 KiB per transformed tensor.
-  constexpr std::int64_t kGroup = std::max<std::int64_t>(
-      1, std::min<std::int64_t>(256, 4096 / std::max(Cin, Cout)) / Winograd::kTiles);
+  // The layer's own grouping.
+  constexpr std::int64_t kGroup =
+      nn::detail::winograd_group_images(std::max(Cin, Cout), Winograd::kTiles);
   constexpr std::int64_t kLd = (kGroup * Winograd::kTiles + 15) / 16 * 16;
 
   std::mt19937 rng(7);

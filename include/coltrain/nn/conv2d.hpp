@@ -285,19 +285,14 @@ class Conv2dLayer {
   // 32 on 16x16 and 2.2x at 64 on 8x8 (one thread, transforms included).
   using ForwardWinograd = detail::WinogradConvolution<kCin, kH, kW, kPadding>;
   using GradientWinograd =
-      detail::WinogradConvolution<kCout, kOutH, kOutW,
-                                  kKernel - 1 - std::min(kPadding, kKernel - 1)>;
+      detail::WinogradConvolution<kCout, kOutH, kOutW, kGradientWindow.padding>;
   static constexpr bool kWinograd = Kernel == 3 && Stride == 1 && Padding <= 2 &&
                                     ForwardWinograd::kApplicable && GradientWinograd::kApplicable &&
                                     kCin >= 16 && kCout >= 16;
   static constexpr std::int64_t kTiles = ForwardWinograd::kTiles;
   static constexpr std::int64_t kGradientTiles = GradientWinograd::kTiles;
-  // Images per Winograd product: up to 256 columns of tiles, fewer where a transformed group (16
-  // positions x channels x columns) would pass 256 KiB; ResNet-20's step measured 3% faster with
-  // that bound than with twice or half of it.
   static constexpr std::int64_t kWinogradGroup =
-      std::max<std::int64_t>(1, std::min<std::int64_t>(256, 4096 / std::max(kCin, kCout)) /
-                                    std::max(kTiles, kGradientTiles));
+      detail::winograd_group_images(std::max(kCin, kCout), std::max(kTiles, kGradientTiles));
   static constexpr std::int64_t kWinogradLd = (kWinogradGroup * kTiles + 15) / 16 * 16;
   static constexpr std::int64_t kGradientWinogradLd =
       (kWinogradGroup * kGradientTiles + 15) / 16 * 16;
@@ -494,7 +489,7 @@ class Conv2dLayer {
 
   struct Workspace {
     tensor::Tensor<S, Device> col, product, weight_grad, bias_grad, gradient_col, gradient_product;
-    tensor::Tensor<S, Device> padded, gradient_padded;  // zero-bordered copies (Winograd: split)
+    tensor::Tensor<S, Device> padded, gradient_padded;  // im2col's zero-bordered copies
     tensor::Tensor<S, Device> out_grad_t;               // dY^T for the windowed weight gradient
     tensor::Tensor<S, Device> masked_grad;              // a group's dY through the fused ReLU
     tensor::Tensor<S, Device> split, gradient_split;    // Winograd's split padded x, dY
@@ -530,7 +525,7 @@ class Conv2dLayer {
   }
 
   // Winograd: the weight gradient in the transformed domain (dU[pos] += dY'[pos] * V[pos]^T, with
-  // V of x recomputed rather than kept from forward), folded back to 3x3 once per call; the input
+  // V of x recomputed rather than kept from forward), folded back to 3x3 by each thread; the input
   // gradient as the Winograd convolution of dY with the flipped kernel.
   void backward_winograd(const S* x, const T* y, const S* dy, const S* w, S* dx, std::int64_t batch,
                          Context<Device>& ctx) {
