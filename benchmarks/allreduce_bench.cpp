@@ -12,7 +12,11 @@
 // them. Inputs are small integers, so every summation order gives the same bits; after the timed
 // runs one more operation on fresh inputs is compared element by element, and #wrong sums bad
 // elements over ranks. The exit status is 1 when any element is wrong, 2 on an error.
+// With --mem device, the mpi and tcp backends run coltrain's collectives through
+// DeviceStagedCommunicator (pinned host memory, pipelined chunks of at most --staging-chunk).
 #include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/device_staging.hpp>
+#include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -101,6 +105,7 @@ struct Options {
   std::vector<std::string> backends{"mpi", "tcp"};
   std::vector<std::string> algorithms{std::begin(kAlgorithmNames), std::end(kAlgorithmNames)};
   MemoryKind memory = MemoryKind::kHost;
+  coltrain::comm::StagingOptions staging;  // device buffers on the mpi and tcp backends
   bool latency = false;
   bool in_place = false;
   bool progress = false;
@@ -190,6 +195,11 @@ void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--mem", memory, "where the buffers live: host, pinned or device")
       ->check(CLI::IsMember({"host", "pinned", "device"}) & memory_available())
+      ->capture_default_str();
+  app.add_option("--staging-chunk", options.staging.chunk_bytes,
+                 "largest staging chunk of device buffers on mpi and tcp (suffixes K, M, G: x1024)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--latency", options.latency,
                "time each operation on its own and report the median and 99th percentile");
@@ -922,6 +932,7 @@ class Report {
         {"warmup", options_.warmup},
         {"latency_mode", options_.latency},
         {"memory", name_of(options_.memory)},
+        {"staging_chunk_bytes", options_.staging.chunk_bytes},
         {"checked", options_.check != 0},
         {"results", std::move(results)},
     };
@@ -1005,8 +1016,20 @@ std::size_t model_bytes(const Case& c) {
   return widened ? c.count * sizeof(float) : c.bytes();
 }
 
-template <class T>
-Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<T>& workspace,
+// With staging each chunk is a collective of its own, sized by the first (largest) chunk.
+std::size_t staged_model_bytes(const Case& c, const coltrain::comm::StagingOptions& staging) {
+  const std::size_t blocks = per_rank_blocks(c.collective) ? static_cast<std::size_t>(c.ranks) : 1;
+  Case chunk = c;
+  chunk.block = coltrain::comm::plan_chunks(c.block, coltrain::size_of(c.dtype), blocks, staging)
+                    .chunk(0)
+                    .size;
+  chunk.count = chunk.block * blocks;
+  return model_bytes(chunk);
+}
+
+// `comm` is a Communicator, or a DeviceStagedCommunicator with the same calls.
+template <class T, class Comm>
+Prepared coltrain_collective(Comm& comm, Algorithm algorithm, Workspace<T>& workspace,
                              const Case& c) {
   const std::span<const T> in(workspace.input(), workspace.input_count());
   const std::span<T> out(workspace.output(), workspace.output_count());
@@ -1027,26 +1050,40 @@ Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<
   throw coltrain::InvalidArgument("no such collective in the harness");
 }
 
+// Device buffers go through DeviceStagedCommunicator, which runs `comm`'s algorithm per chunk.
 template <class T>
 void bench_coltrain(const Options& options, const World& world, Communicator& comm,
                     const std::string& backend, Report& report) {
   const bool mpi = comm.backend() == coltrain::comm::Backend::kMpi;
+  const bool staged = options.memory == MemoryKind::kDevice;
+#if COLTRAIN_WITH_CUDA
+  std::optional<coltrain::comm::DeviceStagedCommunicator> staging;
+  if (staged) staging.emplace(comm, options.staging);
+#endif
+  const std::string note = staged ? "staged through pinned host memory in chunks of at most " +
+                                        std::to_string(options.staging.chunk_bytes) +
+                                        " B; automatic chooses per chunk"
+                                  : "";
   for (const std::string& name : options.algorithms) {
     const Algorithm algorithm = coltrain::comm::parse_algorithm(name);
     if (std::string why = coltrain_unsupported(options.collective, algorithm, mpi); !why.empty()) {
       report.skip(backend + " / " + name, why);
       continue;
     }
-    const Prepare<T> prepare = [&comm, algorithm](Workspace<T>& workspace, const Case& c) {
+    const Prepare<T> prepare = [&](Workspace<T>& workspace, const Case& c) {
+#if COLTRAIN_WITH_CUDA
+      if (staging) return coltrain_collective(*staging, algorithm, workspace, c);
+#endif
       return coltrain_collective(comm, algorithm, workspace, c);
     };
     std::function<std::string(const Case&)> chosen;
     if (algorithm == Algorithm::kAutomatic) {
-      chosen = [&comm](const Case& c) {
-        return std::string(coltrain::comm::name_of(comm.choose(c.collective, model_bytes(c))));
+      chosen = [&comm, &options, staged](const Case& c) {
+        const std::size_t bytes = staged ? staged_model_bytes(c, options.staging) : model_bytes(c);
+        return std::string(coltrain::comm::name_of(comm.choose(c.collective, bytes)));
       };
     }
-    run_series<T>(options, world, {backend, name, runs_in_place(options), {}}, prepare, chosen,
+    run_series<T>(options, world, {backend, name, runs_in_place(options), note}, prepare, chosen,
                   report);
   }
 }
@@ -1141,10 +1178,7 @@ void bench_nccl(const Options& options, const World& world, Report& report) {
 template <class T>
 void bench_all(const Options& options, const World& world, Report& report) {
   for (const std::string& backend : options.backends) {
-    const bool coltrain_backend = backend == "mpi" || backend == "tcp";
-    if (coltrain_backend && options.memory == MemoryKind::kDevice) {
-      report.skip(backend, "coltrain's collectives take host memory, not --mem device");
-    } else if (backend == "mpi") {
+    if (backend == "mpi") {
       Communicator comm = Communicator::mpi(MPI_COMM_WORLD);
       bench_coltrain<T>(options, world, comm, backend, report);
     } else if (backend == "tcp") {

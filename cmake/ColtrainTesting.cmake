@@ -103,14 +103,21 @@ endfunction()
 # coltrain_add_header_checks(HEADERS h...)
 # Each public header must compile on its own, twice included (the include guard holds), with warnings
 # as errors: with no backends (as plain g++ sees it), with the configured backends, and under nvcc.
-# A header that starts with `#if !COLTRAIN_WITH_MPI` + `#error` exists only with MPI: it is checked
-# only when MPI is configured, and never in the plain variant.
+# A header with a line `#if !COLTRAIN_WITH_<BACKEND>` (MPI, CUDA, NCCL, CUDNN) + `#error` exists only
+# with that backend: it is checked only when the backend is configured, and never in the plain variant.
 function(coltrain_add_header_checks)
   cmake_parse_arguments(ARG "" "" "HEADERS" ${ARGN})
   set(include_root "${PROJECT_SOURCE_DIR}/include")
   foreach(header IN LISTS ARG_HEADERS)
-    file(STRINGS "${header}" needs_mpi REGEX "^#if !COLTRAIN_WITH_MPI$")
-    if(needs_mpi AND NOT COLTRAIN_WITH_MPI_ENABLED)
+    file(STRINGS "${header}" needs_backends REGEX "^#if !COLTRAIN_WITH_(MPI|CUDA|NCCL|CUDNN)$")
+    set(backend_missing OFF)
+    foreach(line IN LISTS needs_backends)
+      string(REGEX REPLACE "^#if !COLTRAIN_WITH_" "" backend "${line}")
+      if(NOT COLTRAIN_WITH_${backend}_ENABLED)
+        set(backend_missing ON)
+      endif()
+    endforeach()
+    if(backend_missing)
       continue()
     endif()
     file(RELATIVE_PATH relative "${include_root}" "${header}")
@@ -122,7 +129,7 @@ function(coltrain_add_header_checks)
             -I${include_root})
     add_test(NAME header.${relative}.backends COMMAND ${gxx} ${COLTRAIN_HEADER_CHECK_FLAGS} "${source}")
     set(checks header.${relative}.backends)
-    if(NOT needs_mpi)
+    if(NOT needs_backends)
       add_test(NAME header.${relative}.plain
                COMMAND ${gxx} -DCOLTRAIN_WITH_MPI=0 -DCOLTRAIN_WITH_CUDA=0 -DCOLTRAIN_WITH_NCCL=0
                        -DCOLTRAIN_WITH_CUDNN=0 "${source}")

@@ -7,6 +7,7 @@
 #include <coltrain/core/thread_pool.hpp>
 #include <coltrain/tensor/device.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -25,6 +26,16 @@ class Context<tensor::Cpu> {
 
   ThreadPool& pool() { return pool_; }
   int threads() const { return pool_.size(); }
+
+  // Copies and clears in the context's memory (the CUDA context queues them on its stream).
+  template <class T>
+  void copy(const T* from, T* to, std::int64_t count) {
+    std::copy_n(from, count, to);
+  }
+  template <class T>
+  void zero(T* data, std::int64_t count) {
+    std::fill_n(data, count, T{});
+  }
 
   Mode mode() const { return mode_; }
   bool training() const { return mode_ == Mode::kTrain; }

@@ -60,7 +60,7 @@ class Network {
     const std::int64_t batch = input.extent(0);
     const FlushDenormalsScope flush;
     input_.resize(input.shape());
-    std::copy_n(input.data(), input.numel(), input_.data());
+    context_.copy(input.data(), input_.data(), input.numel());
     output_.resize(Output::batch(batch));
     if (training()) context_.set_step(context_.step() + 1);  // a fresh dropout mask per step
     body_.forward(input_.view(), output_.view(), context_);
@@ -77,8 +77,8 @@ class Network {
   }
 
   void zero_grad() {
-    visit_parameters([](const std::string&, Parameter<T, Device>& p) {
-      std::fill_n(p.grad.data(), p.grad.numel(), T{});
+    visit_parameters([this](const std::string&, Parameter<T, Device>& p) {
+      context_.zero(p.grad.data(), p.grad.numel());
     });
   }
 

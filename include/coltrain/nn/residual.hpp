@@ -26,6 +26,19 @@ namespace coltrain::nn {
 struct IdentityShortcut {};
 struct NoActivation {};
 
+// out = a + b, or relu(a + b) (NaN passes, as torch.relu); out may alias a or b.
+template <class T, bool Relu>
+void add_tensors(Context<tensor::Cpu>& ctx, const T* a, const T* b, T* out, std::int64_t n,
+                 std::bool_constant<Relu>) {
+  using S = compute_t<T>;
+  detail::parallel_range(ctx, n, n, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      const S sum = detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]);
+      out[i] = detail::to_storage_value<T>(Relu && sum < S(0) ? S(0) : sum);
+    }
+  });
+}
+
 // The projection shortcut: Conv2d 1x1 with stride and no bias, then BatchNorm2d.
 template <std::size_t OutChannels, std::size_t Stride>
 using Projection = Sequential<Conv2d<OutChannels, 1, Stride, 0, false>, BatchNorm2d<>>;
@@ -143,16 +156,11 @@ class ResidualLayer {
   }
 
  private:
-  // out = a + b, or relu(a + b) (NaN passes, as torch.relu).
   template <bool Relu = false>
   static void add(Context<Device>& ctx, const T* a, const T* b, T* out, std::int64_t n) {
-    using S = compute_t<T>;
-    detail::parallel_range(ctx, n, n, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        const S sum = detail::to_compute_value<S>(a[i]) + detail::to_compute_value<S>(b[i]);
-        out[i] = detail::to_storage_value<T>(Relu && sum < S(0) ? S(0) : sum);
-      }
-    });
+    // Unqualified: the device's overload is found by argument-dependent lookup (the CUDA one is in
+    // cuda/nn/residual.cuh).
+    add_tensors(ctx, a, b, out, n, std::bool_constant<Relu>{});
   }
 
   BodyLayer body_;

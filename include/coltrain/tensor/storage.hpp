@@ -2,7 +2,7 @@
 // Owned, uninitialised-free memory for tensors: `Storage<T, Device>`. The host specialisation is
 // 64-byte aligned (a cache line and an AVX-512 vector), so that Eigen and the compiler can use aligned
 // vector loads. Memory is zeroed when allocated, so nothing ever reads garbage. The CUDA
-// specialisation lives with the CUDA path.
+// specialisation is in cuda_storage.hpp, included here in builds with CUDA.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -76,3 +76,7 @@ class Storage<T, Cpu> {
 };
 
 }  // namespace coltrain::tensor
+
+#if COLTRAIN_WITH_CUDA
+#include <coltrain/tensor/cuda_storage.hpp>
+#endif

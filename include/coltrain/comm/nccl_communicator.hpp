@@ -1,0 +1,720 @@
+#pragma once
+// coltrain's collectives on device buffers through NCCL, one GPU per rank. Bootstrapped from MPI or
+// from coltrain's TCP rendezvous (same launch contract as Communicator): rank 0 draws the
+// ncclUniqueId and broadcasts it over a host Communicator.
+//
+//   auto nccl = coltrain::comm::NcclCommunicator::from_env();    // mpiexec, srun, torchrun...
+//   nccl.allreduce(std::span<const float>(grad, n), std::span<float>(grad, n), stream,
+//                  ReduceOp::kAvg);                               // enqueued on `stream`
+//   nccl.synchronize(stream);  // polls; on an error or at COLTRAIN_TIMEOUT: abort and throw
+//
+// Collectives are enqueued on the caller's stream and return at once; buffers must stay valid
+// until the stream has run them. The NCCL communicator is non-blocking (ncclConfig_t::blocking =
+// 0), so no call into NCCL waits on a peer: wait() and synchronize() poll cudaStreamQuery and
+// ncclCommGetAsyncError against a deadline, and on an error or at the deadline abort the
+// communicator and throw (TimeoutError, BackendError) naming the rank, the world size and the last
+// operation enqueued. After that the communicator is unusable. NCCL does not check that ranks
+// agree on the collective, count or dtype: a disagreement shows as a timeout (or garbage). Not
+// thread-safe: one thread calls a communicator at a time.
+//
+// Algorithms: kNative (also what kAutomatic picks) is NCCL's own collective, tuned for the
+// topology; allreduce also runs coltrain's ring over ncclSend/ncclRecv, whose reduction of each
+// received segment is a CUDA kernel. Kernels need nvcc and this header is host code, so the kernel
+// is handed in: set_device_reduction(&coltrain::cuda::device_reduce) from a .cu file that includes
+// <coltrain/cuda/nccl_reduce.cuh>. A function pointer keeps this class one definition in .cpp and
+// .cu translation units alike. (NCCL has no local-reduce primitive that could stand in for the
+// kernel.)
+
+#include <coltrain/core/config.hpp>
+
+#if !COLTRAIN_WITH_NCCL
+#error "coltrain/comm/nccl_communicator.hpp needs NCCL: build with COLTRAIN_WITH_NCCL=1"
+#endif
+
+#include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/env.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/timer.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#if COLTRAIN_WITH_MPI
+#include <mpi.h>
+#endif
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "coltrain's NCCL backend needs NCCL 2.14 or newer (non-blocking communicators)"
+#endif
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace coltrain::comm {
+
+// Enqueues output[i] = a[i] op b[i] for i < count on `stream` (output may equal a), then, when
+// `divisor` > 1, divides output by it (kAvg's last step; integers truncate). kAvg adds. f16 and
+// bf16 are combined in f32. coltrain::cuda::device_reduce (cuda/nccl_reduce.cuh) is one.
+using DeviceReduction = void (*)(void* output, const void* a, const void* b, std::size_t count,
+                                 DataType dtype, ReduceOp op, int divisor, cudaStream_t stream);
+
+namespace detail {
+
+inline ncclDataType_t nccl_data_type(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kUInt8:
+      return ncclUint8;
+  }
+  throw InvalidArgument("dtype value " + std::to_string(static_cast<int>(dtype)) +
+                        " is not a coltrain DataType; NCCL takes f32, f64, f16, bf16, i32, i64 "
+                        "and u8");
+}
+
+inline ncclRedOp_t nccl_reduce_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+  }
+  throw InvalidArgument("reduction op value " + std::to_string(static_cast<int>(op)) +
+                        " is not a coltrain ReduceOp; NCCL takes sum, prod, min, max and avg");
+}
+
+// The host collectives take no u8 (communicator.hpp), so the id's bytes travel as i64 words.
+static_assert(sizeof(ncclUniqueId) % sizeof(std::int64_t) == 0);
+using UniqueIdWords = std::array<std::int64_t, sizeof(ncclUniqueId) / sizeof(std::int64_t)>;
+
+inline UniqueIdWords unique_id_words(const ncclUniqueId& id) {
+  UniqueIdWords words;
+  std::memcpy(words.data(), &id, sizeof(id));
+  return words;
+}
+
+inline ncclUniqueId unique_id_from_words(const UniqueIdWords& words) {
+  ncclUniqueId id;
+  std::memcpy(&id, words.data(), sizeof(id));
+  return id;
+}
+
+// Every rank returns rank 0's `id`; the other ranks' argument is ignored.
+inline ncclUniqueId broadcast_unique_id(Communicator& bootstrap, const ncclUniqueId& id) {
+  UniqueIdWords words = unique_id_words(id);
+  bootstrap.broadcast(std::span<std::int64_t>(words), 0);
+  return unique_id_from_words(words);
+}
+
+// One step of the ring allreduce on rank r of p, over `count` elements cut into p segments
+// (Blocks). Every rank sends to r + 1 and receives from r - 1.
+struct RingStep {
+  int send_segment = 0;
+  int receive_segment = 0;
+  bool send_from_input = false;    // the first step sends this rank's own input
+  bool reduce = false;             // output[seg] = input[seg] op received; else stored as received
+  bool completes_segment = false;  // this reduction finishes segment r: kAvg divides here
+};
+
+// Reduce-scatter: step s sends segment r-1-s and receives segment r-2-s, which this rank has not
+// touched yet, so it reduces with its own input; after p-1 steps segment r holds the reduction of
+// all ranks. Allgather: step s sends segment r-s and receives segment r-s-1. Each rank sends
+// 2(p-1)/p of the array; no step needs more scratch than one segment.
+inline std::vector<RingStep> ring_allreduce_schedule(int p, int r) {
+  std::vector<RingStep> steps;
+  if (p < 2) return steps;
+  steps.reserve(2 * static_cast<std::size_t>(p - 1));
+  for (int s = 0; s < p - 1; ++s) {
+    steps.push_back({modulo(r - 1 - s, p), modulo(r - 2 - s, p), s == 0, true, s == p - 2});
+  }
+  for (int s = 0; s < p - 1; ++s) {
+    steps.push_back({modulo(r - s, p), modulo(r - s - 1, p), false, false, false});
+  }
+  return steps;
+}
+
+// Makes `device` current for a scope and restores the previous one.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    COLTRAIN_CHECK_CUDA(cudaGetDevice(&previous_));
+    if (previous_ != device) COLTRAIN_CHECK_CUDA(cudaSetDevice(device));
+    device_ = device;
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+  ~CurrentDevice() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+
+// Device memory in stream order: allocated on `stream` and freed on it after the work enqueued in
+// between, so scratch never outlives or precedes its users and no call synchronises the device.
+class StreamAllocation {
+ public:
+  StreamAllocation(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes > 0) COLTRAIN_CHECK_CUDA(cudaMallocAsync(&data_, bytes, stream));
+  }
+  StreamAllocation(const StreamAllocation&) = delete;
+  StreamAllocation& operator=(const StreamAllocation&) = delete;
+  ~StreamAllocation() {
+    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+  }
+
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// Sleeps between polls once a wait has lasted a while: a short collective ends within microseconds,
+// a hung one must not burn a core.
+inline void poll_backoff(unsigned polls) {
+  constexpr unsigned kSpinningPolls = 2000;
+  if (polls < kSpinningPolls) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+// An NCCL communicator handle. Destroying it flushes the work it has enqueued (ncclCommFinalize),
+// bounded by `timeout`, and aborts it when that fails or runs out of time.
+class NcclHandle {
+ public:
+  NcclHandle() = default;
+  NcclHandle(int device, std::chrono::milliseconds timeout) : device_(device), timeout_(timeout) {}
+  NcclHandle(NcclHandle&& other) noexcept
+      : comm_(std::exchange(other.comm_, nullptr)),
+        device_(other.device_),
+        timeout_(other.timeout_) {}
+  NcclHandle& operator=(NcclHandle&& other) noexcept {
+    std::swap(comm_, other.comm_);
+    std::swap(device_, other.device_);
+    std::swap(timeout_, other.timeout_);
+    return *this;
+  }
+  NcclHandle(const NcclHandle&) = delete;
+  NcclHandle& operator=(const NcclHandle&) = delete;
+  ~NcclHandle() { release(); }
+
+  ncclComm_t get() const { return comm_; }
+  ncclComm_t* receive() { return &comm_; }
+
+  // Makes the kernels of this communicator return and frees it, without waiting for peers.
+  void abort() noexcept {
+    if (comm_ == nullptr) return;
+    int previous = device_;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    ncclCommAbort(comm_);
+    cudaSetDevice(previous);
+    comm_ = nullptr;
+  }
+
+ private:
+  void release() noexcept {
+    if (comm_ == nullptr) return;
+    int previous = device_;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    ncclResult_t state = ncclCommFinalize(comm_);
+    const Deadline deadline(timeout_);
+    for (unsigned polls = 0; state == ncclInProgress && !deadline.expired(); ++polls) {
+      poll_backoff(polls);
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+    }
+    if (state == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    cudaSetDevice(previous);
+    comm_ = nullptr;
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int device_ = 0;
+  std::chrono::milliseconds timeout_{0};
+};
+
+// What an error names: the operation, and for a collective its element count, dtype and sequence
+// number on this communicator.
+struct NcclCall {
+  std::string operation;
+  std::optional<std::size_t> count;
+  DataType dtype = DataType::kFloat32;
+  std::optional<std::uint64_t> sequence;
+
+  std::string describe() const {
+    std::string text = operation;
+    if (count) text += " of " + std::to_string(*count) + " " + std::string(name_of(dtype));
+    return text;
+  }
+};
+
+}  // namespace detail
+
+class NcclCommunicator {
+ public:
+  // From the launcher's environment: the host communicator that carries the unique id is
+  // Communicator::from_env(bootstrap, options) (MPI under an MPI launcher when built with MPI,
+  // else TCP on MASTER_ADDR:MASTER_PORT), the device is `device`, else LOCAL_RANK.
+  static NcclCommunicator from_env(std::optional<Backend> bootstrap = std::nullopt,
+                                   CommOptions options = comm_options_from_env(),
+                                   std::optional<int> device = std::nullopt) {
+    const LaunchEnv env = detect_launch_env();
+    // `options` is copied twice, not moved: the order in which arguments are built is unspecified.
+    return bootstrapped_by(Communicator::from_env(bootstrap, options),
+                           device.value_or(env.local_rank), options);
+  }
+
+  // Bootstrapped over coltrain's TCP rendezvous: rank 0 hosts it on env.master_addr:master_port.
+  static NcclCommunicator tcp(const LaunchEnv& env, CommOptions options = comm_options_from_env(),
+                              std::optional<int> device = std::nullopt) {
+    return bootstrapped_by(Communicator::tcp(env, options), device.value_or(env.local_rank),
+                           options);
+  }
+
+#if COLTRAIN_WITH_MPI
+  // Over the ranks of an MPI code's communicator (MPI must be initialised).
+  static NcclCommunicator mpi(MPI_Comm comm, CommOptions options = comm_options_from_env(),
+                              std::optional<int> device = std::nullopt) {
+    const int local_rank = device ? *device : detect_launch_env().local_rank;
+    return bootstrapped_by(Communicator::mpi(comm, options), local_rank, options);
+  }
+#endif
+
+  // Over any host communicator, which the NCCL communicator keeps (MPI stays initialised while it
+  // lives): its rank 0 draws the unique id and broadcasts it.
+  static NcclCommunicator bootstrapped_by(Communicator bootstrap, int device,
+                                          CommOptions options = comm_options_from_env()) {
+    ncclUniqueId id{};
+    if (bootstrap.rank() == 0) COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
+    id = detail::broadcast_unique_id(bootstrap, id);
+    NcclCommunicator communicator(bootstrap.rank(), bootstrap.size(), id, device,
+                                  std::move(options));
+    communicator.bootstrap_.emplace(std::move(bootstrap));
+    return communicator;
+  }
+
+  // Rank `rank` of `size` ranks that share `id` (from ncclGetUniqueId on one of them), on CUDA
+  // device `device`. Waits, up to options.timeout, until all ranks have joined.
+  NcclCommunicator(int rank, int size, const ncclUniqueId& id, int device,
+                   CommOptions options = comm_options_from_env())
+      : rank_(rank), size_(size), device_(device), options_(std::move(options)) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw InvalidArgument("rank " + std::to_string(rank) + " is outside a world of " +
+                                std::to_string(size) + " ranks",
+                            context_of("NCCL init"));
+    }
+    require_device_exists();
+    const detail::CurrentDevice current(device_);
+    comm_ = detail::NcclHandle(device_, options_.timeout);
+    last_call_.operation = "NCCL init";
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    finish_enqueue(ncclCommInitRankConfig(comm_.receive(), size, id, rank, &config));
+  }
+
+  NcclCommunicator(NcclCommunicator&&) noexcept = default;
+  NcclCommunicator& operator=(NcclCommunicator&&) noexcept = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int device() const { return device_; }
+  const CommOptions& options() const { return options_; }
+  // The NCCL communicator, for calls coltrain does not wrap; null once aborted.
+  ncclComm_t nccl_comm() const { return comm_.get(); }
+
+  // The kernel that reduces received segments in Algorithm::kRing (see the top of this header).
+  void set_device_reduction(DeviceReduction reduction) { device_reduction_ = reduction; }
+
+  // ---- allreduce: every rank's output is the reduction of all ranks' input (count elements) ----
+  void allreduce(const void* input, void* output, std::size_t count, DataType dtype,
+                 cudaStream_t stream, ReduceOp op = ReduceOp::kSum,
+                 Algorithm algorithm = Algorithm::kAutomatic) {
+    start(Collective::kAllreduce, count, dtype);
+    const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
+    if (algorithm != Algorithm::kNative && algorithm != Algorithm::kRing &&
+        algorithm != Algorithm::kAutomatic) {
+      throw invalid("has no algorithm '" + std::string(name_of(algorithm)) +
+                    "' on NCCL (it has: native, ring, automatic)");
+    }
+    if (algorithm == Algorithm::kRing && device_reduction_ == nullptr) {
+      throw invalid(
+          "with algorithm 'ring' reduces on the device with a CUDA kernel: include "
+          "<coltrain/cuda/nccl_reduce.cuh> in a .cu file and call "
+          "set_device_reduction(&coltrain::cuda::device_reduce) first");
+    }
+    require_buffer("input", input, count);
+    require_buffer("output", output, count);
+    if (count == 0) return;
+    const detail::CurrentDevice current(device_);
+    if (algorithm == Algorithm::kRing) {
+      ring_allreduce(input, output, count, dtype, op, stream);
+      return;
+    }
+    finish_enqueue(ncclAllReduce(input, output, count, detail::nccl_data_type(dtype), nccl_op,
+                                 comm_.get(), stream));
+  }
+  template <SupportedElement T>
+  void allreduce(std::span<const T> input, std::span<T> output, cudaStream_t stream,
+                 ReduceOp op = ReduceOp::kSum, Algorithm algorithm = Algorithm::kAutomatic) {
+    require_size(Collective::kAllreduce, "output", output.size(), input.size());
+    allreduce(input.data(), output.data(), input.size(), data_type_v<T>, stream, op, algorithm);
+  }
+
+  // ---- broadcast: root's input to every rank's output (input is read on the root only) ----
+  void broadcast(const void* input, void* output, std::size_t count, DataType dtype, int root,
+                 cudaStream_t stream) {
+    start(Collective::kBroadcast, count, dtype);
+    require_root(root);
+    if (rank_ == root) require_buffer("input", input, count);
+    require_buffer("output", output, count);
+    if (count == 0) return;
+    const detail::CurrentDevice current(device_);
+    finish_enqueue(ncclBroadcast(input, output, count, detail::nccl_data_type(dtype), root,
+                                 comm_.get(), stream));
+  }
+  // In place: root's data to every rank.
+  template <SupportedElement T>
+  void broadcast(std::span<T> data, int root, cudaStream_t stream) {
+    broadcast(data.data(), data.data(), data.size(), data_type_v<T>, root, stream);
+  }
+
+  // ---- allgather: output[i * count, (i + 1) * count) = rank i's input; output has size() * count
+  void allgather(const void* input, void* output, std::size_t count, DataType dtype,
+                 cudaStream_t stream) {
+    start(Collective::kAllgather, count, dtype);
+    require_buffer("input", input, count);
+    require_buffer("output", output, count * group_size());
+    if (count == 0) return;
+    const detail::CurrentDevice current(device_);
+    finish_enqueue(
+        ncclAllGather(input, output, count, detail::nccl_data_type(dtype), comm_.get(), stream));
+  }
+  template <SupportedElement T>
+  void allgather(std::span<const T> input, std::span<T> output, cudaStream_t stream) {
+    require_size(Collective::kAllgather, "output", output.size(), input.size() * group_size());
+    allgather(input.data(), output.data(), input.size(), data_type_v<T>, stream);
+  }
+
+  // ---- reduce_scatter: rank i's output (count elements) is block i of the reduction of all
+  // ranks' input (size() * count elements) ----
+  void reduce_scatter(const void* input, void* output, std::size_t count, DataType dtype,
+                      cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+    start(Collective::kReduceScatter, count, dtype);
+    const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
+    require_buffer("input", input, count * group_size());
+    require_buffer("output", output, count);
+    if (count == 0) return;
+    const detail::CurrentDevice current(device_);
+    finish_enqueue(ncclReduceScatter(input, output, count, detail::nccl_data_type(dtype), nccl_op,
+                                     comm_.get(), stream));
+  }
+  template <SupportedElement T>
+  void reduce_scatter(std::span<const T> input, std::span<T> output, cudaStream_t stream,
+                      ReduceOp op = ReduceOp::kSum) {
+    require_size(Collective::kReduceScatter, "input", input.size(), output.size() * group_size());
+    reduce_scatter(input.data(), output.data(), output.size(), data_type_v<T>, stream, op);
+  }
+
+  // ---- reduce: the root's output is the reduction (written and checked on the root only) ----
+  void reduce(const void* input, void* output, std::size_t count, DataType dtype, int root,
+              cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+    start(Collective::kReduce, count, dtype);
+    const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
+    require_root(root);
+    require_buffer("input", input, count);
+    if (rank_ == root) require_buffer("output", output, count);
+    if (count == 0) return;
+    const detail::CurrentDevice current(device_);
+    finish_enqueue(ncclReduce(input, output, count, detail::nccl_data_type(dtype), nccl_op, root,
+                              comm_.get(), stream));
+  }
+  template <SupportedElement T>
+  void reduce(std::span<const T> input, std::span<T> output, int root, cudaStream_t stream,
+              ReduceOp op = ReduceOp::kSum) {
+    if (rank_ == root) require_size(Collective::kReduce, "output", output.size(), input.size());
+    reduce(input.data(), output.data(), input.size(), data_type_v<T>, root, stream, op);
+  }
+
+  // ---- barrier: returns once every rank has entered it and `stream`'s earlier work is done.
+  // NCCL has none: a one-element allreduce, then synchronize(stream).
+  void barrier(cudaStream_t stream) {
+    start(Collective::kBarrier, 1, DataType::kInt32);
+    const detail::CurrentDevice current(device_);
+    {
+      const detail::StreamAllocation word(sizeof(std::int32_t), stream);
+      COLTRAIN_CHECK_CUDA(cudaMemsetAsync(word.get(), 0, sizeof(std::int32_t), stream));
+      finish_enqueue(
+          ncclAllReduce(word.get(), word.get(), 1, ncclInt32, ncclSum, comm_.get(), stream));
+    }
+    synchronize(stream);
+  }
+
+  // Returns once the work enqueued on `stream` has completed. Throws, after aborting the
+  // communicator: BackendError when NCCL reports an asynchronous error or the stream a CUDA error,
+  // TimeoutError when `deadline` passes first.
+  void wait(cudaStream_t stream, Deadline deadline) {
+    require_usable();
+    for (unsigned polls = 0;; ++polls) {
+      const cudaError_t query = cudaStreamQuery(stream);
+      check_async_error();
+      if (query == cudaSuccess) return;
+      if (query != cudaErrorNotReady) fail_cuda(query);
+      if (deadline.expired()) fail_timeout();
+      detail::poll_backoff(polls);
+    }
+  }
+  // wait() with the communicator's timeout (COLTRAIN_TIMEOUT).
+  void synchronize(cudaStream_t stream) { wait(stream, Deadline(options_.timeout)); }
+
+ private:
+  std::size_t group_size() const { return static_cast<std::size_t>(size_); }
+
+  ErrorContext context_of(std::string operation) const {
+    ErrorContext context;
+    context.rank = rank_;
+    context.operation = std::move(operation);
+    if (last_call_.operation == context.operation) context.sequence = last_call_.sequence;
+    return context;
+  }
+  InvalidArgument invalid(const std::string& message) const {
+    return InvalidArgument(last_call_.operation + " " + message, context_of(last_call_.operation));
+  }
+
+  void require_device_exists() const {
+    int devices = 0;
+    COLTRAIN_CHECK_CUDA(cudaGetDeviceCount(&devices));
+    if (device_ < 0 || device_ >= devices) {
+      throw ConfigError("CUDA device " + std::to_string(device_) +
+                            " does not exist: this node has " + std::to_string(devices) +
+                            " (NCCL runs one rank per GPU and the device is LOCAL_RANK unless "
+                            "given, so run at most that many ranks per node)",
+                        context_of("NCCL init"));
+    }
+  }
+
+  // Checks that the communicator works and numbers the call.
+  void start(Collective collective, std::size_t count, DataType dtype) {
+    require_usable();
+    last_call_ = {std::string(name_of(collective)), count, dtype, sequence_++};
+    static_cast<void>(detail::nccl_data_type(dtype));  // rejects a value that is no DataType
+  }
+
+  void require_usable() const {
+    if (comm_.get() != nullptr) return;
+    throw CommError(broken_.empty()
+                        ? std::string("this NCCL communicator was moved from")
+                        : "this NCCL communicator was aborted after an earlier error: " + broken_,
+                    context_of(last_call_.operation));
+  }
+
+  void require_root(int root) const {
+    if (root < 0 || root >= size_) {
+      throw invalid("root " + std::to_string(root) + " is not a rank of this " +
+                    std::to_string(size_) + "-rank communicator");
+    }
+  }
+
+  void require_size(Collective collective, const char* what, std::size_t actual,
+                    std::size_t expected) const {
+    if (actual != expected) {
+      ErrorContext context = context_of(std::string(name_of(collective)));
+      context.sequence.reset();
+      throw InvalidArgument(std::string(what) + " has " + std::to_string(actual) +
+                                " elements, expected " + std::to_string(expected),
+                            context);
+    }
+  }
+
+  // A buffer of `elements` elements must be memory this communicator's GPU can use.
+  void require_buffer(const char* what, const void* pointer, std::size_t elements) const {
+    if (elements == 0) return;
+    const std::string where = std::string(what) + " (" + std::to_string(elements) + " " +
+                              std::string(name_of(last_call_.dtype)) + ")";
+    if (pointer == nullptr) throw invalid("got a null " + where);
+    cudaPointerAttributes attributes{};
+    if (const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+        status != cudaSuccess) {
+      cudaGetLastError();  // clears the error, which is the caller's argument, not a fault
+      throw invalid(where + " is no pointer CUDA knows (" + cudaGetErrorName(status) + ")");
+    }
+    if (attributes.type == cudaMemoryTypeUnregistered) {
+      throw invalid(where +
+                    " is pageable host memory; NCCL needs device memory (cudaMalloc). Host "
+                    "buffers go through coltrain::comm::Communicator");
+    }
+    if (attributes.type == cudaMemoryTypeDevice && attributes.device != device_) {
+      throw invalid(where + " is on CUDA device " + std::to_string(attributes.device) +
+                    ", but this communicator runs on device " + std::to_string(device_));
+    }
+  }
+
+  // Completes an enqueueing call: a non-blocking communicator may still be working on it
+  // (ncclInProgress), and no other NCCL call may come before it is done.
+  void finish_enqueue(ncclResult_t result) {
+    const Deadline deadline(options_.timeout);
+    for (unsigned polls = 0; result == ncclInProgress; ++polls) {
+      if (deadline.expired()) fail_timeout();
+      detail::poll_backoff(polls);
+      if (const ncclResult_t got = ncclCommGetAsyncError(comm_.get(), &result);
+          got != ncclSuccess) {
+        fail_nccl(got);
+      }
+    }
+    if (result != ncclSuccess) fail_nccl(result);
+  }
+
+  void check_async_error() {
+    ncclResult_t state = ncclSuccess;
+    if (const ncclResult_t got = ncclCommGetAsyncError(comm_.get(), &state); got != ncclSuccess) {
+      fail_nccl(got);
+    }
+    if (state != ncclSuccess && state != ncclInProgress) fail_nccl(state);
+  }
+
+  std::string where_failed() const {
+    return last_call_.describe() + " on rank " + std::to_string(rank_) + " of " +
+           std::to_string(size_) + " (device " + std::to_string(device_) + ")";
+  }
+
+  // The failures below abort the communicator, so that its kernels return and later calls throw.
+  [[noreturn]] void fail_nccl(ncclResult_t code) {
+    std::string reason = ncclGetErrorString(code);
+    if (comm_.get() != nullptr) {
+      const char* detail = ncclGetLastError(comm_.get());
+      if (detail != nullptr && *detail != '\0') reason += " (" + std::string(detail) + ")";
+    }
+    abort_after(where_failed() + " failed: " + reason);
+    throw BackendError("NCCL", static_cast<long>(code), broken_, context_of(last_call_.operation));
+  }
+
+  [[noreturn]] void fail_cuda(cudaError_t code) {
+    abort_after(where_failed() + " failed on its stream: " + cudaGetErrorName(code) + " (" +
+                cudaGetErrorString(code) + ")");
+    throw BackendError("CUDA", static_cast<long>(code), broken_, context_of(last_call_.operation));
+  }
+
+  [[noreturn]] void fail_timeout() {
+    std::ostringstream timeout;
+    timeout << std::chrono::duration<double>(options_.timeout).count();
+    const bool init = !last_call_.count;
+    abort_after(where_failed() + " did not complete before its deadline (timeout " + timeout.str() +
+                " s, COLTRAIN_TIMEOUT): " +
+                (init ? "not all " + std::to_string(size_) +
+                            " ranks joined (one did not start, failed, or got another unique id)"
+                      : std::string("a peer failed, stalled, or called a different collective, "
+                                    "count or dtype (NCCL does not check that ranks agree)")));
+    throw TimeoutError(broken_, context_of(last_call_.operation));
+  }
+
+  void abort_after(std::string reason) {
+    comm_.abort();
+    broken_ = std::move(reason) + "; the NCCL communicator was aborted";
+  }
+
+  // Algorithm::kRing (see ring_allreduce_schedule). Each step is one grouped send/recv of a whole
+  // segment, then the reduction kernel, all on `stream`: NCCL pipelines the transfer itself, and
+  // overlapping the kernel with the next transfer would need a second stream and events.
+  void ring_allreduce(const void* input, void* output, std::size_t count, DataType dtype,
+                      ReduceOp op, cudaStream_t stream) {
+    const std::size_t element = size_of(dtype);
+    const ncclDataType_t type = detail::nccl_data_type(dtype);
+    if (size_ == 1) {
+      if (input != output) {
+        COLTRAIN_CHECK_CUDA(
+            cudaMemcpyAsync(output, input, count * element, cudaMemcpyDeviceToDevice, stream));
+      }
+      return;
+    }
+    const detail::Blocks segments(count, group_size());
+    const auto offset = [&](int segment) {
+      return segments.begin(static_cast<std::size_t>(segment)) * element;
+    };
+    const auto length = [&](int segment) {
+      return segments.size(static_cast<std::size_t>(segment));
+    };
+    const char* const in = static_cast<const char*>(input);
+    char* const out = static_cast<char*>(output);
+    const int right = (rank_ + 1) % size_;
+    const int left = (rank_ + size_ - 1) % size_;
+    const detail::StreamAllocation received(segments.size(0) * element, stream);
+    try {
+      for (const detail::RingStep& step : detail::ring_allreduce_schedule(size_, rank_)) {
+        const std::size_t sent = length(step.send_segment);
+        const std::size_t arriving = length(step.receive_segment);
+        if (sent == 0 && arriving == 0) continue;  // every rank skips the same empty segments
+        void* const landing = step.reduce ? received.get() : out + offset(step.receive_segment);
+        finish_enqueue(ncclGroupStart());
+        if (sent > 0) {
+          const char* source = (step.send_from_input ? in : out) + offset(step.send_segment);
+          finish_enqueue(ncclSend(source, sent, type, right, comm_.get(), stream));
+        }
+        if (arriving > 0) {
+          finish_enqueue(ncclRecv(landing, arriving, type, left, comm_.get(), stream));
+        }
+        finish_enqueue(ncclGroupEnd());
+        if (step.reduce && arriving > 0) {
+          const int divisor = op == ReduceOp::kAvg && step.completes_segment ? size_ : 1;
+          device_reduction_(out + offset(step.receive_segment), in + offset(step.receive_segment),
+                            received.get(), arriving, dtype, op, divisor, stream);
+        }
+      }
+    } catch (const Error&) {
+      // A failed NCCL call has aborted already; a failed kernel leaves the ring half done.
+      if (comm_.get() != nullptr) abort_after(where_failed() + " failed in the reduction kernel");
+      throw;
+    }
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+  CommOptions options_;
+  std::optional<Communicator> bootstrap_;  // declared before comm_: outlives it (MPI session)
+  detail::NcclHandle comm_;
+  DeviceReduction device_reduction_ = nullptr;
+  std::uint64_t sequence_ = 0;
+  detail::NcclCall last_call_;
+  std::string broken_;  // why the communicator was aborted
+};
+
+}  // namespace coltrain::comm

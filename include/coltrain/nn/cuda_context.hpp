@@ -1,0 +1,160 @@
+#pragma once
+// Context<Cuda>: what a layer on the GPU needs besides its tensors. All work of one network goes to
+// one stream of its own (never the legacy default stream, which cannot be captured into a CUDA
+// graph), with a cuBLAS and a cuDNN handle bound to it and one growing scratch workspace. The
+// handles are made on first use, so a program links cuBLAS or cuDNN only when a layer of it calls
+// them.
+
+#include <coltrain/core/config.hpp>
+
+#if !COLTRAIN_WITH_CUDA
+#error "coltrain/nn/cuda_context.hpp needs CUDA (COLTRAIN_WITH_CUDA=1)"
+#endif
+
+#include <coltrain/core/error.hpp>
+#include <coltrain/nn/context.hpp>
+#include <coltrain/tensor/device.hpp>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#if COLTRAIN_WITH_CUDNN
+#include <cudnn.h>
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace coltrain::nn {
+
+template <>
+class Context<tensor::Cuda> {
+ public:
+  // `threads` is the CPU side's knob and is ignored here; `device` < 0 keeps the current device.
+  explicit Context(int threads = 1, std::uint64_t seed = 0, int device = -1) : seed_(seed) {
+    (void)threads;
+    if (device >= 0) COLTRAIN_CHECK_CUDA(cudaSetDevice(device));
+    COLTRAIN_CHECK_CUDA(cudaGetDevice(&device_));
+    cudaStream_t stream = nullptr;
+    COLTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    stream_ = StreamHandle(stream);
+  }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_.get(); }
+  int threads() const { return 1; }
+
+  // Copies (between any host and device memory) and clears, queued on the stream.
+  template <class T>
+  void copy(const T* from, T* to, std::int64_t count) {
+    if (count == 0) return;
+    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(to, from, static_cast<std::size_t>(count) * sizeof(T),
+                                        cudaMemcpyDefault, stream()));
+  }
+  template <class T>
+  void zero(T* data, std::int64_t count) {
+    if (count == 0) return;
+    COLTRAIN_CHECK_CUDA(
+        cudaMemsetAsync(data, 0, static_cast<std::size_t>(count) * sizeof(T), stream()));
+  }
+
+  // Waits for everything queued on the stream; reports errors of earlier launches here.
+  void synchronize() const { COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream())); }
+
+  cublasHandle_t cublas() {
+    if (!cublas_) {
+      cublasHandle_t handle = nullptr;
+      COLTRAIN_CHECK_CUBLAS(cublasCreate(&handle));
+      cublas_ = CublasHandle(handle, [](cublasHandle_t h) { cublasDestroy(h); });
+      COLTRAIN_CHECK_CUBLAS(cublasSetStream(handle, stream()));
+      // A workspace of our own, so that cuBLAS allocates nothing while a step is captured as a
+      // graph (it would otherwise take memory per stream on first use).
+      cublas_workspace_ = workspace_allocation(kCublasWorkspaceBytes);
+      COLTRAIN_CHECK_CUBLAS(
+          cublasSetWorkspace(handle, cublas_workspace_.get(), kCublasWorkspaceBytes));
+    }
+    return cublas_.get();
+  }
+
+#if COLTRAIN_WITH_CUDNN
+  cudnnHandle_t cudnn() {
+    if (!cudnn_) {
+      cudnnHandle_t handle = nullptr;
+      COLTRAIN_CHECK_CUDNN(cudnnCreate(&handle));
+      cudnn_ = CudnnHandle(handle, [](cudnnHandle_t h) { cudnnDestroy(h); });
+      COLTRAIN_CHECK_CUDNN(cudnnSetStream(handle, stream()));
+    }
+    return cudnn_.get();
+  }
+#endif
+
+  // Scratch memory of at least `bytes`, valid until the next call (layers use it within one call).
+  // It only grows, so after a first step at full batch a captured graph never sees it reallocate.
+  void* workspace(std::size_t bytes) {
+    if (bytes > workspace_bytes_) {
+      synchronize();  // kernels queued earlier may still read the old block
+      workspace_ = workspace_allocation(bytes);
+      workspace_bytes_ = bytes;
+    }
+    return workspace_.get();
+  }
+
+  Mode mode() const { return mode_; }
+  bool training() const { return mode_ == Mode::kTrain; }
+  void set_mode(Mode mode) { mode_ = mode; }
+
+  std::uint64_t seed() const { return seed_; }
+  std::uint64_t step() const { return step_; }
+  void set_step(std::uint64_t step) { step_ = step; }
+
+  // As Context<Cpu>'s: called once per parameter and backward pass (protocol in nn/layer.hpp).
+  using GradientReadyHook = std::function<void(const void* parameter)>;
+  const GradientReadyHook& gradient_ready_hook() const { return gradient_ready_hook_; }
+  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_hook_ = std::move(hook); }
+
+ private:
+  static constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
+
+  struct StreamDestroy {
+    void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
+  };
+  struct DeviceFree {
+    void operator()(void* data) const { cudaFree(data); }
+  };
+  using StreamHandle = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroy>;
+  using DeviceBlock = std::unique_ptr<void, DeviceFree>;
+  using CublasHandle =
+      std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, void (*)(cublasHandle_t)>;
+#if COLTRAIN_WITH_CUDNN
+  using CudnnHandle =
+      std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, void (*)(cudnnHandle_t)>;
+#endif
+
+  static DeviceBlock workspace_allocation(std::size_t bytes) {
+    void* data = nullptr;
+    COLTRAIN_CHECK_CUDA(cudaMalloc(&data, bytes));
+    return DeviceBlock(data);
+  }
+
+  int device_ = 0;
+  std::uint64_t seed_ = 0;
+  std::uint64_t step_ = 0;
+  Mode mode_ = Mode::kTrain;
+  GradientReadyHook gradient_ready_hook_;
+  // Declared so that the handles go before the stream they are bound to.
+  StreamHandle stream_;
+  DeviceBlock cublas_workspace_;
+  DeviceBlock workspace_;
+  std::size_t workspace_bytes_ = 0;
+  CublasHandle cublas_{nullptr, nullptr};
+#if COLTRAIN_WITH_CUDNN
+  CudnnHandle cudnn_{nullptr, nullptr};
+#endif
+};
+
+}  // namespace coltrain::nn

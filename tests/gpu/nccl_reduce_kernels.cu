@@ -1,0 +1,11 @@
+// Device side of test_nccl_communicator.cpp: instantiates the ring's reduction kernel.
+
+#include "nccl_reduce_kernels.hpp"
+
+#include <coltrain/cuda/nccl_reduce.cuh>
+
+namespace coltrain::test {
+
+comm::DeviceReduction nccl_device_reduction() { return &cuda::device_reduce; }
+
+}  // namespace coltrain::test

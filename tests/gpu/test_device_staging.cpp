@@ -1,0 +1,288 @@
+// DeviceStagedCommunicator on the GPU: 2 TCP ranks (threads of this process, sharing the one GPU
+// and its CUDA context) run the staged collectives on device buffers filled with random data, and
+// each rank compares its result with a host reference in double precision: relative error
+// ||out - ref|| / ||ref|| within 1e-5 for f32 and f64, 1e-2 for f16 and bf16, integers exact.
+// Outputs are poisoned with 0xFF bytes (NaN, or -1 for the positive integer inputs) before each
+// call, so unwritten elements fail. Sizes: odd ones under a chunk, and arrays of many chunks.
+#include <catch2/catch.hpp>
+
+#include "../support/thread_ranks.hpp"
+
+#include <coltrain/comm/device_staging.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace coltrain;
+using namespace coltrain::comm;
+using coltrain::testing::expect;
+
+namespace {
+
+constexpr int kRanks = 2;
+
+template <class T>
+constexpr bool kNarrow = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+template <class T>
+double as_double(T v) {
+  if constexpr (kNarrow<T>) {
+    return static_cast<float>(v);
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+template <class T>
+T from_double(double v) {
+  if constexpr (kNarrow<T>) {
+    return T(static_cast<float>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+template <class T>
+double tolerance() {
+  if constexpr (kNarrow<T>) return 1e-2;
+  if constexpr (std::is_floating_point_v<T>) return 1e-5;
+  return 0;
+}
+
+// Rank r's input for a case: random, never zero (floats in +-[0.25, 1], integers in 1..1000), the
+// same on every rank that draws it, so that each rank can compute the reference for all.
+template <class T>
+std::vector<T> random_input(int rank, std::size_t count, std::uint64_t salt) {
+  std::mt19937_64 engine(salt * 1000003u + static_cast<std::uint64_t>(rank) * 7919u + count);
+  std::vector<T> values(count);
+  if constexpr (std::is_integral_v<T>) {
+    std::uniform_int_distribution<int> draw(1, 1000);
+    for (T& v : values) v = static_cast<T>(draw(engine));
+  } else {
+    std::uniform_real_distribution<double> magnitude(0.25, 1.0);
+    std::bernoulli_distribution negative(0.5);
+    for (T& v : values)
+      v = from_double<T>(negative(engine) ? -magnitude(engine) : magnitude(engine));
+  }
+  return values;
+}
+
+// ||actual - expected|| / ||expected||; NaN (never within a tolerance) when actual has a NaN.
+template <class T>
+double relative_error(const std::vector<T>& actual, const std::vector<double>& expected) {
+  double difference = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double d = as_double(actual[i]) - expected[i];
+    difference += d * d;
+    norm += expected[i] * expected[i];
+  }
+  return norm == 0 ? std::sqrt(difference) : std::sqrt(difference / norm);
+}
+
+template <class T>
+void expect_close(const std::vector<T>& actual, const std::vector<double>& expected,
+                  const std::string& what) {
+  const double error = relative_error(actual, expected);
+  expect(error <= tolerance<T>(), what + " (" + std::string(name_of(data_type_v<T>)) + ", " +
+                                      std::to_string(expected.size()) +
+                                      " elements): relative error " + std::to_string(error));
+}
+
+// `count` elements of device memory, freed on scope exit.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t count) : count_(count) {
+    COLTRAIN_CHECK_CUDA(cudaMalloc(&data_, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(data_); }
+
+  std::span<T> span() { return {data_, count_}; }
+  void upload(const std::vector<T>& values) {
+    COLTRAIN_CHECK_CUDA(cudaMemcpy(data_, values.data(), count_ * sizeof(T), cudaMemcpyDefault));
+  }
+  // Waits for the memset, which may run asynchronously and would race a non-blocking stream.
+  void poison() {
+    COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0xFF, count_ * sizeof(T)));
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+  }
+  std::vector<T> download() const {
+    std::vector<T> values(count_);
+    COLTRAIN_CHECK_CUDA(cudaMemcpy(values.data(), data_, count_ * sizeof(T), cudaMemcpyDefault));
+    return values;
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_;
+};
+
+// Each rank's element i summed over the ranks, in double.
+template <class T>
+std::vector<double> sum_of_inputs(std::size_t count, std::uint64_t salt) {
+  std::vector<double> sum(count, 0.0);
+  for (int r = 0; r < kRanks; ++r) {
+    const std::vector<T> in = random_input<T>(r, count, salt);
+    for (std::size_t i = 0; i < count; ++i) sum[i] += as_double(in[i]);
+  }
+  return sum;
+}
+
+template <class T>
+void check_allreduce(DeviceStagedCommunicator& staged, std::size_t count, std::uint64_t salt) {
+  const int rank = staged.host().rank();
+  const std::string at = "allreduce at " + std::to_string(count) + " elements, chunks of " +
+                         std::to_string(staged.options().chunk_bytes) + " B";
+  const std::vector<T> mine = random_input<T>(rank, count, salt);
+  const std::vector<double> expected = sum_of_inputs<T>(count, salt);
+  DeviceArray<T> input(count);
+  DeviceArray<T> output(count);
+  input.upload(mine);
+  output.poison();
+  staged.allreduce(std::span<const T>(input.span()), output.span());
+  expect_close(output.download(), expected, at);
+  expect(input.download() == mine || count == 0, at + ": the input changed");
+  output.upload(mine);  // in place
+  staged.allreduce(output.span());
+  expect_close(output.download(), expected, at + ", in place");
+}
+
+template <class T>
+void check_allreduce_sizes(Communicator& comm) {
+  StagingOptions small;
+  small.chunk_bytes = 64 << 10;
+  small.min_chunk_bytes = 16 << 10;
+  DeviceStagedCommunicator staged(comm, small);
+  std::uint64_t salt = 1;
+  for (std::size_t count : {0, 1, 7, 1023, 16411, 100003, 1000037}) {
+    check_allreduce<T>(staged, count, salt++);
+  }
+  DeviceStagedCommunicator defaults(comm);  // 4 MiB chunks: 3 for 12 MiB of f32
+  check_allreduce<T>(defaults, 3000017, salt++);
+}
+
+}  // namespace
+
+TEST_CASE("staged allreduce of device buffers matches a host reference, 2 TCP ranks on one GPU",
+          "[gpu][staging]") {
+  const auto failures = coltrain::testing::run_thread_ranks(kRanks, [](Communicator& comm) {
+    COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+    check_allreduce_sizes<float>(comm);
+    check_allreduce_sizes<half>(comm);
+    check_allreduce_sizes<bfloat16>(comm);
+    check_allreduce_sizes<std::int32_t>(comm);
+    check_allreduce_sizes<double>(comm);
+  });
+  INFO(coltrain::testing::joined(failures));
+  CHECK(coltrain::testing::joined(failures).empty());
+}
+
+TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buffers",
+          "[gpu][staging]") {
+  const auto failures = coltrain::testing::run_thread_ranks(kRanks, [](Communicator& comm) {
+    COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+    StagingOptions small;
+    small.chunk_bytes = 4 << 10;
+    small.min_chunk_bytes = 1 << 10;
+    DeviceStagedCommunicator staged(comm, small);
+    const int rank = comm.rank();
+    for (std::size_t count : {std::size_t{1}, std::size_t{1001}, std::size_t{50021}}) {
+      const std::string at = " at " + std::to_string(count) + " elements";
+      const auto n = static_cast<std::size_t>(kRanks);
+      for (int root = 0; root < kRanks; ++root) {
+        const std::vector<float> source = random_input<float>(root, count, 11);
+        DeviceArray<float> data(count);
+        if (rank == root) {
+          data.upload(source);
+        } else {
+          data.poison();
+        }
+        staged.broadcast(data.span(), root);
+        expect(data.download() == source, "broadcast from " + std::to_string(root) + at);
+      }
+      {
+        DeviceArray<float> input(count);
+        DeviceArray<float> output(n * count);
+        input.upload(random_input<float>(rank, count, 12));
+        output.poison();
+        staged.allgather(std::span<const float>(input.span()), output.span());
+        std::vector<float> expected;
+        for (int r = 0; r < kRanks; ++r) {
+          const std::vector<float> block = random_input<float>(r, count, 12);
+          expected.insert(expected.end(), block.begin(), block.end());
+        }
+        expect(output.download() == expected, "allgather" + at);
+      }
+      {
+        DeviceArray<float> input(n * count);
+        DeviceArray<float> output(count);
+        input.upload(random_input<float>(rank, n * count, 13));
+        output.poison();
+        staged.reduce_scatter(std::span<const float>(input.span()), output.span());
+        const std::vector<double> sums = sum_of_inputs<float>(n * count, 13);
+        const auto first = static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank));
+        expect_close(output.download(),
+                     std::vector<double>(sums.begin() + first,
+                                         sums.begin() + first + static_cast<std::ptrdiff_t>(count)),
+                     "reduce_scatter" + at);
+      }
+      for (int root = 0; root < kRanks; ++root) {
+        DeviceArray<float> input(count);
+        DeviceArray<float> output(count);
+        input.upload(random_input<float>(rank, count, 14));
+        output.poison();
+        staged.reduce(std::span<const float>(input.span()), output.span(), root);
+        if (rank == root) {
+          expect_close(output.download(), sum_of_inputs<float>(count, 14), "reduce" + at);
+        }
+      }
+    }
+  });
+  INFO(coltrain::testing::joined(failures));
+  CHECK(coltrain::testing::joined(failures).empty());
+}
+
+TEST_CASE("a staged call comes after the work queued on its caller's stream", "[gpu][staging]") {
+  const auto failures = coltrain::testing::run_thread_ranks(kRanks, [](Communicator& comm) {
+    COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+    cudaStream_t stream = nullptr;
+    COLTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    void* pinned = nullptr;
+    try {
+      // 64 MiB: an upload that is still running when the staged call starts, unless it waits.
+      const std::size_t count = std::size_t{16} << 20;
+      const std::vector<float> mine = random_input<float>(comm.rank(), count, 21);
+      COLTRAIN_CHECK_CUDA(cudaMallocHost(&pinned, count * sizeof(float)));
+      std::copy(mine.begin(), mine.end(), static_cast<float*>(pinned));
+      DeviceArray<float> data(count);
+      data.poison();
+      DeviceStagedCommunicator staged(comm, {}, stream);
+      COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(data.span().data(), pinned, count * sizeof(float),
+                                          cudaMemcpyHostToDevice, stream));
+      staged.allreduce(data.span());
+      expect_close(data.download(), sum_of_inputs<float>(count, 21), "allreduce after an upload");
+    } catch (...) {
+      cudaStreamSynchronize(stream);
+      cudaFreeHost(pinned);
+      cudaStreamDestroy(stream);
+      throw;
+    }
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    COLTRAIN_CHECK_CUDA(cudaFreeHost(pinned));
+    COLTRAIN_CHECK_CUDA(cudaStreamDestroy(stream));
+  });
+  INFO(coltrain::testing::joined(failures));
+  CHECK(coltrain::testing::joined(failures).empty());
+}

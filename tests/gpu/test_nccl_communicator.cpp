@@ -1,0 +1,501 @@
+// NcclCommunicator on the test machine's GPU. NCCL runs one rank per GPU, so these run one rank:
+// every collective must then return its input exactly, for every dtype, op and size (odd and zero
+// included), with outputs poisoned first so that unwritten elements show. The ring over
+// ncclSend/ncclRecv is compared with NCCL's native allreduce, and its reduction kernel with a host
+// reference; the schedule for many ranks is tested on the host (tests/comm/test_nccl_host.cpp).
+// Then the failure paths: bad arguments, a stream that never finishes, an init that a rank
+// misses, and the bootstraps over TCP (and MPI, where built with it).
+
+#include "nccl_reduce_kernels.hpp"
+
+#include <coltrain/comm/nccl_communicator.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/env.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/timer.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+using Catch::Matchers::Contains;
+using coltrain::bfloat16;
+using coltrain::DataType;
+using coltrain::half;
+using coltrain::comm::Algorithm;
+using coltrain::comm::CommOptions;
+using coltrain::comm::NcclCommunicator;
+using coltrain::comm::ReduceOp;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+constexpr std::array<std::size_t, 6> kSizes = {0, 1, 7, 1000, 65537, (std::size_t{1} << 20) + 3};
+constexpr std::array<ReduceOp, 5> kOps = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
+                                          ReduceOp::kMax, ReduceOp::kAvg};
+
+// Device memory of a number of bytes, freed on destruction.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) COLTRAIN_CHECK_CUDA(cudaMalloc(&data_, bytes));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+
+  void* get() const { return data_; }
+
+  void upload(const Bytes& host) {
+    REQUIRE(host.size() == bytes_);
+    if (bytes_ > 0) COLTRAIN_CHECK_CUDA(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyDefault));
+  }
+  Bytes download() const {
+    Bytes host(bytes_);
+    if (bytes_ > 0) COLTRAIN_CHECK_CUDA(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDefault));
+    return host;
+  }
+  // All bits set: NaN in every float type, -1 or 255 in the integers, which inputs never hold.
+  void poison() {
+    if (bytes_ > 0) COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0xff, bytes_));
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+class Stream {
+ public:
+  Stream() { COLTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { cudaStreamDestroy(stream_); }
+
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+CommOptions options_with_timeout(std::chrono::milliseconds timeout) {
+  CommOptions options;
+  options.timeout = timeout;
+  return options;
+}
+
+NcclCommunicator one_rank(CommOptions options = options_with_timeout(60s)) {
+  ncclUniqueId id;
+  COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
+  return NcclCommunicator(0, 1, id, 0, std::move(options));
+}
+
+// Calls f.template operator()<T>() with the element type of `dtype`.
+template <class F>
+void with_element_type(DataType dtype, F&& f) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return f.template operator()<float>();
+    case DataType::kFloat64:
+      return f.template operator()<double>();
+    case DataType::kFloat16:
+      return f.template operator()<half>();
+    case DataType::kBFloat16:
+      return f.template operator()<bfloat16>();
+    case DataType::kInt32:
+      return f.template operator()<std::int32_t>();
+    case DataType::kInt64:
+      return f.template operator()<std::int64_t>();
+    case DataType::kUInt8:
+      return f.template operator()<std::uint8_t>();
+  }
+  FAIL("unknown dtype");
+}
+
+// The type the ring's kernel combines T in.
+template <class T>
+using Combined =
+    std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+
+// Random non-zero elements; none has all bits set (the poison).
+Bytes random_elements(DataType dtype, std::size_t count, std::mt19937& random) {
+  Bytes bytes(count * coltrain::size_of(dtype));
+  with_element_type(dtype, [&]<class T>() {
+    std::vector<T> values(count);
+    std::uniform_int_distribution<int> sign(0, 1);
+    for (T& value : values) {
+      if constexpr (std::is_same_v<T, std::uint8_t>) {
+        value = static_cast<T>(std::uniform_int_distribution<int>(1, 254)(random));
+      } else if constexpr (std::is_integral_v<T>) {
+        const auto magnitude = std::uniform_int_distribution<int>(2, 1000)(random);
+        value = static_cast<T>(sign(random) == 0 ? magnitude : -magnitude);
+      } else {
+        const auto magnitude = std::uniform_real_distribution<float>(0.1f, 2.0f)(random);
+        value = T(sign(random) == 0 ? magnitude : -magnitude);
+      }
+    }
+    if (count > 0) std::memcpy(bytes.data(), values.data(), bytes.size());
+  });
+  return bytes;
+}
+
+// Elements whose bytes differ, and the first of them.
+struct Mismatches {
+  std::size_t count = 0;
+  std::size_t first = 0;
+};
+
+Mismatches compare_elements(const Bytes& got, const Bytes& expected, DataType dtype) {
+  REQUIRE(got.size() == expected.size());
+  const std::size_t element = coltrain::size_of(dtype);
+  Mismatches mismatches;
+  for (std::size_t i = 0; i * element < got.size(); ++i) {
+    if (std::memcmp(got.data() + i * element, expected.data() + i * element, element) != 0) {
+      if (mismatches.count++ == 0) mismatches.first = i;
+    }
+  }
+  return mismatches;
+}
+
+#define CHECK_SAME_ELEMENTS(got, expected, dtype)                                      \
+  do {                                                                                 \
+    const Mismatches mismatches_ = compare_elements((got), (expected), (dtype));       \
+    INFO(mismatches_.count << " elements differ, the first at " << mismatches_.first); \
+    CHECK(mismatches_.count == 0);                                                     \
+  } while (0)
+
+// What the ring's kernel computes, element by element, in the same type and order.
+template <class T>
+Bytes reference_reduce(const Bytes& a, const Bytes& b, ReduceOp op, int divisor) {
+  using W = Combined<T>;
+  Bytes out(a.size());
+  for (std::size_t i = 0; i < a.size() / sizeof(T); ++i) {
+    T x;
+    T y;
+    std::memcpy(&x, a.data() + i * sizeof(T), sizeof(T));
+    std::memcpy(&y, b.data() + i * sizeof(T), sizeof(T));
+    const auto u = static_cast<W>(x);
+    const auto v = static_cast<W>(y);
+    W r;
+    if (op == ReduceOp::kMin) {
+      r = v < u ? v : u;
+    } else if (op == ReduceOp::kMax) {
+      r = u < v ? v : u;
+    } else if constexpr (std::is_integral_v<W>) {
+      using U = std::make_unsigned_t<W>;
+      r = op == ReduceOp::kProd ? static_cast<W>(static_cast<U>(u) * static_cast<U>(v))
+                                : static_cast<W>(static_cast<U>(u) + static_cast<U>(v));
+    } else {
+      r = op == ReduceOp::kProd ? u * v : u + v;
+    }
+    if (divisor > 1) r = r / static_cast<W>(divisor);
+    const auto t = static_cast<T>(r);
+    std::memcpy(out.data() + i * sizeof(T), &t, sizeof(T));
+  }
+  return out;
+}
+
+std::string name_of_op(ReduceOp op) { return std::string(coltrain::comm::name_of(op)); }
+
+void block_until(void* flag) {
+  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+}
+
+}  // namespace
+
+TEST_CASE("one rank: every native collective returns its input, for every dtype, op and size",
+          "[nccl]") {
+  NcclCommunicator nccl = one_rank();
+  REQUIRE(nccl.rank() == 0);
+  REQUIRE(nccl.size() == 1);
+  const Stream stream;
+  std::mt19937 random(7);
+  for (const DataType dtype : coltrain::kAllDataTypes) {
+    for (const std::size_t count : kSizes) {
+      CAPTURE(coltrain::name_of(dtype), count);
+      const Bytes input = random_elements(dtype, count, random);
+      DeviceBuffer in(input.size());
+      DeviceBuffer out(input.size());
+      in.upload(input);
+      const auto run = [&](const auto& enqueue) {
+        out.poison();
+        enqueue();
+        nccl.synchronize(stream.get());
+        CHECK_SAME_ELEMENTS(out.download(), input, dtype);
+      };
+      for (const ReduceOp op : kOps) {
+        CAPTURE(name_of_op(op));
+        run([&] {
+          nccl.allreduce(in.get(), out.get(), count, dtype, stream.get(), op, Algorithm::kNative);
+        });
+        run([&] { nccl.reduce_scatter(in.get(), out.get(), count, dtype, stream.get(), op); });
+        run([&] { nccl.reduce(in.get(), out.get(), count, dtype, 0, stream.get(), op); });
+        // In place: the input is the output.
+        out.upload(input);
+        nccl.allreduce(out.get(), out.get(), count, dtype, stream.get(), op);
+        nccl.synchronize(stream.get());
+        CHECK_SAME_ELEMENTS(out.download(), input, dtype);
+      }
+      run([&] { nccl.broadcast(in.get(), out.get(), count, dtype, 0, stream.get()); });
+      run([&] { nccl.allgather(in.get(), out.get(), count, dtype, stream.get()); });
+      CHECK_SAME_ELEMENTS(in.download(), input, dtype);  // inputs stay untouched
+    }
+  }
+}
+
+TEST_CASE("one rank: the typed span overloads move the same data", "[nccl]") {
+  NcclCommunicator nccl = one_rank();
+  const Stream stream;
+  std::mt19937 random(11);
+  constexpr std::size_t kCount = 4099;
+  const Bytes input = random_elements(DataType::kBFloat16, kCount, random);
+  DeviceBuffer in(input.size());
+  DeviceBuffer out(input.size());
+  in.upload(input);
+  const std::span<const bfloat16> source(static_cast<const bfloat16*>(in.get()), kCount);
+  const std::span<bfloat16> target(static_cast<bfloat16*>(out.get()), kCount);
+  const auto check = [&] {
+    nccl.synchronize(stream.get());
+    CHECK_SAME_ELEMENTS(out.download(), input, DataType::kBFloat16);
+    out.poison();
+  };
+  out.poison();
+  nccl.allreduce(source, target, stream.get(), ReduceOp::kAvg);
+  check();
+  nccl.allgather(source, target, stream.get());
+  check();
+  nccl.reduce_scatter(source, target, stream.get(), ReduceOp::kMax);
+  check();
+  nccl.reduce(source, target, 0, stream.get());
+  check();
+  out.upload(input);
+  nccl.broadcast(target, 0, stream.get());
+  nccl.barrier(stream.get());
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kBFloat16);
+}
+
+TEST_CASE("ring allreduce over ncclSend/ncclRecv gives the native allreduce's bits", "[nccl]") {
+  NcclCommunicator nccl = one_rank();
+  nccl.set_device_reduction(coltrain::test::nccl_device_reduction());
+  const Stream stream;
+  std::mt19937 random(13);
+  for (const DataType dtype : coltrain::kAllDataTypes) {
+    for (const std::size_t count : kSizes) {
+      for (const ReduceOp op : kOps) {
+        CAPTURE(coltrain::name_of(dtype), count, name_of_op(op));
+        const Bytes input = random_elements(dtype, count, random);
+        DeviceBuffer in(input.size());
+        DeviceBuffer native(input.size());
+        DeviceBuffer ring(input.size());
+        in.upload(input);
+        native.poison();
+        ring.poison();
+        nccl.allreduce(in.get(), native.get(), count, dtype, stream.get(), op, Algorithm::kNative);
+        nccl.allreduce(in.get(), ring.get(), count, dtype, stream.get(), op, Algorithm::kRing);
+        nccl.synchronize(stream.get());
+        CHECK_SAME_ELEMENTS(ring.download(), native.download(), dtype);
+        nccl.allreduce(ring.get(), ring.get(), count, dtype, stream.get(), op, Algorithm::kRing);
+        nccl.synchronize(stream.get());
+        CHECK_SAME_ELEMENTS(ring.download(), input, dtype);
+      }
+    }
+  }
+}
+
+TEST_CASE("the ring's reduction kernel computes a op b, then / divisor, as the host does",
+          "[nccl]") {
+  const coltrain::comm::DeviceReduction reduce = coltrain::test::nccl_device_reduction();
+  const Stream stream;
+  std::mt19937 random(17);
+  for (const DataType dtype : coltrain::kAllDataTypes) {
+    for (const std::size_t count : kSizes) {
+      for (const ReduceOp op : kOps) {
+        for (const int divisor : {1, 3}) {
+          if (divisor != 1 && count > 100000) continue;  // the large size once per op is enough
+          CAPTURE(coltrain::name_of(dtype), count, name_of_op(op), divisor);
+          const Bytes a = random_elements(dtype, count, random);
+          const Bytes b = random_elements(dtype, count, random);
+          Bytes expected;
+          with_element_type(dtype,
+                            [&]<class T>() { expected = reference_reduce<T>(a, b, op, divisor); });
+          DeviceBuffer in_a(a.size());
+          DeviceBuffer in_b(b.size());
+          DeviceBuffer out(a.size());
+          in_a.upload(a);
+          in_b.upload(b);
+          out.poison();
+          reduce(out.get(), in_a.get(), in_b.get(), count, dtype, op, divisor, stream.get());
+          reduce(in_a.get(), in_a.get(), in_b.get(), count, dtype, op, divisor, stream.get());
+          COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+          CHECK_SAME_ELEMENTS(out.download(), expected, dtype);
+          CHECK_SAME_ELEMENTS(in_a.download(), expected, dtype);  // in place
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bad arguments are refused with a message, and the communicator stays usable", "[nccl]") {
+  NcclCommunicator nccl = one_rank();
+  const Stream stream;
+  DeviceBuffer device(16 * sizeof(float));
+  std::vector<float> host(16, 1.0f);
+  const DataType f32 = DataType::kFloat32;
+  CHECK_THROWS_WITH(nccl.allreduce(nullptr, device.get(), 16, f32, stream.get()),
+                    Contains("allreduce got a null input (16 f32)"));
+  CHECK_THROWS_WITH(nccl.allgather(device.get(), host.data(), 16, f32, stream.get()),
+                    Contains("output (16 f32) is pageable host memory"));
+  CHECK_THROWS_WITH(nccl.broadcast(device.get(), device.get(), 16, f32, 1, stream.get()),
+                    Contains("root 1 is not a rank of this 1-rank communicator"));
+  CHECK_THROWS_WITH(
+      nccl.reduce(device.get(), device.get(), 16, static_cast<DataType>(42), 0, stream.get()),
+      Contains("dtype value 42 is not a coltrain DataType"));
+  CHECK_THROWS_WITH(
+      nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(), static_cast<ReduceOp>(9)),
+      Contains("reduction op value 9"));
+  CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
+                                   ReduceOp::kSum, Algorithm::kTree),
+                    Contains("has no algorithm 'tree' on NCCL"));
+  CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
+                                   ReduceOp::kSum, Algorithm::kRing),
+                    Contains("set_device_reduction"));
+  const std::span<const float> four(static_cast<const float*>(device.get()), 4);
+  const std::span<float> three(static_cast<float*>(device.get()), 3);
+  CHECK_THROWS_WITH(nccl.allgather(four, three, stream.get()),
+                    Contains("output has 3 elements, expected 4"));
+  CHECK_THROWS_AS(NcclCommunicator(0, 1, ncclUniqueId{}, 1 << 20, options_with_timeout(5s)),
+                  coltrain::ConfigError);
+
+  nccl.allreduce(device.get(), device.get(), 16, f32, stream.get());
+  nccl.synchronize(stream.get());
+  nccl.barrier(stream.get());
+}
+
+TEST_CASE("a stream that does not finish by the deadline aborts the communicator and throws",
+          "[nccl]") {
+  NcclCommunicator nccl = one_rank(options_with_timeout(500ms));
+  const Stream stream;
+  DeviceBuffer buffer(1024 * sizeof(float));
+  buffer.poison();
+  nccl.allreduce(buffer.get(), buffer.get(), 1024, DataType::kFloat32, stream.get());
+  nccl.synchronize(stream.get());
+
+  // A host function holds the stream (a stand-in for a peer that never answers) until well after
+  // the deadline; the releaser lets it drain even if aborting waits for the device.
+  std::atomic<bool> release{false};
+  COLTRAIN_CHECK_CUDA(cudaLaunchHostFunc(stream.get(), block_until, &release));
+  std::thread releaser([&release] {
+    std::this_thread::sleep_for(3s);
+    release = true;
+  });
+  const coltrain::Stopwatch watch;
+  bool timed_out = false;
+  try {
+    nccl.synchronize(stream.get());
+  } catch (const coltrain::TimeoutError& e) {
+    timed_out = true;
+    CHECK(watch.seconds() >= 0.5);
+    CHECK_THAT(e.what(), Contains("allreduce of 1024 f32 on rank 0 of 1") &&
+                             Contains("COLTRAIN_TIMEOUT") && Contains("aborted"));
+    CHECK(e.context().rank == 0);
+    CHECK(e.context().operation == "allreduce");
+  }
+  releaser.join();
+  COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+  CHECK(timed_out);
+  CHECK(nccl.nccl_comm() == nullptr);
+  CHECK_THROWS_AS(nccl.barrier(stream.get()), coltrain::CommError);
+  CHECK_THROWS_WITH(nccl.allreduce(buffer.get(), buffer.get(), 1, DataType::kFloat32, stream.get()),
+                    Contains("aborted after an earlier error"));
+}
+
+TEST_CASE("an init that a rank never joins times out instead of hanging", "[nccl]") {
+  ncclUniqueId id;
+  COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
+  const coltrain::Stopwatch watch;
+  bool timed_out = false;
+  try {
+    NcclCommunicator(0, 2, id, 0, options_with_timeout(2s));
+  } catch (const coltrain::TimeoutError& e) {
+    timed_out = true;
+    CHECK_THAT(e.what(),
+               Contains("NCCL init on rank 0 of 2") && Contains("not all 2 ranks joined"));
+  }
+  CHECK(timed_out);
+  CHECK(watch.seconds() >= 2.0);
+  CHECK(watch.seconds() < 30.0);
+}
+
+TEST_CASE("work still enqueued when a communicator goes is flushed, and a move keeps it working",
+          "[nccl]") {
+  const Stream stream;
+  std::mt19937 random(19);
+  constexpr std::size_t kCount = std::size_t{1} << 22;
+  const Bytes input = random_elements(DataType::kFloat32, kCount, random);
+  DeviceBuffer in(input.size());
+  DeviceBuffer out(input.size());
+  in.upload(input);
+  out.poison();
+  {
+    NcclCommunicator first = one_rank();
+    NcclCommunicator second = std::move(first);
+    CHECK_THROWS_WITH(first.barrier(stream.get()), Contains("moved from"));
+    second.allreduce(in.get(), out.get(), kCount, DataType::kFloat32, stream.get());
+  }
+  COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat32);
+}
+
+TEST_CASE("bootstrapped over TCP, a one-rank job runs collectives", "[nccl][tcp]") {
+  coltrain::LaunchEnv env;  // rank 0 of 1: the rendezvous opens no socket
+  NcclCommunicator nccl = NcclCommunicator::tcp(env, options_with_timeout(60s), 0);
+  CHECK(nccl.rank() == 0);
+  CHECK(nccl.size() == 1);
+  CHECK(nccl.device() == 0);
+  const Stream stream;
+  std::mt19937 random(23);
+  const Bytes input = random_elements(DataType::kInt64, 999, random);
+  DeviceBuffer in(input.size());
+  DeviceBuffer out(input.size());
+  in.upload(input);
+  out.poison();
+  nccl.allreduce(in.get(), out.get(), 999, DataType::kInt64, stream.get(), ReduceOp::kMax);
+  nccl.barrier(stream.get());
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kInt64);
+}
+
+#if COLTRAIN_WITH_MPI
+TEST_CASE("bootstrapped over MPI, a one-rank job runs collectives", "[nccl][mpi]") {
+  NcclCommunicator nccl =
+      NcclCommunicator::from_env(coltrain::comm::Backend::kMpi, options_with_timeout(60s), 0);
+  CHECK(nccl.size() == 1);
+  const Stream stream;
+  std::mt19937 random(29);
+  const Bytes input = random_elements(DataType::kFloat64, 4097, random);
+  DeviceBuffer in(input.size());
+  DeviceBuffer out(input.size());
+  in.upload(input);
+  out.poison();
+  nccl.allreduce(in.get(), out.get(), 4097, DataType::kFloat64, stream.get(), ReduceOp::kAvg);
+  nccl.synchronize(stream.get());
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat64);
+}
+#endif

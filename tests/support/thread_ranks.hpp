@@ -1,0 +1,67 @@
+#pragma once
+// Runs the ranks of a TCP job as threads of the test process, each with a Communicator of its own
+// bootstrapped on a loopback port that was free a moment ago. Threads, not processes: ranks of a
+// GPU test share the one CUDA context, which a fork() after CUDA's initialisation could not use.
+//
+// A rank's function must not use Catch assertions (Catch is not thread-safe); it reports failures
+// by throwing, for example with coltrain::testing::expect(). Each rank's exception message is
+// returned, empty for a rank that finished.
+
+#include "tcp_launch.hpp"
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/core/env.hpp>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace coltrain::testing {
+
+inline std::vector<std::string> run_thread_ranks(
+    int world_size, const std::function<void(comm::Communicator&)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const int port = free_tcp_port();
+  std::vector<std::string> failures(static_cast<std::size_t>(world_size));
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < world_size; ++rank) {
+    ranks.emplace_back([&, rank] {
+      std::string& failure = failures[static_cast<std::size_t>(rank)];
+      try {
+        LaunchEnv env;
+        env.rank = rank;
+        env.world_size = world_size;
+        env.local_rank = rank;
+        env.local_world_size = world_size;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        comm::CommOptions options;
+        options.timeout = timeout;  // a rank that failed early makes the others fail, not hang
+        options.job_id = "thread-ranks-" + std::to_string(port);
+        comm::Communicator communicator = comm::Communicator::tcp(env, options);
+        body(communicator);
+      } catch (const std::exception& e) {
+        failure = "rank " + std::to_string(rank) + ": " + e.what();
+      } catch (...) {
+        failure = "rank " + std::to_string(rank) + ": a non-standard exception";
+      }
+    });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  return failures;
+}
+
+// The failures of run_thread_ranks() as one text, empty when every rank finished.
+inline std::string joined(const std::vector<std::string>& failures) {
+  std::string text;
+  for (const std::string& failure : failures) {
+    if (!failure.empty()) text += failure + "\n";
+  }
+  return text;
+}
+
+}  // namespace coltrain::testing
