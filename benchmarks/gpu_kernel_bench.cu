@@ -1,13 +1,14 @@
-// Per-kernel rates on the GPU against two ceilings measured in the same run: a large device-to-device
-// copy (bytes read + written per second) and a large cuBLAS bf16 GEMM (FLOP/s). Each kernel is timed
-// with CUDA events over repeated launches after a warm-up, on random data larger than the 50 MB L2,
-// and reported as the median of the repeats, as GB/s of the fewest bytes it must move (each input
-// read once, each output written once) and as a share of the copy ceiling.
+// Per-kernel rates on the GPU against two ceilings measured in the same run: a large
+// device-to-device copy (bytes read + written per second) and a large cuBLAS bf16 GEMM (FLOP/s).
+// Each kernel is timed with CUDA events over repeated launches after a warm-up, on random data
+// larger than the 50 MB L2, and reported as the median of the repeats, as GB/s of the fewest bytes
+// it must move (each input read once, each output written once) and as a share of the copy ceiling.
 //
 //   build-gpu/benchmarks/gpu_kernel_bench [--csv FILE]
 
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/cuda/bias.cuh>
 #include <coltrain/cuda/cast.cuh>
 #include <coltrain/cuda/elementwise.cuh>
 #include <coltrain/cuda/nn.cuh>
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
         cudaMemcpyAsync(copy_to, copy_from, copy_bytes, cudaMemcpyDeviceToDevice, stream));
   });
   const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e6);
-  rows.push_back({"ceiling: device-to-device copy", "u8", copy_bytes, copy_ms, copy_gbs, "GB/s", 1});
+  rows.push_back(
+      {"ceiling: device-to-device copy", "u8", copy_bytes, copy_ms, copy_gbs, "GB/s", 1});
   COLTRAIN_CHECK_CUDA(cudaFree(copy_from));
   COLTRAIN_CHECK_CUDA(cudaFree(copy_to));
 
@@ -108,12 +110,12 @@ int main(int argc, char** argv) {
   const float one = 1, zero = 0;
   const double gemm_ms = median_ms(stream, [&] {
     COLTRAIN_CHECK_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a,
-                                       CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero, c, CUDA_R_16BF,
-                                       n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                       CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   });
   const double gemm_tflops = 2.0 * n * double(n) * n / (gemm_ms * 1e9);
-  rows.push_back({"ceiling: cuBLAS GEMM 8192^3", "bf16", std::int64_t{n} * n, gemm_ms,
-                  gemm_tflops, "TFLOP/s", 1});
+  rows.push_back({"ceiling: cuBLAS GEMM 8192^3", "bf16", std::int64_t{n} * n, gemm_ms, gemm_tflops,
+                  "TFLOP/s", 1});
   COLTRAIN_CHECK_CUBLAS(cublasDestroy(blas));
   COLTRAIN_CHECK_CUDA(cudaFree(a));
   COLTRAIN_CHECK_CUDA(cudaFree(b));
@@ -164,6 +166,30 @@ int main(int argc, char** argv) {
     tensor::Tensor<coltrain::half, tensor::Cuda> pooled(decltype(pool)::Output::batch(batch));
     bandwidth("MaxPool 2x2 forward 512x16x32x32", "f16", n, 1.25 * h * n,
               [&] { pool.forward(in.view(), pooled.view(), ctx); });
+    // Reads the pooled gradient and the winners (1 byte each), writes the input gradient.
+    tensor::Tensor<coltrain::half, tensor::Cuda> pooled_grad(pooled.shape());
+    bandwidth("MaxPool 2x2 backward 512x16x32x32", "f16", n, h * n + 0.25 * (h + 1) * n, [&] {
+      pool.backward(in.view(), pooled.view(), pooled_grad.view(), grad_in.view(), ctx);
+    });
+  }
+
+  // A convolution's bias + ReLU pass and its backward (mask + bias gradient), at MnistConvNet's
+  // conv2 output [512, 64, 24, 24].
+  {
+    const cuda::ChannelShape shape{512, 64, 24 * 24};
+    const std::int64_t n = shape.numel();
+    auto* bias = device_random<coltrain::half>(64, 8);
+    auto* grad_bias = device_random<coltrain::half>(64, 9);
+    float* partials = nullptr;
+    COLTRAIN_CHECK_CUDA(cudaMalloc(&partials, cuda::bias_grad_scratch_floats(64) * sizeof(float)));
+    bandwidth("bias + ReLU 512x64x24x24", "f16", n, 2 * h * n,
+              [&] { cuda::add_bias(x, bias, shape, true, stream); });
+    bandwidth("ReLU mask + bias gradient 512x64x24x24", "f16", n, 3 * h * n, [&] {
+      cuda::relu_backward_add_bias_grad(x, y, shape, z, grad_bias, partials, stream);
+    });
+    COLTRAIN_CHECK_CUDA(cudaFree(bias));
+    COLTRAIN_CHECK_CUDA(cudaFree(grad_bias));
+    COLTRAIN_CHECK_CUDA(cudaFree(partials));
   }
   COLTRAIN_CHECK_CUDA(cudaFree(x));
   COLTRAIN_CHECK_CUDA(cudaFree(y));

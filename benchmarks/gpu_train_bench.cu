@@ -13,6 +13,7 @@
 #include <coltrain/tensor/device_copy.hpp>
 #include <coltrain/train/cuda_graph.hpp>
 
+#include <cuda_profiler_api.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -32,6 +33,7 @@ struct Settings {
   int batch = 512;
   int steps = 50;
   int rounds = 5;
+  bool profile = false;  // run `steps` eager steps between cudaProfilerStart/Stop, time nothing
 };
 
 struct Result {
@@ -99,6 +101,13 @@ Result measure(const Settings& s) {
   Result result;
   for (int i = 0; i < 5; ++i) step();  // sizes every tensor, picks cuDNN algorithms
   net.context().synchronize();
+  if (s.profile) {  // for `ncu --profile-from-start off`: the steady state's kernels only
+    COLTRAIN_CHECK_CUDA(cudaProfilerStart());
+    for (int i = 0; i < s.steps; ++i) step();
+    net.context().synchronize();
+    COLTRAIN_CHECK_CUDA(cudaProfilerStop());
+    return result;
+  }
   result.eager = time_rounds(s, stream, step);
   const auto graph = train::CudaGraph::capture(stream, step);
   result.graph_nodes = graph.node_count();
@@ -131,7 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_option("--steps", s.steps, "steps per timed round")->check(CLI::PositiveNumber);
   app.add_option("--rounds", s.rounds)->check(CLI::PositiveNumber);
-  app.add_option("--csv", csv_path, "write model,batch,threads,precision,device,images_per_s,gflops");
+  app.add_flag("--profile", s.profile,
+               "after the warm-up, run --steps eager steps between cudaProfilerStart and Stop "
+               "(for ncu --profile-from-start off) and time nothing");
+  app.add_option("--csv", csv_path,
+                 "write model,batch,threads,precision,device,images_per_s,gflops");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> rows;
@@ -140,10 +153,11 @@ int main(int argc, char** argv) {
     const Result r = precision == "fp32"   ? measure_model<optim::Fp32>(model, s)
                      : precision == "fp16" ? measure_model<optim::MixedFp16>(model, s)
                                            : measure_model<optim::MixedBf16>(model, s);
-    std::printf("%-14s batch %4d  %s  cuda  eager %10.1f images/s  graph %10.1f images/s  "
-                "(%zu nodes; last loss %.4f, loss scale %g, %lld skipped)\n",
-                model.c_str(), s.batch, precision.c_str(), r.eager, r.graph, r.graph_nodes,
-                r.final_loss, r.loss_scale, static_cast<long long>(r.skipped));
+    std::printf(
+        "%-14s batch %4d  %s  cuda  eager %10.1f images/s  graph %10.1f images/s  "
+        "(%zu nodes; last loss %.4f, loss scale %g, %lld skipped)\n",
+        model.c_str(), s.batch, precision.c_str(), r.eager, r.graph, r.graph_nodes, r.final_loss,
+        r.loss_scale, static_cast<long long>(r.skipped));
     std::fflush(stdout);
     rows.push_back(model + "," + std::to_string(s.batch) + ",1," + precision + ",cuda," +
                    std::to_string(r.graph) + ",");

@@ -1,6 +1,7 @@
 // NcclCommunicator on the test machine's GPU. NCCL runs one rank per GPU, so these run one rank:
 // every collective must then return its input exactly, for every dtype, op and size (odd and zero
-// included), with outputs poisoned first so that unwritten elements show. The ring over
+// included; kAvg too: on one rank NCCL copies, or for floats scales by 1/1, which is exact), with
+// outputs poisoned first so that unwritten elements show. The ring over
 // ncclSend/ncclRecv is compared with NCCL's native allreduce, and its reduction kernel with a host
 // reference; the schedule for many ranks is tested on the host (tests/comm/test_nccl_host.cpp).
 // Then the failure paths: bad arguments, a stream that never finishes, an init that a rank
@@ -64,9 +65,15 @@ class DeviceBuffer {
 
   void* get() const { return data_; }
 
+  // upload and poison use the legacy default stream, which is not ordered with the tests'
+  // non-blocking streams, and may return before the device is done (a memset at once, a pageable
+  // copy once staged). Without the device sync, the poison landed after a collective or kernel
+  // had written the buffer (seen on an H100 as bad tails and bad f64/i64 kernel outputs).
   void upload(const Bytes& host) {
     REQUIRE(host.size() == bytes_);
-    if (bytes_ > 0) COLTRAIN_CHECK_CUDA(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyDefault));
+    if (bytes_ == 0) return;
+    COLTRAIN_CHECK_CUDA(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyDefault));
+    COLTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
   }
   Bytes download() const {
     Bytes host(bytes_);
@@ -75,7 +82,9 @@ class DeviceBuffer {
   }
   // All bits set: NaN in every float type, -1 or 255 in the integers, which inputs never hold.
   void poison() {
-    if (bytes_ > 0) COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0xff, bytes_));
+    if (bytes_ == 0) return;
+    COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0xff, bytes_));
+    COLTRAIN_CHECK_CUDA(cudaDeviceSynchronize());
   }
 
  private:

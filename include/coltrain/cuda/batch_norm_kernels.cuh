@@ -46,10 +46,13 @@ inline constexpr std::int64_t kMinVectorsPerThread = 2;
 
 // Count, mean and sum of squared deviations of a set of values (Chan et al.'s combinable form):
 // the variance never comes from the difference of two large sums.
+// In double: the saved mean must be good to far below a float ulp, or the weight gradient's sum of
+// dy * (x - mean), which cancels heavily when the mean is large against the spread, inherits the
+// mean's rounding times the sum of dy.
 struct Moments {
-  float count;
-  float mean;
-  float m2;
+  double count;
+  double mean;
+  double m2;
 };
 
 // Sum of the upstream gradient and of gradient * (x - mean) over a slice, in double: the weight's
@@ -107,10 +110,10 @@ __device__ inline float upstream_gradient(float x, float dy, float scale, float 
 }
 
 __device__ inline Moments combine(Moments a, Moments b) {
-  const float count = a.count + b.count;
-  if (count == 0.f) return a;
-  const float delta = b.mean - a.mean;
-  const float weight_b = b.count / count;
+  const double count = a.count + b.count;
+  if (count == 0.0) return a;
+  const double delta = b.mean - a.mean;
+  const double weight_b = b.count / count;
   return {count, a.mean + delta * weight_b, a.m2 + b.m2 + delta * delta * a.count * weight_b};
 }
 
@@ -206,8 +209,15 @@ __device__ inline void for_each_vector(std::int64_t batch, const T* a, const T* 
 }
 
 // Per-channel constants of the last forward pass, for backward: [4][channels].
-enum SavedRow { kSavedMean = 0, kSavedInvStd = 1, kSavedScale = 2, kSavedShift = 3 };
-inline constexpr int kSavedRows = 4;
+// The mean is saved as a float and the float of what it misses (kSavedMeanLow), a double's worth.
+enum SavedRow {
+  kSavedMean = 0,
+  kSavedInvStd = 1,
+  kSavedScale = 2,
+  kSavedShift = 3,
+  kSavedMeanLow = 4
+};
+inline constexpr int kSavedRows = 5;
 
 template <class T>
 struct ForwardArgs {
@@ -243,24 +253,24 @@ struct BackwardArgs {
 
 template <class T, int kVector, std::int64_t kPlane>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) statistics_kernel(ForwardArgs<T> args) {
-  Moments m{0.f, 0.f, 0.f};
+  Moments m{0.0, 0.0, 0.0};
   for_each_vector<T, kVector, kPlane, false>(
       args.batch, args.x, static_cast<const T*>(nullptr),
       [&](std::int64_t, const Pack<T, kVector>& p, const Pack<T, kVector>&) {
         // The vector's own mean and squared deviations, exact to rounding, then one combine.
-        float v[kVector], sum = 0.f;
+        double v[kVector], sum = 0.0;
 #pragma unroll
         for (int i = 0; i < kVector; ++i) {
           v[i] = to_float(p.value[i]);
           sum += v[i];
         }
-        const float mean = sum * (1.f / kVector);
-        float m2 = 0.f;
+        const double mean = sum * (1.0 / kVector);
+        double m2 = 0.0;
 #pragma unroll
-        for (int i = 0; i < kVector; ++i) m2 = fmaf(v[i] - mean, v[i] - mean, m2);
-        m = combine(m, Moments{static_cast<float>(kVector), mean, m2});
+        for (int i = 0; i < kVector; ++i) m2 = fma(v[i] - mean, v[i] - mean, m2);
+        m = combine(m, Moments{static_cast<double>(kVector), mean, m2});
       });
-  m = block_combine(m, Moments{0.f, 0.f, 0.f});
+  m = block_combine(m, Moments{0.0, 0.0, 0.0});
   if (threadIdx.x == 0) args.partials[blockIdx.y * gridDim.x + blockIdx.x] = m;
 }
 
@@ -274,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) normalize_kernel(Forwa
     double mean = 0, var = 0;
     if constexpr (kBatchStatistics) {
       const Moments m =
-          combine_partials(args.partials, c, static_cast<int>(gridDim.x), Moments{0.f, 0.f, 0.f});
+          combine_partials(args.partials, c, static_cast<int>(gridDim.x), Moments{0.0, 0.0, 0.0});
       mean = m.mean;
-      var = fmax(0.0, static_cast<double>(m.m2) / static_cast<double>(m.count));
+      var = fmax(0.0, m.m2 / m.count);
     } else {
       mean = args.running_mean[c];
       var = args.running_var[c];
@@ -290,6 +300,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) normalize_kernel(Forwa
       if (blockIdx.x == 0) {
         float* saved = args.saved + c;
         saved[kSavedMean * args.channels] = static_cast<float>(mean);
+        saved[kSavedMeanLow * args.channels] =
+            static_cast<float>(mean - static_cast<double>(static_cast<float>(mean)));
         saved[kSavedInvStd * args.channels] = inv_std;
         saved[kSavedScale * args.channels] = scale;
         saved[kSavedShift * args.channels] = shift;
@@ -324,7 +336,8 @@ template <class T, int kVector, std::int64_t kPlane, bool kFusedRelu>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     gradient_sums_kernel(BackwardArgs<T> args) {
   const int c = blockIdx.y;
-  const float mean = args.saved[kSavedMean * args.channels + c];
+  const double mean = static_cast<double>(args.saved[kSavedMean * args.channels + c]) +
+                      static_cast<double>(args.saved[kSavedMeanLow * args.channels + c]);
   const float scale = args.saved[kSavedScale * args.channels + c];
   const float shift = args.saved[kSavedShift * args.channels + c];
   GradientSums sums{0.0, 0.0};
@@ -336,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           const float x = to_float(px.value[i]);
           const float g = upstream_gradient<T, kFusedRelu>(x, to_float(pdy.value[i]), scale, shift);
           sums.dy += g;
-          sums.dy_xc = fma(static_cast<double>(g), static_cast<double>(x - mean), sums.dy_xc);
+          sums.dy_xc = fma(static_cast<double>(g), static_cast<double>(x) - mean, sums.dy_xc);
         }
       });
   sums = block_combine(sums, GradientSums{0.0, 0.0});

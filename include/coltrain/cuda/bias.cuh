@@ -16,6 +16,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/cuda/elementwise.cuh>
 #include <coltrain/cuda/launch.cuh>
 
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace coltrain::cuda {
 
@@ -59,14 +61,25 @@ __device__ inline float channel_block_sum(float v) {
 // NaN passes, as torch.relu (and the CPU layers) let it.
 __device__ inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
 
-template <class T, bool HasBias, bool Relu>
-__global__ void add_bias_kernel(T* out, const T* bias, ChannelShape shape) {
-  const std::int64_t total = shape.numel();
-  for (std::int64_t i = grid_index(); i < total; i += grid_stride()) {
-    float v = static_cast<float>(out[i]);
-    if constexpr (HasBias) v += static_cast<float>(bias[(i / shape.inner) % shape.channels]);
-    if constexpr (Relu) v = relu(v);
-    out[i] = T(v);
+// Elements go V at a time (inner % V == 0, so a pack never straddles two channels), indexed in
+// Index: 32-bit whenever the tensor allows, because the channel of each pack takes a division, and
+// a 64-bit one costs several times the memory traffic it serves.
+template <class T, bool HasBias, bool Relu, int V, class Index>
+__global__ void add_bias_kernel(T* out, const T* bias, Index packs, Index inner_packs,
+                                Index channels) {
+  const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < packs;
+       i += stride) {
+    Pack<T, V> pack = load<V>(out + static_cast<std::int64_t>(i) * V);
+    const float b = HasBias ? static_cast<float>(bias[(i / inner_packs) % channels]) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float v = static_cast<float>(pack.v[k]);
+      if constexpr (HasBias) v += b;
+      if constexpr (Relu) v = relu(v);
+      pack.v[k] = T(v);
+    }
+    store<V>(out + static_cast<std::int64_t>(i) * V, pack);
   }
 }
 
@@ -77,27 +90,32 @@ __global__ void relu_mask_kernel(const T* out, const T* grad_out, T* masked, std
     masked[i] = static_cast<float>(out[i]) > 0.0f ? grad_out[i] : T(0.0f);
 }
 
-// Block b sums slice b % slices of channel b / slices (values [slice * per_slice, + per_slice) of
-// the channel's count x inner, numbered n * inner + i) into partials[b]. With Mask, the values are
-// first masked by out > 0 and written to `masked`.
-template <class T, bool Mask>
+// Block b sums slice b % slices of channel b / slices (packs [slice * per_slice, + per_slice) of
+// the channel's count x inner values, numbered n * inner + i, V values a pack) into partials[b].
+// With Mask, the values are first masked by out > 0 and written to `masked`.
+template <class T, bool Mask, int V, class Index>
 __global__ void bias_grad_partials_kernel(const T* out, const T* grad_out, T* masked,
-                                          ChannelShape shape, std::int64_t slices,
-                                          std::int64_t per_slice, float* partials) {
-  const std::int64_t channel = blockIdx.x / slices;
-  const std::int64_t begin = (blockIdx.x % slices) * per_slice;
-  const std::int64_t stop = begin + per_slice;
-  const std::int64_t end = stop < shape.per_channel() ? stop : shape.per_channel();
+                                          Index channels, Index inner_packs, Index channel_packs,
+                                          Index slices, Index per_slice, float* partials) {
+  const Index channel = blockIdx.x / slices;
+  const Index begin = (blockIdx.x % slices) * per_slice;
+  const Index end = min(begin + per_slice, channel_packs);
   float sum = 0.0f;
-  for (std::int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    const std::int64_t n = j / shape.inner;
-    const std::int64_t at = (n * shape.channels + channel) * shape.inner + (j - n * shape.inner);
-    float g = static_cast<float>(grad_out[at]);
+  for (Index j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    const Index n = j / inner_packs;
+    const std::int64_t at =
+        (static_cast<std::int64_t>(n * channels + channel) * inner_packs + (j - n * inner_packs)) *
+        V;
+    Pack<T, V> g = load<V>(grad_out + at);
     if constexpr (Mask) {
-      if (!(static_cast<float>(out[at]) > 0.0f)) g = 0.0f;
-      masked[at] = T(g);
+      const Pack<T, V> o = load<V>(out + at);
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (!(static_cast<float>(o.v[k]) > 0.0f)) g.v[k] = T(0.0f);
+      store<V>(masked + at, g);
     }
-    sum += g;
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum += static_cast<float>(g.v[k]);
   }
   sum = channel_block_sum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
@@ -126,17 +144,73 @@ inline std::int64_t bias_grad_slices(const ChannelShape& shape) {
   return std::clamp<std::int64_t>(useful, 1, max_bias_grad_slices(shape.channels));
 }
 
+// The widest pack (up to 16 bytes) that divides `inner` and that every pointer is aligned to.
+template <class T, class... Pointers>
+int pack_width(std::int64_t inner, const Pointers*... pointers) {
+  for (int v = static_cast<int>(kVectorBytes / sizeof(T)); v > 1; v /= 2) {
+    const auto bytes = static_cast<std::uintptr_t>(v) * sizeof(T);
+    if (inner % v == 0 &&
+        ((pointers == nullptr || reinterpret_cast<std::uintptr_t>(pointers) % bytes == 0) && ...))
+      return v;
+  }
+  return 1;
+}
+
+// Calls f(std::integral_constant<int, V>{}) for the pack width chosen at run time.
+template <class T, class F>
+void with_pack_width(int width, F&& f) {
+  switch (width) {
+    case 8:
+      if constexpr (sizeof(T) <= 2) {
+        f(std::integral_constant<int, 8>{});
+        return;
+      }
+      break;
+    case 4:
+      if constexpr (sizeof(T) <= 4) {
+        f(std::integral_constant<int, 4>{});
+        return;
+      }
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      return;
+    default:
+      break;
+  }
+  f(std::integral_constant<int, 1>{});
+}
+
+// Calls f(Index{}) with 32-bit indices when `elements` fit them (with room for a grid stride).
+template <class F>
+void with_index_type(std::int64_t elements, F&& f) {
+  if (elements < (std::int64_t{1} << 31))
+    f(std::uint32_t{});
+  else
+    f(std::int64_t{});
+}
+
 template <class T, bool Mask>
 void launch_bias_grad(const T* out, const T* grad_out, T* masked, const ChannelShape& shape,
                       T* grad_bias, float* partials, cudaStream_t stream) {
   const std::int64_t slices = bias_grad_slices(shape);
-  const std::int64_t per_slice = (shape.per_channel() + slices - 1) / slices;
   if (shape.channels * slices > INT_MAX)
     throw InvalidArgument("coltrain::cuda bias gradient: " + std::to_string(shape.channels) +
                           " channels are more than a grid holds");
-  bias_grad_partials_kernel<T, Mask>
-      <<<static_cast<unsigned>(shape.channels * slices), kThreadsPerBlock, 0, stream>>>(
-          out, grad_out, masked, shape, slices, per_slice, partials);
+  const int width = pack_width<T>(shape.inner, out, grad_out, masked);
+  with_pack_width<T>(width, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    with_index_type(shape.numel(), [&](auto index) {
+      using Index = decltype(index);
+      const std::int64_t channel_packs = shape.per_channel() / V;
+      const std::int64_t per_slice = (channel_packs + slices - 1) / slices;
+      bias_grad_partials_kernel<T, Mask, V, Index>
+          <<<static_cast<unsigned>(shape.channels * slices), kThreadsPerBlock, 0, stream>>>(
+              out, grad_out, masked, static_cast<Index>(shape.channels),
+              static_cast<Index>(shape.inner / V), static_cast<Index>(channel_packs),
+              static_cast<Index>(slices), static_cast<Index>(per_slice), partials);
+    });
+  });
   COLTRAIN_CHECK_CUDA_LAUNCH();
   add_partials_kernel<T><<<blocks_for(shape.channels), kThreadsPerBlock, 0, stream>>>(
       partials, slices, shape.channels, grad_bias);
@@ -156,14 +230,26 @@ template <class T>
 void add_bias(T* out, const T* bias, ChannelShape shape, bool relu, cudaStream_t stream) {
   const std::int64_t total = shape.numel();
   if (total == 0 || (bias == nullptr && !relu)) return;
-  const unsigned blocks = blocks_for(total);
-  constexpr unsigned threads = kThreadsPerBlock;
-  if (bias && relu)
-    detail::add_bias_kernel<T, true, true><<<blocks, threads, 0, stream>>>(out, bias, shape);
-  else if (bias)
-    detail::add_bias_kernel<T, true, false><<<blocks, threads, 0, stream>>>(out, bias, shape);
-  else
-    detail::add_bias_kernel<T, false, true><<<blocks, threads, 0, stream>>>(out, bias, shape);
+  const int width = detail::pack_width<T>(shape.inner, out);
+  detail::with_pack_width<T>(width, [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    detail::with_index_type(total, [&](auto index) {
+      using Index = decltype(index);
+      const auto packs = static_cast<Index>(total / V);
+      const auto inner_packs = static_cast<Index>(shape.inner / V);
+      const auto channels = static_cast<Index>(shape.channels);
+      const unsigned blocks = blocks_for(total / V);
+      if (bias && relu)
+        detail::add_bias_kernel<T, true, true, V, Index>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
+      else if (bias)
+        detail::add_bias_kernel<T, true, false, V, Index>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
+      else
+        detail::add_bias_kernel<T, false, true, V, Index>
+            <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
+    });
+  });
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
 

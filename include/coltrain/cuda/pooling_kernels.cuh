@@ -116,6 +116,34 @@ __global__ void max_pool_backward_kernel(const T* dy, const WindowIndex<G::kKern
   }
 }
 
+// The backward pass of windows that tile the input (stride = kernel, no padding), as MnistConvNet's
+// 2x2 pooling: each input lies in at most one window, so one thread per output writes its whole
+// window (the gradient at the winner, zeros elsewhere) with no gather and no sum. Indices are
+// 32-bit: the 64-bit divisions of the general kernel cost it several times its memory time.
+template <class T, class G>
+__global__ void max_pool_backward_tiled_kernel(const T* dy,
+                                               const WindowIndex<G::kKernelSize>* argmax, T* dx,
+                                               std::uint32_t outputs) {
+  constexpr auto kOutPlane = static_cast<std::uint32_t>(G::kOutPlane);
+  constexpr auto kOutW = static_cast<std::uint32_t>(G::kOutW);
+  constexpr int kK = static_cast<int>(G::kKernelSize);
+  const std::uint32_t stride = gridDim.x * blockDim.x;
+  for (std::uint32_t o = blockIdx.x * blockDim.x + threadIdx.x; o < outputs; o += stride) {
+    const std::uint32_t plane = o / kOutPlane;
+    const std::uint32_t oh = (o - plane * kOutPlane) / kOutW;
+    const std::uint32_t ow = o - plane * kOutPlane - oh * kOutW;
+    const float g = to_float(dy[o]);
+    const int winner = static_cast<int>(argmax[o]);
+    T* window = dx + static_cast<std::int64_t>(plane) * G::kInPlane +
+                static_cast<std::int64_t>(oh) * kK * G::kWidth + static_cast<std::int64_t>(ow) * kK;
+#pragma unroll
+    for (int kh = 0; kh < kK; ++kh)
+#pragma unroll
+      for (int kw = 0; kw < kK; ++kw)
+        window[kh * G::kWidth + kw] = T(kh * kK + kw == winner ? g : 0.f);
+  }
+}
+
 // Average pooling counts the zero padding (count_include_pad), so every window divides by K * K.
 template <class T, class G>
 __global__ void avg_pool_forward_kernel(const T* x, T* y, std::int64_t outputs) {
@@ -174,8 +202,18 @@ void max_pool_backward(const T* dy, const WindowIndex<G::kKernelSize>* argmax, T
                        std::int64_t planes, cudaStream_t stream) {
   const std::int64_t inputs = planes * G::kInPlane;
   if (inputs == 0) return;
-  max_pool_backward_kernel<T, G>
-      <<<blocks_for(inputs), kThreadsPerBlock, 0, stream>>>(dy, argmax, dx, inputs);
+  constexpr bool kTiled = G::kStrideSize == G::kKernelSize && G::kPaddingSize == 0;
+  const std::int64_t outputs = planes * G::kOutPlane;
+  if (kTiled && outputs < (std::int64_t{1} << 31)) {
+    // Rows and columns past the last whole window get no gradient.
+    if (G::kHeight % G::kKernelSize != 0 || G::kWidth % G::kKernelSize != 0)
+      COLTRAIN_CHECK_CUDA(cudaMemsetAsync(dx, 0, inputs * sizeof(T), stream));
+    max_pool_backward_tiled_kernel<T, G><<<blocks_for(outputs), kThreadsPerBlock, 0, stream>>>(
+        dy, argmax, dx, static_cast<std::uint32_t>(outputs));
+  } else {
+    max_pool_backward_kernel<T, G>
+        <<<blocks_for(inputs), kThreadsPerBlock, 0, stream>>>(dy, argmax, dx, inputs);
+  }
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
 
