@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 #if COLTRAIN_WITH_NCCL
+#include <coltrain/comm/nccl_communicator.hpp>
+
 #include <nccl.h>
 #endif
 
@@ -87,46 +89,6 @@ class CudaMemory {
 
 #if COLTRAIN_WITH_NCCL
 
-namespace detail {
-
-inline ncclDataType_t nccl_type(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat32:
-      return ncclFloat32;
-    case DataType::kFloat64:
-      return ncclFloat64;
-    case DataType::kFloat16:
-      return ncclFloat16;
-    case DataType::kBFloat16:
-      return ncclBfloat16;
-    case DataType::kInt32:
-      return ncclInt32;
-    case DataType::kInt64:
-      return ncclInt64;
-    case DataType::kUInt8:
-      return ncclUint8;
-  }
-  throw InvalidArgument("no NCCL type for dtype " + std::to_string(static_cast<int>(dtype)));
-}
-
-inline ncclRedOp_t nccl_op(comm::ReduceOp op) {
-  switch (op) {
-    case comm::ReduceOp::kSum:
-      return ncclSum;
-    case comm::ReduceOp::kProd:
-      return ncclProd;
-    case comm::ReduceOp::kMin:
-      return ncclMin;
-    case comm::ReduceOp::kMax:
-      return ncclMax;
-    case comm::ReduceOp::kAvg:
-      return ncclAvg;
-  }
-  throw InvalidArgument("no NCCL op for " + std::to_string(static_cast<int>(op)));
-}
-
-}  // namespace detail
-
 // An NCCL communicator over the ranks of an MPI communicator, one GPU each, with its own stream.
 class NcclCommunicator {
  public:
@@ -153,11 +115,11 @@ class NcclCommunicator {
   // reduce_scatter move `block` elements per rank.
   void launch(comm::Collective collective, const void* input, void* output, std::size_t count,
               std::size_t block, DataType dtype, comm::ReduceOp op, int root) {
-    const ncclDataType_t type = detail::nccl_type(dtype);
+    const ncclDataType_t type = comm::detail::nccl_data_type(dtype);
     switch (collective) {
       case comm::Collective::kAllreduce:
-        COLTRAIN_CHECK_NCCL(
-            ncclAllReduce(input, output, count, type, detail::nccl_op(op), comm_, stream_));
+        COLTRAIN_CHECK_NCCL(ncclAllReduce(input, output, count, type,
+                                          comm::detail::nccl_reduce_op(op), comm_, stream_));
         return;
       case comm::Collective::kBroadcast:
         COLTRAIN_CHECK_NCCL(ncclBroadcast(input, output, count, type, root, comm_, stream_));
@@ -166,12 +128,12 @@ class NcclCommunicator {
         COLTRAIN_CHECK_NCCL(ncclAllGather(input, output, block, type, comm_, stream_));
         return;
       case comm::Collective::kReduceScatter:
-        COLTRAIN_CHECK_NCCL(
-            ncclReduceScatter(input, output, block, type, detail::nccl_op(op), comm_, stream_));
+        COLTRAIN_CHECK_NCCL(ncclReduceScatter(input, output, block, type,
+                                              comm::detail::nccl_reduce_op(op), comm_, stream_));
         return;
       case comm::Collective::kReduce:
-        COLTRAIN_CHECK_NCCL(
-            ncclReduce(input, output, count, type, detail::nccl_op(op), root, comm_, stream_));
+        COLTRAIN_CHECK_NCCL(ncclReduce(input, output, count, type, comm::detail::nccl_reduce_op(op),
+                                       root, comm_, stream_));
         return;
       case comm::Collective::kBarrier:
         break;
