@@ -446,14 +446,6 @@ TEMPLATE_TEST_CASE("ReLU, Flatten and Dropout on the GPU equal the CPU layers bi
   }
 }
 
-TEST_CASE("the device dropout hash is nn::hash_uniform", "[gpu][layers]") {
-  std::mt19937_64 rng(3);
-  for (int i = 0; i < 100000; ++i) {
-    const std::uint64_t seed = rng(), a = rng() % 1000, b = rng(), c = rng() % (1u << 24);
-    REQUIRE(cuda::detail::hash_uniform(seed, a, b, c) == nn::hash_uniform(seed, a, b, c));
-  }
-}
-
 TEST_CASE("a dropout mask differs between steps and layers", "[gpu][layers]") {
   using Layer = nn::DropoutLayer<0.5, Image, float, tensor::Cuda>;
   Layer first, second;

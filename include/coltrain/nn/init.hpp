@@ -15,16 +15,16 @@ namespace coltrain::nn {
 // SplitMix64: tiny, fast, and the same sequence on every platform (std:: distributions are not).
 class Rng {
  public:
-  explicit Rng(std::uint64_t seed = 0) : state_(seed) {}
+  COLTRAIN_HOST_DEVICE explicit Rng(std::uint64_t seed = 0) : state_(seed) {}
 
-  std::uint64_t next() {
+  COLTRAIN_HOST_DEVICE std::uint64_t next() {
     std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   }
   // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  COLTRAIN_HOST_DEVICE double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   double uniform(double low, double high) { return low + (high - low) * uniform(); }
 
  private:
@@ -32,8 +32,8 @@ class Rng {
 };
 
 // A stateless hash of (seed, a, b, c) to [0, 1): random masks that do not depend on the order in
-// which threads visit the elements.
-inline double hash_uniform(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+// which threads visit the elements. Host and device (the GPU dropout draws the CPU's masks with it).
+COLTRAIN_HOST_DEVICE inline double hash_uniform(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   Rng rng(seed ^ (a * 0xD6E8FEB86659FD93ull) ^ (b * 0x9E3779B97F4A7C15ull) ^ (c * 0xC2B2AE3D27D4EB4Full));
   return rng.uniform();
 }

@@ -29,6 +29,7 @@
 #include <coltrain/cuda/bias.cuh>
 #include <coltrain/cuda/gemm.cuh>
 #include <coltrain/cuda/im2col.cuh>
+#include <coltrain/cuda/nn/initialize.cuh>
 #include <coltrain/nn/conv2d.hpp>
 #include <coltrain/nn/cuda_context.hpp>
 #include <coltrain/nn/init.hpp>
@@ -458,17 +459,9 @@ class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, 
         bias_({HasBias ? kCout : 0}),
         bias_partials_({HasBias ? cuda::bias_grad_scratch_floats(kCout) : 0}) {}
 
-  // The same draws as the CPU layer, made on the host and copied.
+  // The same draws as the CPU layer (cuda/nn/initialize.cuh).
   void initialize(Rng& rng) {
-    tensor::Tensor<T, tensor::Cpu> weight(weight_.value.shape());
-    kaiming_uniform_default(weight.span(), kK, rng);
-    tensor::copy<T, tensor::Cpu, Device>(weight.view(), weight_.value.view(), nullptr);
-    tensor::Tensor<T, tensor::Cpu> bias(bias_.value.shape());
-    if constexpr (HasBias) {
-      bias_uniform_default(bias.span(), kK, rng);
-      tensor::copy<T, tensor::Cpu, Device>(bias.view(), bias_.value.view(), nullptr);
-    }
-    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));  // before the host tensors go
+    initialize_weight_and_bias(weight_, HasBias ? &bias_ : nullptr, kK, rng);
   }
 
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,

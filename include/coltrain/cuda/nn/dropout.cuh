@@ -1,7 +1,7 @@
 #pragma once
 // DropoutLayer on the GPU: nn::Dropout<P> bound to tensor::Cuda. The mask of element i is the CPU
-// layer's, hash_uniform(seed, step, salt, i) >= P, computed with the same integer hash and the same
-// exact double conversion, so a GPU and a CPU network with the same seed drop the same elements and
+// layer's, nn::hash_uniform(seed, step, salt, i) >= P, computed by that same host-and-device
+// function, so a GPU and a CPU network with the same seed drop the same elements and
 // produce the same bits (the scaling is one float multiply, rounded as on the host).
 
 #if !defined(__CUDACC__)
@@ -12,6 +12,7 @@
 #include <coltrain/cuda/elementwise.cuh>
 #include <coltrain/nn/cuda_context.hpp>
 #include <coltrain/nn/dropout.hpp>
+#include <coltrain/nn/init.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <cuda_runtime.h>
@@ -22,20 +23,6 @@
 
 namespace coltrain::cuda {
 namespace detail {
-
-// nn::hash_uniform (nn/init.hpp) for host and device: SplitMix64's first output from a state that
-// mixes the four keys, its top 53 bits scaled to [0, 1). Must stay identical to the host function;
-// test_elementwise_kernels compares the two.
-COLTRAIN_HOST_DEVICE inline double hash_uniform(std::uint64_t seed, std::uint64_t a,
-                                                std::uint64_t b, std::uint64_t c) {
-  std::uint64_t z = (seed ^ (a * 0xD6E8FEB86659FD93ull) ^ (b * 0x9E3779B97F4A7C15ull) ^
-                     (c * 0xC2B2AE3D27D4EB4Full)) +
-                    0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z = z ^ (z >> 31);
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
-}
 
 // One rounding, never fused into an FMA: the host computes the same product.
 __device__ __forceinline__ float multiply_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -57,7 +44,7 @@ struct DropoutForward {
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const auto element = static_cast<std::uint64_t>(i + k);
-      mask.v[k] = hash_uniform(seed, step, salt, element) >= p ? 1 : 0;
+      mask.v[k] = nn::hash_uniform(seed, step, salt, element) >= p ? 1 : 0;
       out.v[k] = narrow<T>(mask.v[k] ? multiply_rn(widen(in.v[k]), scale) : accum_t<T>(0));
     }
     store<V>(y + i, out);

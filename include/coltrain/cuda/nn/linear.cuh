@@ -14,6 +14,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/cuda/bias.cuh>
 #include <coltrain/cuda/gemm.cuh>
+#include <coltrain/cuda/nn/initialize.cuh>
 #include <coltrain/nn/cuda_context.hpp>
 #include <coltrain/nn/init.hpp>
 #include <coltrain/nn/layer.hpp>
@@ -55,17 +56,9 @@ class LinearLayer<Out, HasBias, In, T, tensor::Cuda> {
         bias_({HasBias ? kOut : 0}),
         bias_partials_({HasBias ? cuda::bias_grad_scratch_floats(kOut) : 0}) {}
 
-  // The same draws as the CPU layer, made on the host and copied.
+  // The same draws as the CPU layer (cuda/nn/initialize.cuh).
   void initialize(Rng& rng) {
-    tensor::Tensor<T, tensor::Cpu> weight(weight_.value.shape());
-    kaiming_uniform_default(weight.span(), kIn, rng);
-    tensor::copy<T, tensor::Cpu, Device>(weight.view(), weight_.value.view(), nullptr);
-    tensor::Tensor<T, tensor::Cpu> bias(bias_.value.shape());
-    if constexpr (HasBias) {
-      bias_uniform_default(bias.span(), kIn, rng);
-      tensor::copy<T, tensor::Cpu, Device>(bias.view(), bias_.value.view(), nullptr);
-    }
-    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));  // before the host tensors go
+    initialize_weight_and_bias(weight_, HasBias ? &bias_ : nullptr, kIn, rng);
   }
 
   // y = x W^T + b.
