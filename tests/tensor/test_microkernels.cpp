@@ -12,6 +12,7 @@
 
 #include <coltrain/tensor/cpu_gemm.hpp>
 #include <coltrain/tensor/cpu_microkernels.hpp>
+#include <coltrain/tensor/vector_pack.hpp>
 
 #include <algorithm>
 #include <array>
@@ -336,4 +337,32 @@ TEST_CASE("the generic versions serve double through tensor::gemm", "[microkerne
   const std::vector<double> at = {1, 4, 2, 5, 3, 6};
   coltrain::tensor::gemm_tn_small_k(2, 2, 3, at.data(), 2, b.data(), 2, c.data(), 2, false);
   CHECK(c == std::vector<double>{4, 5, 10, 11});
+}
+
+TEST_CASE("vector packs: the widest lanes that divide a count, loads, stores and lane sums",
+          "[microkernels]") {
+  using coltrain::tensor::pack_lanes;
+  constexpr int kWidest = pack_lanes<float>(1024);
+  CHECK(kWidest >= 1);
+  CHECK(1024 % kWidest == 0);
+  CHECK(pack_lanes<float>(49) == 1);  // odd: no pack divides it
+  CHECK(pack_lanes<float>(6) == std::min(kWidest, 2));
+  CHECK(pack_lanes<double>(1024) == 1);  // only float has packs
+
+  using P = coltrain::tensor::pack_t<float, kWidest>;
+  std::vector<float> in(2 * kWidest), out(2 * kWidest, -1.0f);
+  for (int i = 0; i < 2 * kWidest; ++i)
+    in[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
+  // From an odd offset too: the loads and stores need no alignment.
+  const P v = coltrain::tensor::load_pack<P>(in.data() + 1);
+  coltrain::tensor::store_pack(out.data() + 1, v + v);
+  for (int i = 1; i <= kWidest; ++i)
+    CHECK(out[static_cast<std::size_t>(i)] == 2 * in[static_cast<std::size_t>(i)]);
+  CHECK(out[0] == -1.0f);
+  CHECK(out[static_cast<std::size_t>(kWidest) + 1] == -1.0f);
+
+  std::vector<double> sums(kWidest, 1.0);
+  coltrain::tensor::add_lanes<kWidest>(sums.data(), v);
+  for (int l = 0; l < kWidest; ++l)
+    CHECK(sums[static_cast<std::size_t>(l)] == 1.0 + in[static_cast<std::size_t>(l) + 1]);
 }

@@ -16,6 +16,7 @@
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/nn/parameter.hpp>
 #include <coltrain/tensor/tensor.hpp>
+#include <coltrain/tensor/vector_pack.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -86,21 +87,15 @@ class BatchNorm2dLayer {
             for (std::int64_t b = begin; b < end; ++b)
               for (std::int64_t c = 0; c < kC; ++c) {
                 const T* plane = x + (b * kC + c) * kPlane;
-                const S shift = detail::to_compute_value<S>(x[c * kPlane]);
-                const auto [s1, s2] = detail::lane_sum2<S>(kPlane, [plane, shift](std::int64_t i) {
-                  const S d = detail::to_compute_value<S>(plane[i]) - shift;
-                  return std::pair<S, S>(d, d * d);
+                const P shift = P{} + detail::to_compute_value<S>(x[c * kPlane]);
+                plane_sums(sums + 2 * c * kN, [&](std::int64_t i) {
+                  const P d = load(plane + i) - shift;
+                  return std::pair<P, P>(d, d * d);
                 });
-                sums[2 * c] += s1;
-                sums[2 * c + 1] += s2;
               }
           });
       for (std::int64_t c = 0; c < kC; ++c) {
-        double sum = 0, squares = 0;
-        for (int part = 0; part < parts; ++part) {  // in a fixed order: reproducible
-          sum += partial_sums(part)[2 * c];
-          squares += partial_sums(part)[2 * c + 1];
-        }
+        const auto [sum, squares] = channel_sums(parts, c);
         const double shifted_mean = sum / count;
         const double mean = detail::to_compute_value<S>(x[c * kPlane]) + shifted_mean;
         const double var = std::max(0.0, squares / count - shifted_mean * shifted_mean);
@@ -120,10 +115,10 @@ class BatchNorm2dLayer {
         for (std::int64_t c = 0; c < kC; ++c) {
           const T* src = x + (b * kC + c) * kPlane;
           T* dst = y + (b * kC + c) * kPlane;
-          const S scale = scale_.data()[c], shift = shift_.data()[c];
-          for (std::int64_t i = 0; i < kPlane; ++i) {
-            const S v = normalized(src[i], scale, shift);
-            dst[i] = detail::to_storage_value<T>(FusedRelu && v < S(0) ? S(0) : v);  // NaN passes
+          const P scale = P{} + scale_.data()[c], shift = P{} + shift_.data()[c];
+          for (std::int64_t i = 0; i < kPlane; i += kN) {
+            const P v = normalized(load(src + i), scale, shift);
+            store(dst + i, FusedRelu ? relu(v) : v);
           }
         }
     });
@@ -153,21 +148,17 @@ class BatchNorm2dLayer {
             for (std::int64_t c = 0; c < kC; ++c) {
               const std::int64_t offset = (b * kC + c) * kPlane;
               const T *xs = x + offset, *ys = y + offset, *gs = dy + offset;
-              const S mean = mean_.data()[c], scale = scale_.data()[c], shift = shift_.data()[c];
-              const auto [a, d] = detail::lane_sum2<S>(kPlane, [=](std::int64_t i) {
-                const S g = upstream_gradient(xs, ys, gs, i, scale, shift);
-                return std::pair<S, S>(g, g * (detail::to_compute_value<S>(xs[i]) - mean));
+              const P mean = P{} + mean_.data()[c], scale = P{} + scale_.data()[c];
+              const P shift = P{} + shift_.data()[c];
+              plane_sums(sums + 2 * c * kN, [&](std::int64_t i) {
+                const P xv = load(xs + i);
+                const P g = upstream_gradient(xv, ys + i, load(gs + i), scale, shift);
+                return std::pair<P, P>(g, g * (xv - mean));
               });
-              sums[2 * c] += a;
-              sums[2 * c + 1] += d;
             }
         });
     for (std::int64_t c = 0; c < kC; ++c) {
-      double sum_dy = 0, sum_dy_xhat = 0;
-      for (int part = 0; part < parts; ++part) {
-        sum_dy += partial_sums(part)[2 * c];
-        sum_dy_xhat += partial_sums(part)[2 * c + 1];
-      }
+      auto [sum_dy, sum_dy_xhat] = channel_sums(parts, c);
       sum_dy_xhat *= inv_std_.data()[c];
       weight_delta_.data()[c] = static_cast<S>(sum_dy_xhat);
       bias_delta_.data()[c] = static_cast<S>(sum_dy);
@@ -181,14 +172,17 @@ class BatchNorm2dLayer {
             const std::int64_t offset = (b * kC + c) * kPlane;
             const T *xs = x + offset, *ys = y + offset, *gs = dy + offset;
             T* ds = dx + offset;
-            const S mean = mean_.data()[c], inv_std = inv_std_.data()[c];
-            const S scale = scale_.data()[c], shift = shift_.data()[c];
-            const S k = detail::to_compute_value<S>(weight_.value.data()[c]) * inv_std;
-            const S mean_dy = gradient_means_[2 * c], mean_dy_xhat = gradient_means_[2 * c + 1];
-            for (std::int64_t i = 0; i < kPlane; ++i) {
-              const S xhat = (detail::to_compute_value<S>(xs[i]) - mean) * inv_std;
-              const S g = upstream_gradient(xs, ys, gs, i, scale, shift);
-              ds[i] = detail::to_storage_value<T>(k * (g - mean_dy - xhat * mean_dy_xhat));
+            const S inv_std = inv_std_.data()[c];
+            const P mean = P{} + mean_.data()[c], inv_std_p = P{} + inv_std;
+            const P scale = P{} + scale_.data()[c], shift = P{} + shift_.data()[c];
+            const P k = P{} + detail::to_compute_value<S>(weight_.value.data()[c]) * inv_std;
+            const P mean_dy = P{} + gradient_means_[2 * c];
+            const P mean_dy_xhat = P{} + gradient_means_[2 * c + 1];
+            for (std::int64_t i = 0; i < kPlane; i += kN) {
+              const P xv = load(xs + i);
+              const P xhat = (xv - mean) * inv_std_p;
+              const P g = upstream_gradient(xv, ys + i, load(gs + i), scale, shift);
+              store(ds + i, k * (g - mean_dy - xhat * mean_dy_xhat));
             }
           }
       });
@@ -210,23 +204,71 @@ class BatchNorm2dLayer {
   }
 
  private:
+  // kN values at a time: a vector of floats in fp32 (tensor::Pack), one value in 16-bit storage
+  // (converted on load and store) and in double.
+  static constexpr int kN = std::is_same_v<T, float> ? tensor::pack_lanes<float>(kPlane) : 1;
+  using P = tensor::pack_t<S, kN>;
+  // Independent accumulators per sum in plane_sums: one alone would wait on its own latency.
+  static constexpr int kChains = (kPlane / kN) % 4 == 0 ? 4 : (kPlane / kN) % 2 == 0 ? 2 : 1;
+
+  static P load(const T* p) {
+    if constexpr (kN == 1)
+      return detail::to_compute_value<S>(*p);
+    else
+      return tensor::load_pack<P>(p);
+  }
+  static void store(T* p, P v) {
+    if constexpr (kN == 1)
+      *p = detail::to_storage_value<T>(v);
+    else
+      tensor::store_pack(p, v);
+  }
+  static P relu(P v) { return v < P{} ? P{} : v; }  // NaN passes, as torch.relu
+
   // The normalised value before the ReLU: x * scale + shift with the channel's folded affine map.
   // One function for the forward pass and the mask in backward, so that both round alike.
-  static S normalized(T x, S scale, S shift) {
-    return detail::to_compute_value<S>(x) * scale + shift;
-  }
+  static P normalized(P x, P scale, P shift) { return x * scale + shift; }
 
   // d(loss)/d(normalised value): dy, masked by the fused ReLU (which passes where y > 0). In fp32
   // the mask is recomputed from x, which the pass reads anyway, instead of read from y; in 16-bit
   // storage y's rounding can turn a tiny positive value into zero, so y decides.
-  static S upstream_gradient(const T* x, const T* y, const T* dy, std::int64_t i, S scale,
-                             S shift) {
-    const S g = detail::to_compute_value<S>(dy[i]);
+  static P upstream_gradient(P x, const T* y, P dy, P scale, P shift) {
     if constexpr (FusedRelu) {
-      if constexpr (std::is_same_v<T, S>) return normalized(x[i], scale, shift) > S(0) ? g : S(0);
-      return detail::to_compute_value<S>(y[i]) > S(0) ? g : S(0);
+      if constexpr (std::is_same_v<T, S>) return normalized(x, scale, shift) > P{} ? dy : P{};
+      return load(y) > P{} ? dy : P{};
     }
-    return g;
+    return dy;
+  }
+
+  // sums[0..kN) += the first values term(i) returns over a plane, sums[kN..2kN) += the second;
+  // term(i) gives both for the kN values at i. Summed in float within the plane (kChains
+  // accumulators each), then lane by lane in double.
+  template <class F>
+  static void plane_sums(double* sums, F&& term) {
+    P first[kChains] = {}, second[kChains] = {};
+    for (std::int64_t i = 0; i < kPlane; i += kChains * kN)
+      for (int chain = 0; chain < kChains; ++chain) {
+        const auto [a, b] = term(i + chain * kN);
+        first[chain] += a;
+        second[chain] += b;
+      }
+    for (int chain = 1; chain < kChains; ++chain) {
+      first[0] += first[chain];
+      second[0] += second[chain];
+    }
+    tensor::add_lanes<kN>(sums, first[0]);
+    tensor::add_lanes<kN>(sums + kN, second[0]);
+  }
+
+  // Channel c's two sums over the parts' lanes, in a fixed order: reproducible.
+  std::pair<double, double> channel_sums(int parts, std::int64_t c) {
+    double first = 0, second = 0;
+    for (int part = 0; part < parts; ++part)
+      for (int l = 0; l < kN; ++l) {
+        first += partial_sums(part)[2 * c * kN + l];
+        second += partial_sums(part)[(2 * c + 1) * kN + l];
+      }
+    return {first, second};
   }
 
   void set_statistics(std::int64_t c, double mean, double var) {
@@ -248,7 +290,7 @@ class BatchNorm2dLayer {
     const int parts = batch * kC * kPlane < detail::kParallelWorkMin
                           ? 1
                           : static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
-    partials_.assign(static_cast<std::size_t>(parts) * 2 * kC, 0.0);
+    partials_.assign(static_cast<std::size_t>(parts) * 2 * kC * kN, 0.0);
     if (parts == 1) {
       f(std::int64_t{0}, batch, 0);
     } else {
@@ -258,7 +300,7 @@ class BatchNorm2dLayer {
     return parts;
   }
   double* partial_sums(int part) {
-    return partials_.data() + static_cast<std::ptrdiff_t>(part) * 2 * kC;
+    return partials_.data() + static_cast<std::ptrdiff_t>(part) * 2 * kC * kN;
   }
 
   Parameter<T, Device> weight_;
@@ -266,7 +308,7 @@ class BatchNorm2dLayer {
   tensor::Tensor<S, Device> running_mean_, running_var_;
   tensor::Tensor<std::int64_t, Device> batches_tracked_;
   tensor::Tensor<S, Device> mean_, inv_std_, scale_, shift_;  // of the last forward, for backward
-  std::vector<double> partials_;                              // per part: (sum, sum) per channel
+  std::vector<double> partials_;   // per part and channel: two sums, kN lanes each
   std::vector<S> gradient_means_;  // backward's mean(dy) and mean(dy * xhat) per channel
   tensor::Tensor<S, Device> weight_delta_, bias_delta_;
 };

@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 namespace coltrain::nn {
 
@@ -95,31 +94,6 @@ S lane_sum(const T* p, std::int64_t n, F&& term) {
   for (std::int64_t i = full; i < n; ++i) total += term(p[i]);
   for (int l = 0; l < kLanes; ++l) total += lanes[l];
   return total;
-}
-
-// Two sums in one pass over [0, n): term(i) returns both addends for index i, as a std::pair<S, S>.
-template <class S, class F>
-std::pair<S, S> lane_sum2(std::int64_t n, F&& term) {
-  constexpr int kLanes = 16;
-  S first[kLanes] = {}, second[kLanes] = {};
-  const std::int64_t full = n - n % kLanes;
-  for (std::int64_t i = 0; i < full; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const auto [a, b] = term(i + l);
-      first[l] += a;
-      second[l] += b;
-    }
-  S total_first = 0, total_second = 0;
-  for (std::int64_t i = full; i < n; ++i) {
-    const auto [a, b] = term(i);
-    total_first += a;
-    total_second += b;
-  }
-  for (int l = 0; l < kLanes; ++l) {
-    total_first += first[l];
-    total_second += second[l];
-  }
-  return {total_first, total_second};
 }
 
 template <class S, class T>

@@ -21,68 +21,28 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/tensor/cpu_microkernels.hpp>
+#include <coltrain/tensor/vector_pack.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 #include <utility>
 
 namespace coltrain::nn::detail {
 
-// N consecutive tiles of a row at once: a vector of N floats where the compiler has vector
-// extensions, else (and for double) one value. Loads and stores through memcpy are single moves.
-template <class S, int N>
-struct WinogradPack {
-  using type = S;
-};
-#if COLTRAIN_MICROKERNELS
-template <int N>
-requires(N > 1) struct WinogradPack<float, N> {
-  typedef float type __attribute__((vector_size(N * sizeof(float))));
-  typedef std::int32_t Indices __attribute__((vector_size(N * sizeof(float))));
-};
-#endif
-
-// The widest pack that divides `count` (at most the target's vector width).
-template <class S>
-constexpr int winograd_lanes(std::int64_t count) {
-#if COLTRAIN_MICROKERNELS
-  if constexpr (std::is_same_v<S, float>) {
-    int lanes = tensor::detail::microkernel::kLanes;
-    while (lanes > 1 && count % lanes != 0) lanes /= 2;
-    return lanes;
-  }
-#endif
-  (void)count;
-  return 1;
-}
-
-template <class P, class S>
-COLTRAIN_FORCE_INLINE P load_pack(const S* p) {
-  P v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class P, class S>
-COLTRAIN_FORCE_INLINE void store_pack(S* p, P v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
 // even[l] = p[2l], odd[l] = p[2l + 1], l < N.
-template <class S, int N, class P = typename WinogradPack<S, N>::type>
+template <class S, int N, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE void load_deinterleaved(const S* p, P& even, P& odd) {
   if constexpr (N == 1) {
     even = p[0];
     odd = p[1];
   } else {
-    const P low = load_pack<P>(p), high = load_pack<P>(p + N);
+    const P low = tensor::load_pack<P>(p), high = tensor::load_pack<P>(p + N);
     [&]<int... L>(std::integer_sequence<int, L...>) {
 #if defined(__clang__)
       even = __builtin_shufflevector(low, high, (2 * L)...);
       odd = __builtin_shufflevector(low, high, (2 * L + 1)...);
 #else
-      using Indices = typename WinogradPack<S, N>::Indices;
+      using Indices = typename tensor::Pack<S, N>::Indices;
       even = __builtin_shuffle(low, high, Indices{(2 * L)...});
       odd = __builtin_shuffle(low, high, Indices{(2 * L + 1)...});
 #endif
@@ -92,7 +52,7 @@ COLTRAIN_FORCE_INLINE void load_deinterleaved(const S* p, P& even, P& odd) {
 }
 
 // p[2l] = even[l], p[2l + 1] = odd[l], l < N.
-template <class S, int N, class P = typename WinogradPack<S, N>::type>
+template <class S, int N, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE void store_interleaved(S* p, P even, P odd) {
   if constexpr (N == 1) {
     p[0] = even;
@@ -102,12 +62,14 @@ COLTRAIN_FORCE_INLINE void store_interleaved(S* p, P even, P odd) {
     // the tiles for the first vector and the high half for the second.
     [&]<int... L>(std::integer_sequence<int, L...>) {
 #if defined(__clang__)
-      store_pack(p, P(__builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...)));
-      store_pack(p + N, P(__builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...)));
+      tensor::store_pack(p, P(__builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...)));
+      tensor::store_pack(p + N,
+                         P(__builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...)));
 #else
-      using Indices = typename WinogradPack<S, N>::Indices;
-      store_pack(p, __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...}));
-      store_pack(p + N, __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...}));
+      using Indices = typename tensor::Pack<S, N>::Indices;
+      tensor::store_pack(p, __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...}));
+      tensor::store_pack(p + N,
+                         __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...}));
 #endif
     }
     (std::make_integer_sequence<int, N>{});
@@ -153,8 +115,8 @@ struct WinogradConvolution {
   // zeroes the buffer once.
   template <class S>
   static void split_image(const S* COLTRAIN_RESTRICT image, S* COLTRAIN_RESTRICT split) {
-    constexpr int N = winograd_lanes<S>(Width / 2);
-    using P = typename WinogradPack<S, N>::type;
+    constexpr int N = tensor::pack_lanes<S>(Width / 2);
+    using P = tensor::pack_t<S, N>;
     // Image column 2i lands on padded column 2i + Padding: in the even half when Padding is even.
     constexpr std::int64_t kFirst = Padding % 2 == 0 ? 0 : 1, kSecond = 1 - kFirst;
     constexpr std::int64_t kFirstShift = Padding / 2, kSecondShift = (Padding + 1) / 2;
@@ -167,8 +129,8 @@ struct WinogradConvolution {
         for (std::int64_t i = 0; i < Width / 2; i += N) {
           P even, odd;
           load_deinterleaved<S, N>(src + 2 * i, even, odd);
-          store_pack(first + i, even);
-          store_pack(second + i, odd);
+          tensor::store_pack(first + i, even);
+          tensor::store_pack(second + i, odd);
         }
       }
   }
@@ -177,8 +139,8 @@ struct WinogradConvolution {
   template <class S>
   static void transform_input(const S* COLTRAIN_RESTRICT split, S* COLTRAIN_RESTRICT v,
                               std::int64_t ld, std::int64_t first) {
-    constexpr int N = winograd_lanes<S>(kTileCols);
-    using P = typename WinogradPack<S, N>::type;
+    constexpr int N = tensor::pack_lanes<S>(kTileCols);
+    using P = tensor::pack_t<S, N>;
     const std::int64_t position_stride = winograd_position_stride(Channels, ld);
     for (std::int64_t c = 0; c < Channels; ++c)
       for (std::int64_t ty = 0; ty < kTileRows; ++ty) {
@@ -190,18 +152,18 @@ struct WinogradConvolution {
           for (int r = 0; r < 4; ++r) {
             const S* even = rows + r * kPaddedWidth + tx;
             const S* odd = even + kHalfWidth;
-            const P d0 = load_pack<P>(even), d1 = load_pack<P>(odd);
-            const P d2 = load_pack<P>(even + 1), d3 = load_pack<P>(odd + 1);
+            const P d0 = tensor::load_pack<P>(even), d1 = tensor::load_pack<P>(odd);
+            const P d2 = tensor::load_pack<P>(even + 1), d3 = tensor::load_pack<P>(odd + 1);
             t[r][0] = d0 - d2;
             t[r][1] = d1 + d2;
             t[r][2] = d2 - d1;
             t[r][3] = d1 - d3;
           }
           for (int j = 0; j < 4; ++j) {
-            store_pack(out + (0 * 4 + j) * position_stride + tx, t[0][j] - t[2][j]);
-            store_pack(out + (1 * 4 + j) * position_stride + tx, t[1][j] + t[2][j]);
-            store_pack(out + (2 * 4 + j) * position_stride + tx, t[2][j] - t[1][j]);
-            store_pack(out + (3 * 4 + j) * position_stride + tx, t[1][j] - t[3][j]);
+            tensor::store_pack(out + (0 * 4 + j) * position_stride + tx, t[0][j] - t[2][j]);
+            tensor::store_pack(out + (1 * 4 + j) * position_stride + tx, t[1][j] + t[2][j]);
+            tensor::store_pack(out + (2 * 4 + j) * position_stride + tx, t[2][j] - t[1][j]);
+            tensor::store_pack(out + (3 * 4 + j) * position_stride + tx, t[1][j] - t[3][j]);
           }
         }
       }
@@ -213,8 +175,8 @@ struct WinogradConvolution {
   static void transform_output(std::int64_t out_channels, const S* COLTRAIN_RESTRICT m,
                                std::int64_t ld, std::int64_t first, S* COLTRAIN_RESTRICT out,
                                const S* bias) {
-    constexpr int N = winograd_lanes<S>(kTileCols);
-    using P = typename WinogradPack<S, N>::type;
+    constexpr int N = tensor::pack_lanes<S>(kTileCols);
+    using P = tensor::pack_t<S, N>;
     const std::int64_t position_stride = winograd_position_stride(out_channels, ld);
     for (std::int64_t k = 0; k < out_channels; ++k) {
       const P shift = P{} + (bias ? bias[k] : S(0));
@@ -226,10 +188,10 @@ struct WinogradConvolution {
           // s = m A, row by row: A^T's rows are (1 1 1 0) and (0 1 -1 -1).
           P s[4][2];
           for (int r = 0; r < 4; ++r) {
-            const P m0 = load_pack<P>(in + (r * 4 + 0) * position_stride + tx);
-            const P m1 = load_pack<P>(in + (r * 4 + 1) * position_stride + tx);
-            const P m2 = load_pack<P>(in + (r * 4 + 2) * position_stride + tx);
-            const P m3 = load_pack<P>(in + (r * 4 + 3) * position_stride + tx);
+            const P m0 = tensor::load_pack<P>(in + (r * 4 + 0) * position_stride + tx);
+            const P m1 = tensor::load_pack<P>(in + (r * 4 + 1) * position_stride + tx);
+            const P m2 = tensor::load_pack<P>(in + (r * 4 + 2) * position_stride + tx);
+            const P m3 = tensor::load_pack<P>(in + (r * 4 + 3) * position_stride + tx);
             s[r][0] = m0 + m1 + m2;
             s[r][1] = m1 - m2 - m3;
           }
@@ -255,8 +217,8 @@ struct WinogradConvolution {
   static void transform_output_gradient(std::int64_t out_channels, const S* COLTRAIN_RESTRICT dy,
                                         S* COLTRAIN_RESTRICT d, std::int64_t ld,
                                         std::int64_t first) {
-    constexpr int N = winograd_lanes<S>(kTileCols);
-    using P = typename WinogradPack<S, N>::type;
+    constexpr int N = tensor::pack_lanes<S>(kTileCols);
+    using P = tensor::pack_t<S, N>;
     const std::int64_t position_stride = winograd_position_stride(out_channels, ld);
     for (std::int64_t k = 0; k < out_channels; ++k)
       for (std::int64_t ty = 0; ty < kTileRows; ++ty) {
@@ -271,10 +233,10 @@ struct WinogradConvolution {
           const P e[4][2] = {
               {g00, g01}, {g00 + g10, g01 + g11}, {g00 - g10, g01 - g11}, {-g10, -g11}};
           for (int r = 0; r < 4; ++r) {
-            store_pack(out + (r * 4 + 0) * position_stride + tx, e[r][0]);
-            store_pack(out + (r * 4 + 1) * position_stride + tx, e[r][0] + e[r][1]);
-            store_pack(out + (r * 4 + 2) * position_stride + tx, e[r][0] - e[r][1]);
-            store_pack(out + (r * 4 + 3) * position_stride + tx, -e[r][1]);
+            tensor::store_pack(out + (r * 4 + 0) * position_stride + tx, e[r][0]);
+            tensor::store_pack(out + (r * 4 + 1) * position_stride + tx, e[r][0] + e[r][1]);
+            tensor::store_pack(out + (r * 4 + 2) * position_stride + tx, e[r][0] - e[r][1]);
+            tensor::store_pack(out + (r * 4 + 3) * position_stride + tx, -e[r][1]);
           }
         }
       }

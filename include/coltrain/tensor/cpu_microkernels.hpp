@@ -329,12 +329,30 @@ COLTRAIN_FORCE_INLINE void nt_tile(std::int64_t k, const float* COLTRAIN_RESTRIC
   if (const std::int64_t rest = k % kLanes; rest > 0)
     step(a_p, b_p,
          [rest](const float* x) COLTRAIN_MICROKERNEL_INLINE { return load_partial(x, rest); });
-  float sums[Rows * Cols];
-  lane_sums<Rows * Cols>(acc, sums);
-  unroll2<Rows, Cols>([&](auto i, auto j) COLTRAIN_MICROKERNEL_INLINE {
-    float& out = c[i * ldc + j];
-    out = accumulate ? out + sums[i * Cols + j] : sums[i * Cols + j];
-  });
+  if constexpr (Rows * Cols == kLanes && Cols % 4 == 0) {
+    // A full tile's sums fill one vector, row after row: each row of C is updated as one short
+    // vector instead of Cols extracted lanes (at k = 64 the scalar updates cost as much as the
+    // FMAs).
+    typedef float RowVector __attribute__((vector_size(Cols * sizeof(float))));
+    alignas(kVectorBytes) float sums[kLanes];
+    store(sums, reduce_tree<kLanes, kLanes>(acc));
+    unroll<Rows>([&](auto i) COLTRAIN_MICROKERNEL_INLINE {
+      RowVector row, sum;
+      std::memcpy(&sum, sums + i * Cols, sizeof sum);
+      if (accumulate) {
+        std::memcpy(&row, c + i * ldc, sizeof row);
+        sum += row;
+      }
+      std::memcpy(c + i * ldc, &sum, sizeof sum);
+    });
+  } else {
+    float sums[Rows * Cols];
+    lane_sums<Rows * Cols>(acc, sums);
+    unroll2<Rows, Cols>([&](auto i, auto j) COLTRAIN_MICROKERNEL_INLINE {
+      float& out = c[i * ldc + j];
+      out = accumulate ? out + sums[i * Cols + j] : sums[i * Cols + j];
+    });
+  }
 }
 
 inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
