@@ -100,15 +100,24 @@ function(coltrain_add_compile_fail_test)
                        TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
 endfunction()
 
-# coltrain_add_header_checks(HEADERS h...)
+# coltrain_add_header_checks(HEADERS h... [CUDA_HEADERS cuh...])
 # Each public header must compile on its own, twice included (the include guard holds), with warnings
-# as errors: with no backends (as plain g++ sees it), with the configured backends, and under nvcc.
+# as errors: with no backends (as plain g++ sees it) and with the configured backends. Under nvcc
+# every .hpp is compiled in one translation unit, header.all.nvcc (each .hpp's self-containment is
+# g++'s check; nvcc adds its front end and device pass, at 3.6 s a header when each had its own),
+# and each CUDA header (.cuh, nvcc-only) on its own.
 # A header with a line `#if !COLTRAIN_WITH_<BACKEND>` (MPI, CUDA, NCCL, CUDNN) + `#error` exists only
 # with that backend: it is checked only when the backend is configured, and never in the plain variant.
 function(coltrain_add_header_checks)
-  cmake_parse_arguments(ARG "" "" "HEADERS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "HEADERS;CUDA_HEADERS" ${ARGN})
   set(include_root "${PROJECT_SOURCE_DIR}/include")
-  foreach(header IN LISTS ARG_HEADERS)
+  set(check_dir "${CMAKE_CURRENT_BINARY_DIR}/header_check")
+  set(nvcc ${CMAKE_CUDA_COMPILER} -std=c++20 -x cu -arch=sm_${COLTRAIN_NVCC_ARCH}
+           -Werror all-warnings -I${include_root} ${COLTRAIN_HEADER_CHECK_FLAGS})
+  set(gxx ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror
+          -I${include_root})
+  set(all_includes "")
+  foreach(header IN LISTS ARG_HEADERS ARG_CUDA_HEADERS)
     file(STRINGS "${header}" needs_backends REGEX "^#if !COLTRAIN_WITH_(MPI|CUDA|NCCL|CUDNN)$")
     set(backend_missing OFF)
     foreach(line IN LISTS needs_backends)
@@ -122,11 +131,20 @@ function(coltrain_add_header_checks)
     endif()
     file(RELATIVE_PATH relative "${include_root}" "${header}")
     string(REGEX REPLACE "\\.[^.]+$" "" stem "${relative}")
-    set(source "${CMAKE_CURRENT_BINARY_DIR}/header_check/${stem}.cpp")
-    file(CONFIGURE OUTPUT "${source}" CONTENT
-         "#include <${relative}>\n#include <${relative}>\nint main() { return 0; }\n")
-    set(gxx ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror
-            -I${include_root})
+    set(content "#include <${relative}>\n#include <${relative}>\nint main() { return 0; }\n")
+    if(header MATCHES "\\.cuh$")
+      if(CMAKE_CUDA_COMPILER)
+        file(CONFIGURE OUTPUT "${check_dir}/${stem}.cu" CONTENT "${content}")
+        add_test(NAME header.${relative}.nvcc
+                 COMMAND ${nvcc} -c "${check_dir}/${stem}.cu" -o "${check_dir}/${stem}.o")
+        set_tests_properties(header.${relative}.nvcc PROPERTIES LABELS headers
+                             TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
+      endif()
+      continue()
+    endif()
+    string(APPEND all_includes "#include <${relative}>\n")
+    set(source "${check_dir}/${stem}.cpp")
+    file(CONFIGURE OUTPUT "${source}" CONTENT "${content}")
     add_test(NAME header.${relative}.backends COMMAND ${gxx} ${COLTRAIN_HEADER_CHECK_FLAGS} "${source}")
     set(checks header.${relative}.backends)
     if(NOT needs_backends)
@@ -135,15 +153,15 @@ function(coltrain_add_header_checks)
                        -DCOLTRAIN_WITH_CUDNN=0 "${source}")
       list(APPEND checks header.${relative}.plain)
     endif()
-    if(CMAKE_CUDA_COMPILER)
-      add_test(NAME header.${relative}.nvcc
-               COMMAND ${CMAKE_CUDA_COMPILER} -std=c++20 -x cu -arch=sm_${COLTRAIN_NVCC_ARCH}
-                       -Werror all-warnings -I${include_root} ${COLTRAIN_HEADER_CHECK_FLAGS}
-                       -c "${source}" -o "${CMAKE_CURRENT_BINARY_DIR}/header_check/${stem}.o")
-      list(APPEND checks header.${relative}.nvcc)
-    endif()
     set_tests_properties(${checks} PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
   endforeach()
+  if(CMAKE_CUDA_COMPILER)
+    file(CONFIGURE OUTPUT "${check_dir}/all_headers.cu"
+         CONTENT "${all_includes}int main() { return 0; }\n")
+    add_test(NAME header.all.nvcc
+             COMMAND ${nvcc} -c "${check_dir}/all_headers.cu" -o "${check_dir}/all_headers.o")
+    set_tests_properties(header.all.nvcc PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
+  endif()
 endfunction()
 
 # coltrain_add_parity_test(NAME n SOURCES s... SCRIPT py [LINK t...])
