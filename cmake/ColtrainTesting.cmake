@@ -65,15 +65,16 @@ function(coltrain_add_mpi_test)
   endforeach()
 endfunction()
 
-# coltrain_add_gpu_test(NAME n SOURCES s... [LINK t...])
+# coltrain_add_gpu_test(NAME n SOURCES s... [LINK t...] [RUN_WITH command...])
 # Sources may mix .cu (nvcc) and .cpp. Without a CUDA device the test reports "skipped: no CUDA device"
-# and CTest lists it as skipped.
+# and CTest lists it as skipped. RUN_WITH: a command that runs the test program, given as its last
+# argument (a wrapper that prepares its inputs first).
 function(coltrain_add_gpu_test)
-  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "" "NAME" "SOURCES;LINK;RUN_WITH" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_gpu_main.cpp")
   target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
                                             CUDA::cudart ${ARG_LINK})
-  add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME})
+  add_test(NAME ${ARG_NAME} COMMAND ${ARG_RUN_WITH} $<TARGET_FILE:${ARG_NAME}>)
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS gpu TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
                                               SKIP_RETURN_CODE ${COLTRAIN_SKIP_RETURN_CODE})
 endfunction()

@@ -1,6 +1,7 @@
 // The parts of the NCCL backend that need no GPU: the dtype and op maps, the unique id's trip over
 // the host bootstrap (real TCP ranks), and the ring allreduce's schedule, run on host arrays for
-// many world sizes (one GPU can run only one NCCL rank, so the GPU suite sees the ring at p = 1).
+// many world sizes, and the tree allreduce's plan likewise (one GPU can run only one NCCL rank, so
+// the GPU suite sees the ring and the tree at p = 1).
 #include <catch2/catch.hpp>
 
 #include "../support/tcp_launch.hpp"
@@ -12,6 +13,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -44,6 +46,37 @@ std::int64_t combine(std::int64_t a, std::int64_t b, ReduceOp op) {
       return a < b ? b : a;
     default:
       return a + b;
+  }
+}
+
+using RankArrays = std::vector<std::vector<std::int64_t>>;
+constexpr std::int64_t kPoison = 0x7eadbeef7eadbeef;
+
+// Each rank's input for an allreduce of `count` elements: small signed integers, exact under every
+// op (factors of at most 3 for kProd, so that products over 13 ranks stay in range).
+RankArrays random_inputs(int p, std::size_t count, ReduceOp op, unsigned seed) {
+  std::mt19937 random(seed);
+  std::uniform_int_distribution<std::int64_t> value(1, op == ReduceOp::kProd ? 3 : 40);
+  RankArrays input(static_cast<std::size_t>(p), std::vector<std::int64_t>(count));
+  for (auto& rank_input : input) {
+    for (auto& x : rank_input) x = random() % 2 == 0 ? value(random) : -value(random);
+  }
+  return input;
+}
+
+// Checks that every rank's output is the reduction of all inputs (kAvg: the sum / p, truncated).
+void check_allreduced(const RankArrays& input, const RankArrays& output, ReduceOp op) {
+  const auto p = static_cast<std::int64_t>(input.size());
+  const std::size_t count = input[0].size();
+  std::vector<std::int64_t> expected(count);
+  for (std::size_t j = 0; j < count; ++j) {
+    std::int64_t total = input[0][j];
+    for (std::size_t r = 1; r < input.size(); ++r) total = combine(total, input[r][j], op);
+    expected[j] = op == ReduceOp::kAvg ? total / p : total;
+  }
+  for (std::size_t r = 0; r < output.size(); ++r) {
+    CAPTURE(r);
+    CHECK(output[r] == expected);
   }
 }
 
@@ -112,14 +145,9 @@ TEST_CASE("the ring allreduce schedule reduces every element over every rank exa
       GENERATE(ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg);
   CAPTURE(p, count, static_cast<int>(op));
 
-  std::mt19937 random(static_cast<unsigned>(p * 1000 + static_cast<int>(count)));
-  std::uniform_int_distribution<std::int64_t> value(1, 40);
-  std::vector<std::vector<std::int64_t>> input(p, std::vector<std::int64_t>(count));
-  for (auto& rank_input : input) {
-    for (auto& x : rank_input) x = random() % 2 == 0 ? value(random) : -value(random);
-  }
-  constexpr std::int64_t kPoison = 0x7eadbeef7eadbeef;
-  std::vector<std::vector<std::int64_t>> output(p, std::vector<std::int64_t>(count, kPoison));
+  const RankArrays input =
+      random_inputs(p, count, op, static_cast<unsigned>(p * 1000 + static_cast<int>(count)));
+  RankArrays output(p, std::vector<std::int64_t>(count, kPoison));
   if (p == 1) output = input;  // the executor copies: no step runs
 
   const detail::Blocks segments(count, static_cast<std::size_t>(p));
@@ -159,14 +187,126 @@ TEST_CASE("the ring allreduce schedule reduces every element over every rank exa
     }
   }
 
-  std::vector<std::int64_t> expected(count);
-  for (std::size_t j = 0; j < count; ++j) {
-    std::int64_t total = input[0][j];
-    for (int r = 1; r < p; ++r) total = combine(total, input[r][j], op);
-    expected[j] = op == ReduceOp::kAvg ? total / p : total;
+  check_allreduced(input, output, op);
+}
+
+// Runs every rank's tree_allreduce_plan in lockstep on host arrays, as
+// NcclCommunicator::tree_allreduce enqueues it. Per round, NCCL runs one group per rank and
+// executes a group's calls to the same peer in order, so the transfers any two ranks post to each
+// other must pair up position by position (a send against a receive, same tree and chunk); no
+// rank may receive into a chunk it sends from in the same round; then the round's reductions run.
+TEST_CASE("the tree allreduce plan pairs every transfer and reduces every element exactly once",
+          "[nccl]") {
+  const int p = GENERATE(2, 3, 4, 5, 6, 7, 8, 13);
+  const int chunks = GENERATE(1, 2, 3, 5);
+  const std::size_t count = GENERATE(0u, 1u, 2u, 7u, 100u);
+  const ReduceOp op =
+      GENERATE(ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg);
+  CAPTURE(p, chunks, count, static_cast<int>(op));
+  using Transfer = detail::TreeTransfer;
+  using Buffer = Transfer::Buffer;
+
+  const RankArrays input = random_inputs(
+      p, count, op, static_cast<unsigned>(p * 1000 + chunks * 100 + static_cast<int>(count)));
+  RankArrays output(p, std::vector<std::int64_t>(count, kPoison));
+  // scratch[rank][2 * tree + child]: what that child sent up.
+  std::vector<std::vector<std::vector<std::int64_t>>> scratch(
+      p, std::vector<std::vector<std::int64_t>>(4));
+
+  const detail::Blocks halves(count, 2);
+  const std::size_t n_chunks = static_cast<std::size_t>(chunks);
+  const std::vector<detail::Blocks> pieces{detail::Blocks(halves.size(0), n_chunks),
+                                           detail::Blocks(halves.size(1), n_chunks)};
+  const auto begin_of = [&](const int tree, const int chunk) {
+    const auto t = static_cast<std::size_t>(tree);
+    return halves.begin(t) + pieces[t].begin(static_cast<std::size_t>(chunk));
+  };
+  const auto size_of_chunk = [&](const int tree, const int chunk) {
+    return pieces[static_cast<std::size_t>(tree)].size(static_cast<std::size_t>(chunk));
+  };
+
+  std::vector<std::vector<detail::TreeRoundPlan>> plans;
+  for (int r = 0; r < p; ++r) plans.push_back(detail::tree_allreduce_plan(p, r, chunks));
+  const int height = [&] {
+    int h = 0;
+    while ((2 << h) - 1 <= p - 1) ++h;
+    return h;
+  }();
+  for (const auto& plan : plans)
+    REQUIRE(plan.size() == static_cast<std::size_t>(chunks + 2 * height));
+  CHECK(detail::tree_allreduce_plan(1, 0, chunks).empty());
+
+  for (std::size_t i = 0; i < plans[0].size(); ++i) {
+    CAPTURE(i);
+    // Pairing, and the payload of every send, read before any receive of the round writes.
+    std::vector<std::vector<std::vector<const Transfer*>>> posted(
+        p, std::vector<std::vector<const Transfer*>>(p));
+    for (int r = 0; r < p; ++r) {
+      std::vector<std::pair<int, int>> sent_from, received_into;
+      for (const Transfer& transfer : plans[r][i].transfers) {
+        REQUIRE(transfer.peer >= 0);
+        REQUIRE(transfer.peer < p);
+        REQUIRE(transfer.peer != r);
+        posted[r][transfer.peer].push_back(&transfer);
+        (transfer.send ? sent_from : received_into).emplace_back(transfer.tree, transfer.chunk);
+      }
+      for (const auto& chunk : received_into) {
+        CHECK(std::find(sent_from.begin(), sent_from.end(), chunk) == sent_from.end());
+      }
+    }
+    std::vector<std::vector<std::vector<std::vector<std::int64_t>>>> payloads(
+        p, std::vector<std::vector<std::vector<std::int64_t>>>(p));
+    for (int a = 0; a < p; ++a) {
+      for (int b = 0; b < p; ++b) {
+        const auto& mine = posted[a][b];
+        const auto& theirs = posted[b][a];
+        REQUIRE(mine.size() == theirs.size());
+        for (std::size_t k = 0; k < mine.size(); ++k) {
+          REQUIRE(mine[k]->send != theirs[k]->send);
+          REQUIRE(mine[k]->tree == theirs[k]->tree);
+          REQUIRE(mine[k]->chunk == theirs[k]->chunk);
+          if (!mine[k]->send) continue;
+          REQUIRE(mine[k]->buffer != Buffer::kScratch);
+          const auto& source = mine[k]->buffer == Buffer::kInput ? input[a] : output[a];
+          const auto first =
+              source.begin() + static_cast<std::ptrdiff_t>(begin_of(mine[k]->tree, mine[k]->chunk));
+          payloads[a][b].emplace_back(first, first + static_cast<std::ptrdiff_t>(size_of_chunk(
+                                                         mine[k]->tree, mine[k]->chunk)));
+        }
+      }
+    }
+    for (int b = 0; b < p; ++b) {
+      for (int a = 0; a < p; ++a) {
+        std::size_t next = 0;
+        for (const Transfer* transfer : posted[b][a]) {
+          if (transfer->send) continue;
+          const std::vector<std::int64_t>& payload = payloads[a][b][next++];
+          if (transfer->buffer == Buffer::kScratch) {
+            scratch[b][static_cast<std::size_t>(2 * transfer->tree + transfer->slot)] = payload;
+          } else {
+            REQUIRE(transfer->buffer == Buffer::kOutput);
+            std::copy(payload.begin(), payload.end(),
+                      output[b].begin() +
+                          static_cast<std::ptrdiff_t>(begin_of(transfer->tree, transfer->chunk)));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < p; ++r) {
+      for (const detail::TreeReduction& reduction : plans[r][i].reductions) {
+        const std::size_t begin = begin_of(reduction.tree, reduction.chunk);
+        const std::vector<std::int64_t>& received =
+            scratch[r][static_cast<std::size_t>(2 * reduction.tree + reduction.slot)];
+        REQUIRE(received.size() == size_of_chunk(reduction.tree, reduction.chunk));
+        for (std::size_t j = 0; j < received.size(); ++j) {
+          const std::int64_t a = (reduction.first ? input[r] : output[r])[begin + j];
+          std::int64_t& target = output[r][begin + j];
+          target = combine(a, received[j], op);
+          if (op == ReduceOp::kAvg && reduction.completes) target /= p;
+        }
+      }
+    }
   }
-  for (int r = 0; r < p; ++r) {
-    CAPTURE(r);
-    CHECK(output[r] == expected);
-  }
+
+  check_allreduced(input, output, op);
 }

@@ -2,7 +2,7 @@
 // the host in double (random sizes including 0, 1, odd and non-multiples of the vector width;
 // aligned and misaligned views; outputs poisoned with NaN before each call), and the ReLU, Flatten
 // and Dropout layers on the GPU against the CPU layers (bit for bit: no layer here rounds
-// differently on the device).
+// differently on the device), also when a dropout step is replayed as a CUDA graph.
 
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/cuda/cast.cuh>
@@ -16,6 +16,7 @@
 #include <coltrain/nn/init.hpp>
 #include <coltrain/tensor/device_copy.hpp>
 #include <coltrain/tensor/tensor.hpp>
+#include <coltrain/train/cuda_graph.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -35,6 +36,7 @@ using coltrain::half;
 namespace cuda = coltrain::cuda;
 namespace nn = coltrain::nn;
 namespace tensor = coltrain::tensor;
+namespace train = coltrain::train;
 
 const std::vector<std::int64_t> kSizes = {0, 1, 3, 7, 8, 9, 31, 1023, 4097, 100003};
 
@@ -469,6 +471,46 @@ TEST_CASE("a dropout mask differs between steps and layers", "[gpu][layers]") {
   CHECK(zeros < a.size() * 3 / 4);
   CHECK(a != b);
   CHECK(a != c);
+}
+
+TEST_CASE("replays of a captured dropout step draw the masks of the steps after it",
+          "[gpu][layers][graph]") {
+  using Gpu = nn::DropoutLayer<0.5, Image, float, tensor::Cuda>;
+  using Cpu = nn::DropoutLayer<0.5, Image, float, tensor::Cpu>;
+  Gpu gpu;
+  Cpu cpu;
+  nn::Rng rng_gpu(4), rng_cpu(4);
+  gpu.initialize(rng_gpu);
+  cpu.initialize(rng_cpu);
+  nn::Context<tensor::Cuda> ctx(1, 9);
+  nn::Context<tensor::Cpu> cpu_ctx(1, 9);
+  const auto x = random_batch<float, Image>(8, 3);
+  const auto x_gpu = tensor::to_device(x);
+  tensor::Tensor<float, tensor::Cuda> y(Image::batch(8));
+  tensor::Tensor<float, tensor::Cpu> expected(Image::batch(8));
+  const auto check_step = [&](std::uint64_t step) {
+    ctx.synchronize();
+    cpu_ctx.set_step(step);
+    cpu.forward(x.view(), expected.view(), cpu_ctx);
+    INFO("step " << step);
+    check_same_bits(host_values<float>(y.view()), host_values(expected), "forward");
+  };
+
+  ctx.set_step(1);
+  gpu.forward(x_gpu.view(), y.view(), ctx);  // eager: allocates, draws step 1's mask
+  check_step(1);
+  ctx.set_step(2);
+  const auto graph =
+      train::CudaGraph::capture(ctx.stream(), [&] { gpu.forward(x_gpu.view(), y.view(), ctx); });
+  for (std::uint64_t step = 2; step <= 4; ++step) {
+    poison(y);
+    graph.replay(ctx.stream());
+    check_step(step);
+  }
+  // An eager step draws the context's step again.
+  ctx.set_step(9);
+  gpu.forward(x_gpu.view(), y.view(), ctx);
+  check_step(9);
 }
 
 }  // namespace

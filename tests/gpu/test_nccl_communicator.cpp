@@ -301,29 +301,34 @@ TEST_CASE("one rank: the typed span overloads move the same data", "[nccl]") {
   CHECK_SAME_ELEMENTS(out.download(), input, DataType::kBFloat16);
 }
 
-TEST_CASE("ring allreduce over ncclSend/ncclRecv gives the native allreduce's bits", "[nccl]") {
+TEST_CASE("ring and tree allreduce over ncclSend/ncclRecv give the native allreduce's bits",
+          "[nccl]") {
   NcclCommunicator nccl = one_rank();
   nccl.set_device_reduction(coltrain::test::nccl_device_reduction());
   const Stream stream;
   std::mt19937 random(13);
-  for (const DataType dtype : coltrain::kAllDataTypes) {
-    for (const std::size_t count : kSizes) {
-      for (const ReduceOp op : kOps) {
-        CAPTURE(coltrain::name_of(dtype), count, name_of_op(op));
-        const Bytes input = random_elements(dtype, count, random);
-        DeviceBuffer in(input.size());
-        DeviceBuffer native(input.size());
-        DeviceBuffer ring(input.size());
-        in.upload(input);
-        native.poison();
-        ring.poison();
-        nccl.allreduce(in.get(), native.get(), count, dtype, stream.get(), op, Algorithm::kNative);
-        nccl.allreduce(in.get(), ring.get(), count, dtype, stream.get(), op, Algorithm::kRing);
-        nccl.synchronize(stream.get());
-        CHECK_SAME_ELEMENTS(ring.download(), native.download(), dtype);
-        nccl.allreduce(ring.get(), ring.get(), count, dtype, stream.get(), op, Algorithm::kRing);
-        nccl.synchronize(stream.get());
-        CHECK_SAME_ELEMENTS(ring.download(), input, dtype);
+  for (const Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree}) {
+    for (const DataType dtype : coltrain::kAllDataTypes) {
+      for (const std::size_t count : kSizes) {
+        for (const ReduceOp op : kOps) {
+          CAPTURE(std::string(coltrain::comm::name_of(algorithm)), coltrain::name_of(dtype), count,
+                  name_of_op(op));
+          const Bytes input = random_elements(dtype, count, random);
+          DeviceBuffer in(input.size());
+          DeviceBuffer native(input.size());
+          DeviceBuffer ours(input.size());
+          in.upload(input);
+          native.poison();
+          ours.poison();
+          nccl.allreduce(in.get(), native.get(), count, dtype, stream.get(), op,
+                         Algorithm::kNative);
+          nccl.allreduce(in.get(), ours.get(), count, dtype, stream.get(), op, algorithm);
+          nccl.synchronize(stream.get());
+          CHECK_SAME_ELEMENTS(ours.download(), native.download(), dtype);
+          nccl.allreduce(ours.get(), ours.get(), count, dtype, stream.get(), op, algorithm);
+          nccl.synchronize(stream.get());
+          CHECK_SAME_ELEMENTS(ours.download(), input, dtype);
+        }
       }
     }
   }
@@ -381,11 +386,13 @@ TEST_CASE("bad arguments are refused with a message, and the communicator stays 
       nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(), static_cast<ReduceOp>(9)),
       Contains("reduction op value 9"));
   CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
-                                   ReduceOp::kSum, Algorithm::kTree),
-                    Contains("has no algorithm 'tree' on NCCL"));
-  CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
-                                   ReduceOp::kSum, Algorithm::kRing),
-                    Contains("set_device_reduction"));
+                                   ReduceOp::kSum, Algorithm::kHalvingDoubling),
+                    Contains("has no algorithm 'halving_doubling' on NCCL"));
+  for (const Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree}) {
+    CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
+                                     ReduceOp::kSum, algorithm),
+                      Contains("set_device_reduction"));
+  }
   const std::span<const float> four(static_cast<const float*>(device.get()), 4);
   const std::span<float> three(static_cast<float*>(device.get()), 3);
   CHECK_THROWS_WITH(nccl.allgather(four, three, stream.get()),

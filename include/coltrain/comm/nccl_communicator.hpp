@@ -18,9 +18,10 @@
 // thread-safe: one thread calls a communicator at a time.
 //
 // Algorithms: kNative (also what kAutomatic picks) is NCCL's own collective, tuned for the
-// topology; allreduce also runs coltrain's ring over ncclSend/ncclRecv, whose reduction of each
-// received segment is a CUDA kernel. Kernels need nvcc and this header is host code, so the kernel
-// is handed in: set_device_reduction(&coltrain::cuda::device_reduce) from a .cu file that includes
+// topology; allreduce also runs coltrain's ring and pipelined double binary tree over
+// ncclSend/ncclRecv, whose reduction of each received segment is a CUDA kernel. Kernels need nvcc
+// and this header is host code, so the kernel is handed in:
+// set_device_reduction(&coltrain::cuda::device_reduce) from a .cu file that includes
 // <coltrain/cuda/nccl_reduce.cuh>. A function pointer keeps this class one definition in .cpp and
 // .cu translation units alike. (NCCL has no local-reduce primitive that could stand in for the
 // kernel.)
@@ -32,6 +33,7 @@
 #endif
 
 #include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/algorithms/tree.hpp>
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
@@ -161,6 +163,86 @@ inline std::vector<RingStep> ring_allreduce_schedule(int p, int r) {
     steps.push_back({modulo(r - s, p), modulo(r - s - 1, p), false, false, false});
   }
   return steps;
+}
+
+// The pipelined double binary tree allreduce (Algorithm::kTree) over ncclSend/ncclRecv: the data's
+// two halves travel on two heap-shaped trees, the second the first mirrored (virtual rank p-1-r,
+// as the host tree in algorithms/tree.hpp), each half cut into `chunks` chunks. The plan runs in
+// lockstep rounds, one NCCL group each: with H the trees' height, chunk c reaches a node at depth d
+// from its children in round c + H - d - 1 and is reduced into that node's output after the
+// round; the node sends it to its parent in round c + H - d (a leaf sends its input), so the root
+// completes it after round c + H - 1 (kAvg divides there). It comes back down in the next rounds:
+// a node at depth d receives it in round c + H + d - 1 and passes it to its children in the next.
+// Both ends of every link therefore post their messages in the same round and, within a round, in
+// the same order (tree 0's before tree 1's), which is how NCCL pairs sends with receives. k
+// chunks take k + 2H rounds.
+struct TreeTransfer {
+  enum class Buffer : std::uint8_t { kInput, kOutput, kScratch };
+  bool send = false;
+  int peer = 0;
+  int tree = 0;   // which half of the data
+  int chunk = 0;  // within that half
+  Buffer buffer = Buffer::kOutput;
+  int slot = 0;  // kScratch: one per child, holding what it sent up
+};
+// After a round: output[chunk] = (first ? input : output)[chunk] op scratch[slot], divided by p
+// under kAvg when `completes` (the root's last reduction of the chunk).
+struct TreeReduction {
+  int tree = 0;
+  int chunk = 0;
+  int slot = 0;
+  bool first = false;
+  bool completes = false;
+};
+struct TreeRoundPlan {
+  std::vector<TreeTransfer> transfers;  // in posting order
+  std::vector<TreeReduction> reductions;
+};
+
+// The tree's chunk: large enough that a round's transfers outweigh its group launch and reduction
+// kernel, small enough that the pipeline fills quickly (NCCL's own trees use 128-512 KiB).
+inline constexpr std::size_t kTreeChunkBytes = std::size_t{1} << 20;
+
+inline std::vector<TreeRoundPlan> tree_allreduce_plan(int p, int r, int chunks) {
+  std::vector<TreeRoundPlan> rounds;
+  if (p < 2 || chunks < 1) return rounds;
+  const auto depth = [](int v) {
+    int d = 0;
+    while ((2 << d) - 1 <= v) ++d;
+    return d;
+  };
+  const int height = depth(p - 1);
+  rounds.resize(static_cast<std::size_t>(chunks + 2 * height));
+  using Buffer = TreeTransfer::Buffer;
+  for (int tree = 0; tree < 2; ++tree) {
+    const auto to_virtual = [&](int rank) { return tree == 0 ? rank : p - 1 - rank; };
+    const TreeNode node = tree_node(r, p, to_virtual, to_virtual);  // the mirror is its own inverse
+    const int d = depth(to_virtual(r));
+    const auto round = [&](int index) -> TreeRoundPlan& {
+      return rounds[static_cast<std::size_t>(index)];
+    };
+    const auto children = [&](int slot) { return node.children[static_cast<std::size_t>(slot)]; };
+    for (int c = 0; c < chunks; ++c) {
+      for (int slot = 0; slot < node.child_count; ++slot) {
+        round(c + height - d - 1)
+            .transfers.push_back({false, children(slot), tree, c, Buffer::kScratch, slot});
+        round(c + height - d - 1)
+            .reductions.push_back(
+                {tree, c, slot, slot == 0, node.parent < 0 && slot == node.child_count - 1});
+      }
+      if (node.parent >= 0) {
+        const Buffer source = node.child_count == 0 ? Buffer::kInput : Buffer::kOutput;
+        round(c + height - d).transfers.push_back({true, node.parent, tree, c, source, 0});
+        round(c + height + d - 1)
+            .transfers.push_back({false, node.parent, tree, c, Buffer::kOutput, 0});
+      }
+      for (int slot = 0; slot < node.child_count; ++slot) {
+        round(c + height + d)
+            .transfers.push_back({true, children(slot), tree, c, Buffer::kOutput, 0});
+      }
+    }
+  }
+  return rounds;
 }
 
 // Makes `device` current for a scope and restores the previous one.
@@ -362,7 +444,8 @@ class NcclCommunicator {
   // The NCCL communicator, for calls coltrain does not wrap; null once aborted.
   ncclComm_t nccl_comm() const { return comm_.get(); }
 
-  // The kernel that reduces received segments in Algorithm::kRing (see the top of this header).
+  // The kernel that reduces received chunks in Algorithm::kRing and kTree (see the top of this
+  // header).
   void set_device_reduction(DeviceReduction reduction) { device_reduction_ = reduction; }
 
   // ---- allreduce: every rank's output is the reduction of all ranks' input (count elements) ----
@@ -371,23 +454,34 @@ class NcclCommunicator {
                  Algorithm algorithm = Algorithm::kAutomatic) {
     start(Collective::kAllreduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
-    if (algorithm != Algorithm::kNative && algorithm != Algorithm::kRing &&
-        algorithm != Algorithm::kAutomatic) {
+    if (algorithm == Algorithm::kHalvingDoubling) {
       throw invalid("has no algorithm '" + std::string(name_of(algorithm)) +
-                    "' on NCCL (it has: native, ring, automatic)");
+                    "' on NCCL (it has: native, ring, tree, automatic)");
     }
-    if (algorithm == Algorithm::kRing && device_reduction_ == nullptr) {
-      throw invalid(
-          "with algorithm 'ring' reduces on the device with a CUDA kernel: include "
-          "<coltrain/cuda/nccl_reduce.cuh> in a .cu file and call "
-          "set_device_reduction(&coltrain::cuda::device_reduce) first");
+    const bool own_algorithm = algorithm == Algorithm::kRing || algorithm == Algorithm::kTree;
+    if (own_algorithm && device_reduction_ == nullptr) {
+      throw invalid("with algorithm '" + std::string(name_of(algorithm)) +
+                    "' reduces on the device with a CUDA kernel: include "
+                    "<coltrain/cuda/nccl_reduce.cuh> in a .cu file and call "
+                    "set_device_reduction(&coltrain::cuda::device_reduce) first");
     }
     require_buffer("input", input, count);
     require_buffer("output", output, count);
     if (count == 0) return;
     const detail::CurrentDevice current(device_);
+    if (own_algorithm && size_ == 1) {  // the reduction of one input is the input
+      if (input != output) {
+        COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(output, input, count * size_of(dtype),
+                                            cudaMemcpyDeviceToDevice, stream));
+      }
+      return;
+    }
     if (algorithm == Algorithm::kRing) {
       ring_allreduce(input, output, count, dtype, op, stream);
+      return;
+    }
+    if (algorithm == Algorithm::kTree) {
+      tree_allreduce(input, output, count, dtype, op, stream);
       return;
     }
     if (average_of_one_rank(op, input, output, count, dtype, stream)) return;
@@ -667,20 +761,14 @@ class NcclCommunicator {
     broken_ = std::move(reason) + "; the NCCL communicator was aborted";
   }
 
-  // Algorithm::kRing (see ring_allreduce_schedule). Each step is one grouped send/recv of a whole
-  // segment, then the reduction kernel, all on `stream`: NCCL pipelines the transfer itself, and
-  // overlapping the kernel with the next transfer would need a second stream and events.
+  // Algorithm::kRing (see ring_allreduce_schedule), on 2 ranks or more. Each step is one grouped
+  // send/recv of a whole segment, then the reduction kernel, all on `stream`: NCCL pipelines the
+  // transfer itself, and overlapping the kernel with the next transfer would need a second stream
+  // and events.
   void ring_allreduce(const void* input, void* output, std::size_t count, DataType dtype,
                       ReduceOp op, cudaStream_t stream) {
     const std::size_t element = size_of(dtype);
     const ncclDataType_t type = detail::nccl_data_type(dtype);
-    if (size_ == 1) {
-      if (input != output) {
-        COLTRAIN_CHECK_CUDA(
-            cudaMemcpyAsync(output, input, count * element, cudaMemcpyDeviceToDevice, stream));
-      }
-      return;
-    }
     const detail::Blocks segments(count, group_size());
     const auto offset = [&](int segment) {
       return segments.begin(static_cast<std::size_t>(segment)) * element;
@@ -716,6 +804,67 @@ class NcclCommunicator {
       }
     } catch (const Error&) {
       // A failed NCCL call has aborted already; a failed kernel leaves the ring half done.
+      if (comm_.get() != nullptr) abort_after(where_failed() + " failed in the reduction kernel");
+      throw;
+    }
+  }
+
+  // Algorithm::kTree: detail::tree_allreduce_plan's rounds, one NCCL group each, then the round's
+  // reductions of what the children sent up. Chunks of up to kTreeChunkBytes.
+  void tree_allreduce(const void* input, void* output, std::size_t count, DataType dtype,
+                      ReduceOp op, cudaStream_t stream) {
+    const std::size_t element = size_of(dtype);
+    const ncclDataType_t type = detail::nccl_data_type(dtype);
+    const detail::Blocks halves(count, 2);
+    const std::size_t chunk_elements = std::max<std::size_t>(1, detail::kTreeChunkBytes / element);
+    const std::size_t chunks =
+        std::max<std::size_t>(1, (halves.size(0) + chunk_elements - 1) / chunk_elements);
+    const std::array<detail::Blocks, 2> pieces{detail::Blocks(halves.size(0), chunks),
+                                               detail::Blocks(halves.size(1), chunks)};
+    const auto offset = [&](int tree, int chunk) {
+      const auto t = static_cast<std::size_t>(tree);
+      return (halves.begin(t) + pieces[t].begin(static_cast<std::size_t>(chunk))) * element;
+    };
+    const auto length = [&](int tree, int chunk) {
+      return pieces[static_cast<std::size_t>(tree)].size(static_cast<std::size_t>(chunk));
+    };
+    const std::size_t slot_bytes = pieces[0].size(0) * element;      // the largest chunk
+    const detail::StreamAllocation scratch(4 * slot_bytes, stream);  // 2 trees x 2 children
+    const auto slot = [&](int tree, int child) {
+      return static_cast<char*>(scratch.get()) +
+             static_cast<std::size_t>(2 * tree + child) * slot_bytes;
+    };
+    const char* const in = static_cast<const char*>(input);
+    char* const out = static_cast<char*>(output);
+    using Buffer = detail::TreeTransfer::Buffer;
+    try {
+      for (const detail::TreeRoundPlan& round :
+           detail::tree_allreduce_plan(size_, rank_, static_cast<int>(chunks))) {
+        finish_enqueue(ncclGroupStart());
+        for (const detail::TreeTransfer& transfer : round.transfers) {
+          const std::size_t n = length(transfer.tree, transfer.chunk);
+          if (n == 0) continue;  // both ends skip the same empty chunks
+          const std::size_t at = offset(transfer.tree, transfer.chunk);
+          if (transfer.send) {
+            const char* source = (transfer.buffer == Buffer::kInput ? in : out) + at;
+            finish_enqueue(ncclSend(source, n, type, transfer.peer, comm_.get(), stream));
+          } else {
+            void* target =
+                transfer.buffer == Buffer::kScratch ? slot(transfer.tree, transfer.slot) : out + at;
+            finish_enqueue(ncclRecv(target, n, type, transfer.peer, comm_.get(), stream));
+          }
+        }
+        finish_enqueue(ncclGroupEnd());
+        for (const detail::TreeReduction& reduction : round.reductions) {
+          const std::size_t n = length(reduction.tree, reduction.chunk);
+          if (n == 0) continue;
+          const std::size_t at = offset(reduction.tree, reduction.chunk);
+          const int divisor = op == ReduceOp::kAvg && reduction.completes ? size_ : 1;
+          device_reduction_(out + at, (reduction.first ? in : out) + at,
+                            slot(reduction.tree, reduction.slot), n, dtype, op, divisor, stream);
+        }
+      }
+    } catch (const Error&) {
       if (comm_.get() != nullptr) abort_after(where_failed() + " failed in the reduction kernel");
       throw;
     }
