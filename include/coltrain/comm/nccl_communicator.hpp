@@ -809,8 +809,9 @@ class NcclCommunicator {
     }
   }
 
-  // Algorithm::kTree: detail::tree_allreduce_plan's rounds, one NCCL group each, then the round's
-  // reductions of what the children sent up. Chunks of up to kTreeChunkBytes.
+  // Algorithm::kTree on 2 ranks or more: detail::tree_allreduce_plan's rounds, one NCCL group each,
+  // then the round's reductions of what the children sent up. Chunks of up to
+  // detail::kTreeChunkBytes.
   void tree_allreduce(const void* input, void* output, std::size_t count, DataType dtype,
                       ReduceOp op, cudaStream_t stream) {
     const std::size_t element = size_of(dtype);
