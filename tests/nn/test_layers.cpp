@@ -769,6 +769,25 @@ TEST_CASE("topk_correct: counts labels among the k largest, ties to the lower in
                   coltrain::InvalidArgument);
 }
 
+TEST_CASE("topk_correct: NaN ranks above every number, as in torch.topk", "[nn][loss]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  tensor::Tensor<float> logits(tensor::Shape{3, 3});
+  const float rows[3][3] = {
+      {0.5f, nan, 0.9f},  // label 1 is NaN: first
+      {0.9f, nan, 0.1f},  // label 0 comes after the NaN: second
+      {nan, 0.3f, nan},   // label 2 ties with the NaN at 0, which has the lower index: second
+  };
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c) logits.data()[r * 3 + c] = rows[r][c];
+  const std::vector<std::int32_t> labels{1, 0, 2};
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 1) == 1);
+  CHECK(nn::topk_correct<float>(logits.view(), labels, 2) == 3);
+  CHECK(nn::ranks_above(nan, 1e30f));
+  CHECK_FALSE(nn::ranks_above(1e30f, nan));
+  CHECK_FALSE(nn::ranks_above(nan, nan));
+  CHECK_FALSE(nn::ranks_above(2.0, 2.0));
+}
+
 TEST_CASE("models: a forward and backward of every model runs and is finite", "[nn][models]") {
   auto finite = [](tensor::TensorView<const float> v) {
     return std::all_of(v.span().begin(), v.span().end(), [](float x) { return std::isfinite(x); });

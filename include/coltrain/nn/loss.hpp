@@ -97,7 +97,15 @@ class SoftmaxCrossEntropy {
   double smoothing_;
 };
 
-// How many samples have their label among the k largest logits.
+// Whether logit a comes before logit b in torch.topk's order: NaN above every number, equal values
+// tied (ties then go to the lower index). One rule for topk_correct, its GPU kernel and
+// train::ClassificationMetrics, so that every accuracy coltrain reports agrees with PyTorch's.
+template <class S>
+COLTRAIN_HOST_DEVICE constexpr bool ranks_above(S a, S b) {
+  return a != a ? b == b : a > b;  // x != x: x is NaN (std::isnan is not usable on the device)
+}
+
+// How many samples have their label among the k largest logits (torch.topk's order, ranks_above).
 template <class T>
 std::int64_t topk_correct(tensor::TensorView<const T> logits, std::span<const std::int32_t> labels,
                           int k) {
@@ -116,7 +124,7 @@ std::int64_t topk_correct(tensor::TensorView<const T> logits, std::span<const st
     std::int64_t ahead = 0;
     for (std::int64_t j = 0; j < classes; ++j) {
       const S v = detail::to_compute_value<S>(row[j]);
-      ahead += (v > target || (v == target && j < label)) ? 1 : 0;
+      ahead += (ranks_above(v, target) || (!ranks_above(target, v) && j < label)) ? 1 : 0;
     }
     correct += ahead < k ? 1 : 0;
   }

@@ -21,6 +21,7 @@
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/nn/loss.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -94,11 +95,11 @@ class ClassificationMetrics {
       std::size_t ahead = 0;
       for (std::size_t j = 0; j < k; ++j) {
         const double v = as_double(row[j]);
-        if (ranks_above(v, best)) {
+        if (nn::ranks_above(v, best)) {
           best = v;
           predicted = j;
         }
-        ahead += (ranks_above(v, target) || (!ranks_above(target, v) && j < label)) ? 1 : 0;
+        ahead += (nn::ranks_above(v, target) || (!nn::ranks_above(target, v) && j < label)) ? 1 : 0;
       }
       counters_[kTop1] += ahead == 0 ? 1.0 : 0.0;
       if (has_top5()) counters_[kTop5] += ahead < kTopK ? 1.0 : 0.0;
@@ -277,9 +278,6 @@ class ClassificationMetrics {
       return static_cast<double>(static_cast<float>(value));  // half, bfloat16
     }
   }
-
-  // torch's order: NaN above every number; equal values tie.
-  static bool ranks_above(double a, double b) { return std::isnan(a) ? !std::isnan(b) : a > b; }
 
   static double ratio(double numerator, double denominator) {
     return denominator == 0.0 ? 0.0 : numerator / denominator;

@@ -161,11 +161,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     if (label >= 0 && label < classes) {  // a bad label cannot be among the top k (as the CPU)
       const T* z = logits + row * classes;
       const float target = widen(z[label]);
-      // The label's rank: how many classes beat it (ties go to the lower index, as torch.topk).
+      // The label's rank: how many classes come before it in torch.topk's order (nn::ranks_above).
       float ahead = 0.0f;
       for (std::int64_t j = lane; j < classes; j += 32) {
         const float v = widen(z[j]);
-        ahead += (v > target || (v == target && j < label)) ? 1.0f : 0.0f;
+        ahead += (nn::ranks_above(v, target) || (!nn::ranks_above(target, v) && j < label))
+                     ? 1.0f
+                     : 0.0f;
       }
       ahead = warp_sum(ahead);  // exact: counts below 2^24
       if (lane == 0 && ahead < static_cast<float>(k)) hit = 1.0;
