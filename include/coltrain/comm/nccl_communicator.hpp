@@ -470,10 +470,7 @@ class NcclCommunicator {
     if (count == 0) return;
     const detail::CurrentDevice current(device_);
     if (own_algorithm && size_ == 1) {  // the reduction of one input is the input
-      if (input != output) {
-        COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(output, input, count * size_of(dtype),
-                                            cudaMemcpyDeviceToDevice, stream));
-      }
+      copy_input(input, output, count, dtype, stream);
       return;
     }
     if (algorithm == Algorithm::kRing) {
@@ -610,11 +607,16 @@ class NcclCommunicator {
   bool average_of_one_rank(ReduceOp op, const void* input, void* output, std::size_t count,
                            DataType dtype, cudaStream_t stream) const {
     if (group_size() != 1 || op != ReduceOp::kAvg) return false;
-    if (input != output) {
-      COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(output, input, count * size_of(dtype),
-                                          cudaMemcpyDeviceToDevice, stream));
-    }
+    copy_input(input, output, count, dtype, stream);
     return true;
+  }
+
+  // output = input on `stream` (nothing to do in place): a collective's result on one rank.
+  static void copy_input(const void* input, void* output, std::size_t count, DataType dtype,
+                         cudaStream_t stream) {
+    if (input == output) return;
+    COLTRAIN_CHECK_CUDA(
+        cudaMemcpyAsync(output, input, count * size_of(dtype), cudaMemcpyDeviceToDevice, stream));
   }
 
   std::size_t group_size() const { return static_cast<std::size_t>(size_); }

@@ -118,7 +118,7 @@ class BatchNorm2dLayer {
           const P scale = P{} + scale_.data()[c], shift = P{} + shift_.data()[c];
           for (std::int64_t i = 0; i < kPlane; i += kN) {
             const P v = normalized(load(src + i), scale, shift);
-            store(dst + i, FusedRelu ? relu(v) : v);
+            store(dst + i, FusedRelu ? tensor::relu_pack(v) : v);
           }
         }
     });
@@ -223,7 +223,6 @@ class BatchNorm2dLayer {
     else
       tensor::store_pack(p, v);
   }
-  static P relu(P v) { return v < P{} ? P{} : v; }  // NaN passes, as torch.relu
 
   // The normalised value before the ReLU: x * scale + shift with the channel's folded affine map.
   // One function for the forward pass and the mask in backward, so that both round alike.

@@ -76,12 +76,6 @@ COLTRAIN_FORCE_INLINE void store_interleaved(S* p, P even, P odd) {
   }
 }
 
-// relu(v), NaN passing as torch.relu.
-template <class P>
-COLTRAIN_FORCE_INLINE P relu_pack(P v) {
-  return v < P{} ? P{} : v;
-}
-
 // Elements from one position's [rows][ld] matrix to the next: one 64-byte line more than the
 // matrix, so that the 16 positions of a tile, written or read together, fall in different L1 sets
 // (with a stride that is a multiple of 4 KiB they share one set and evict each other: 2.5x slower).
@@ -200,8 +194,8 @@ struct WinogradConvolution {
             y[0][j] = s[0][j] + s[1][j] + s[2][j] + shift;
             y[1][j] = s[1][j] - s[2][j] - s[3][j] + shift;
             if constexpr (Relu) {
-              y[0][j] = relu_pack(y[0][j]);
-              y[1][j] = relu_pack(y[1][j]);
+              y[0][j] = tensor::relu_pack(y[0][j]);
+              y[1][j] = tensor::relu_pack(y[1][j]);
             }
           }
           store_interleaved<S, N>(top + 2 * tx, y[0][0], y[0][1]);

@@ -56,6 +56,12 @@ COLTRAIN_FORCE_INLINE void store_pack(S* p, P v) {
   std::memcpy(p, &v, sizeof v);
 }
 
+// max(v, 0) lane by lane, NaN passing as torch.relu does.
+template <class P>
+COLTRAIN_FORCE_INLINE P relu_pack(P v) {
+  return v < P{} ? P{} : v;
+}
+
 // sums[l] += lane l of v, in double: packs of float partial sums folded into exact-enough totals.
 template <int N, class P>
 COLTRAIN_FORCE_INLINE void add_lanes(double* COLTRAIN_RESTRICT sums, P v) {
