@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch DDP (gloo, CPU) reference for coltrain's MNIST demo: MnistConvNet trained data-parallel on
-the shipped MNIST subset (data/mnist/: 8,000 training and 2,000 test images) until a target test
-accuracy, timing the training loop.
+"""PyTorch DDP reference for coltrain's MNIST demo: MnistConvNet trained data-parallel on the shipped
+MNIST subset (data/mnist/: 8,000 training and 2,000 test images) until a target test accuracy,
+timing the training loop. On the CPU over gloo (the demo's comparison), or on GPUs over NCCL with
+automatic mixed precision (the GPU trainer's comparison, `--device cuda --amp`: eager PyTorch, fp16
+autocast and GradScaler, one GPU per rank, device = rank modulo the visible GPUs).
 
     python3 benchmarks/reference/torch_ddp_mnist.py --world-size 2 [--json result.json]
+    python3 benchmarks/reference/torch_ddp_mnist.py --world-size 1 --device cuda --amp
     torchrun --nproc_per_node 2 benchmarks/reference/torch_ddp_mnist.py
 
 Without RANK / WORLD_SIZE in the environment it spawns --world-size ranks itself
@@ -12,7 +15,8 @@ Without RANK / WORLD_SIZE in the environment it spawns --world-size ranks itself
 Recipe (shared with coltrain's demo): SGD with momentum, cross-entropy, per-rank batch 64, gradients
 averaged by DDP, DistributedSampler(shuffle=True, seed) with set_epoch each epoch, no augmentation,
 pixels normalised as (x / 255 - 0.1307) / 0.3081. The data are preloaded, normalised, as float
-tensors, and batches are gathered by index from them (no DataLoader, no worker processes).
+tensors (in GPU memory with --device cuda), and batches are gathered by index from them (no
+DataLoader, no worker processes).
 
 Evaluation is sharded: rank r evaluates test images r, r + R, r + 2R, ... (each image exactly once)
 in eval mode, and one all_reduce sums the training and test statistics, so every rank sees the same
@@ -20,7 +24,8 @@ accuracy and all stop at the same epoch.
 
 Timing: "training time" is the wall time of the training steps, from the first step (after a
 barrier) to the end of the epoch whose evaluation reached the target, without the evaluation passes
-(and the statistics all_reduce); process spawn, data loading and DDP construction come before it.
+(and the statistics all_reduce); process spawn, data loading and DDP construction come before it. On
+the GPU each epoch's time ends with torch.cuda.synchronize().
 "total" is the same span including the evaluations.
 """
 
@@ -125,30 +130,45 @@ def normalise(images_u8):
 # ---------------------------------------------------------------------------------------------------
 # One rank
 
-def evaluate(model, images, labels, rank, world):
+def evaluate(model, images, labels, rank, world, amp):
     """Sums of the loss and correct predictions over this rank's shard (r, r + R, ...)."""
-    shard = torch.arange(rank, len(images), world)
+    shard = torch.arange(rank, len(images), world, device=images.device)
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = 0
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast(images.device, amp):
         for start in range(0, len(shard), EVAL_BATCH):
             index = shard[start:start + EVAL_BATCH]
             x, y = images.index_select(0, index), labels.index_select(0, index)
             output = model(x)
-            loss_sum += F.cross_entropy(output, y, reduction="sum").double()
+            loss_sum += F.cross_entropy(output.float(), y, reduction="sum").double().cpu()
             correct += int((output.argmax(1) == y).sum())
     return float(loss_sum), correct, len(shard)
 
 
+def autocast(device, enabled):
+    """fp16 autocast on the GPU under --amp; a no-op context otherwise."""
+    return torch.autocast("cuda", dtype=torch.float16, enabled=enabled and device.type == "cuda")
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train(rank, world, args, data):
     torch.set_num_threads(args.threads)
-    train_x, train_y, test_x, test_y = data
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in data)
     train_x, test_x = normalise(train_x), normalise(test_x)
 
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
-    model = MnistConvNet()
-    ddp = DistributedDataParallel(model)
+    model = MnistConvNet().to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    scaler = torch.cuda.amp.GradScaler(enabled=args.amp)
     torch.manual_seed(args.seed + rank)  # different dropout masks per rank
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
@@ -159,7 +179,9 @@ def train(rank, world, args, data):
     train_s = 0.0
     reached = None
     if rank == 0:
-        print(f"pytorch {torch.__version__} DDP gloo: {world} ranks x {args.threads} threads, "
+        where = (f"{torch.cuda.get_device_name(device)}{', AMP fp16' if args.amp else ''}"
+                 if device.type == "cuda" else f"{args.threads} threads")
+        print(f"pytorch {torch.__version__} DDP {backend_of(args)}: {world} ranks x {where}, "
               f"{len(train_x)} training / {len(test_x)} test images, batch {args.batch_size} per rank, "
               f"lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, "
               f"seed {args.seed}, target {target}", flush=True)
@@ -169,31 +191,35 @@ def train(rank, world, args, data):
     for epoch in range(args.epochs):
         epoch_start = time.perf_counter()
         sampler.set_epoch(epoch)
-        order = torch.tensor(list(iter(sampler)), dtype=torch.int64)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        correct = torch.zeros((), dtype=torch.int64)
+        order = torch.tensor(list(iter(sampler)), dtype=torch.int64, device=device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
         ddp.train()
         for begin in range(0, len(order), args.batch_size):
             index = order[begin:begin + args.batch_size]
             x, y = train_x.index_select(0, index), train_y.index_select(0, index)
             optimizer.zero_grad(set_to_none=True)
-            output = ddp(x)
-            loss = F.cross_entropy(output, y)
-            loss.backward()
-            optimizer.step()
+            with autocast(device, args.amp):
+                output = ddp(x)
+                loss = F.cross_entropy(output, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             with torch.no_grad():
                 loss_sum += loss.detach().double() * len(index)
                 correct += (output.argmax(1) == y).sum()
+        synchronize(device)
         epoch_train_s = time.perf_counter() - epoch_start
         train_s += epoch_train_s
 
         eval_start = time.perf_counter()
-        val_loss, val_correct, val_count = evaluate(model, test_x, test_y, rank, world)
+        val_loss, val_correct, val_count = evaluate(model, test_x, test_y, rank, world, args.amp)
         stats = torch.tensor([float(loss_sum), float(correct), float(len(order)),
-                              val_loss, float(val_correct), float(val_count)], dtype=torch.float64)
+                              val_loss, float(val_correct), float(val_count)], dtype=torch.float64,
+                             device=device)
         dist.all_reduce(stats)
         eval_s = time.perf_counter() - eval_start
-        t_loss, t_correct, t_count, v_loss, v_correct, v_count = stats.tolist()
+        t_loss, t_correct, t_count, v_loss, v_correct, v_count = stats.cpu().tolist()
         record = {
             "epoch": epoch + 1,
             "train_loss": t_loss / t_count,
@@ -234,7 +260,9 @@ def train(rank, world, args, data):
                 "version": torch.__version__,
                 "world_size": world,
                 "threads": args.threads,
-                "backend": "gloo",
+                "backend": backend_of(args),
+                "device": args.device,
+                "amp": args.amp,
                 "recipe": {
                     "model": "MnistConvNet",
                     "data": os.path.abspath(args.data),
@@ -273,9 +301,13 @@ def write_json(path, value):
         raise
 
 
+def backend_of(args):
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
 def run_rank(rank, world, args, data):
     """Entry point of a spawned rank (init_method env://, MASTER_ADDR / MASTER_PORT set by main)."""
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group(backend_of(args), rank=rank, world_size=world)
     try:
         train(rank, world, args, data)
     finally:
@@ -298,8 +330,8 @@ def load_all(directory):
 
 def main():
     parser = argparse.ArgumentParser(
-        description="PyTorch DDP (gloo) reference for coltrain's MNIST demo: time to a target test "
-                    "accuracy.")
+        description="PyTorch DDP reference for coltrain's MNIST demo: time to a target test "
+                    "accuracy (CPU over gloo, or GPUs over NCCL).")
     parser.add_argument("--world-size", type=int, default=2,
                         help="ranks to spawn (ignored under torchrun, which sets WORLD_SIZE)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
@@ -312,7 +344,16 @@ def main():
     parser.add_argument("--target-accuracy", type=float, default=0.97)
     parser.add_argument("--data", default="data/mnist", help="folder with the MNIST IDX files")
     parser.add_argument("--json", help="write a result record to this file (atomically)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one GPU per rank, NCCL")
+    parser.add_argument("--amp", action="store_true",
+                        help="automatic mixed precision (fp16 autocast, GradScaler); GPU only")
     args = parser.parse_args()
+    if args.amp and args.device != "cuda":
+        parser.error("--amp needs --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but PyTorch sees no CUDA device", file=sys.stderr)
+        sys.exit(1)
     for name in ("world_size", "threads", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -326,7 +367,7 @@ def main():
 
     if launched:  # torchrun (or any env:// launcher)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend_of(args))
         try:
             train(rank, world, args, data)
         finally:

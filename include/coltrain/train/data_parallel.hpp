@@ -34,6 +34,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
 #include <coltrain/tensor/device.hpp>
+#include <coltrain/train/gradient_buckets.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -59,33 +60,6 @@ struct DataParallelOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   comm::Algorithm algorithm = comm::Algorithm::kAutomatic;  // of the gradient allreduces
 };
-
-// One bucket: whole parameters, by index in state_dict order, in the order they are packed.
-struct GradientBucket {
-  std::vector<std::size_t> parameters;
-  std::size_t bytes = 0;  // what one allreduce of the bucket carries
-};
-
-// Packs parameters (given by their allreduce bytes, in state_dict order) into buckets in reverse
-// state_dict order: the first bucket closes once it holds first_bucket_bytes, each later one once
-// it holds bucket_bytes, as DDP's compute_bucket_assignment_by_size. A parameter larger than the
-// cap gets a bucket of its own.
-inline std::vector<GradientBucket> assign_gradient_buckets(std::span<const std::size_t> bytes,
-                                                           std::size_t first_bucket_bytes,
-                                                           std::size_t bucket_bytes) {
-  std::vector<GradientBucket> buckets;
-  GradientBucket open;
-  for (std::size_t i = bytes.size(); i-- > 0;) {
-    open.parameters.push_back(i);
-    open.bytes += bytes[i];
-    if (open.bytes >= (buckets.empty() ? first_bucket_bytes : bucket_bytes)) {
-      buckets.push_back(std::move(open));
-      open = {};
-    }
-  }
-  if (!open.parameters.empty()) buckets.push_back(std::move(open));
-  return buckets;
-}
 
 // What the last finish_gradient_sync() saw, to show that communication overlapped the backward
 // pass: launched_during_backward is exact; reduced_before_wait depends on timing.
@@ -444,28 +418,10 @@ class DataParallel {
   }
 
   void check_same_buckets_on_every_rank() {
-    // Count, total size and a fingerprint of the sizes; each as (x, -x) so that one kMin gives
-    // every rank both the smallest and the largest value.
-    std::int64_t fingerprint = 0;
-    std::int64_t total = 0;
-    for (const GradientBucket& bucket : buckets_) {
-      const auto bytes = static_cast<std::int64_t>(bucket.bytes);
-      total += bytes;
-      fingerprint = (fingerprint * 1000003 + bytes) & ((std::int64_t{1} << 61) - 1);
-    }
-    const auto count = static_cast<std::int64_t>(buckets_.size());
-    std::int64_t values[] = {count, -count, total, -total, fingerprint, -fingerprint};
+    std::vector<std::int64_t> values = bucket_agreement_values(buckets_);
     comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
-    if (values[0] != -values[1] || values[2] != -values[3] || values[4] != -values[5]) {
-      throw MismatchError(
-          "DataParallel: ranks built different gradient buckets (this rank: " +
-              std::to_string(count) + " buckets, " + std::to_string(total) +
-              " bytes; across ranks: " + std::to_string(values[0]) + " to " +
-              std::to_string(-values[1]) + " buckets, " + std::to_string(values[2]) + " to " +
-              std::to_string(-values[3]) +
-              " bytes); every rank needs the same model and the same bucket options",
-          error_context("construct"));
-    }
+    if (const std::string problem = bucket_disagreement(buckets_, values); !problem.empty())
+      throw MismatchError("DataParallel: " + problem, error_context("construct"));
   }
 
   Net& network_;

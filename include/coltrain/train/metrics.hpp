@@ -49,6 +49,8 @@ class ClassificationMetrics {
  public:
   // Top-5 accuracy is counted only with at least this many classes.
   static constexpr int kTopK = 5;
+  // Where each count sits in counters() (the device accumulator fills the same layout).
+  static constexpr std::size_t kLossSum = 0, kSamples = 1, kTop1 = 2, kTop5 = 3, kConfusion = 4;
 
   // Throws InvalidArgument unless classes >= 1.
   explicit ClassificationMetrics(int classes) : classes_(classes) {
@@ -268,7 +270,6 @@ class ClassificationMetrics {
   }
 
  private:
-  static constexpr std::size_t kLossSum = 0, kSamples = 1, kTop1 = 2, kTop5 = 3, kConfusion = 4;
 
   template <class T>
   static double as_double(T value) {

@@ -69,6 +69,9 @@ struct TrainerOptions {
   std::optional<bool> progress{};
   // Print the profile table and the confusion matrix at the end (rank 0).
   bool report = true;
+  // GPU trainer (DeviceTrainer): replay each full-size training step as one CUDA graph. Needs a
+  // step that never blocks the host: NCCL, or one rank.
+  bool cuda_graph = false;
   nlohmann::ordered_json config = nlohmann::ordered_json::object();  // recorded in config.json
   std::ostream* out = &std::cout;
 };
@@ -111,6 +114,47 @@ inline std::string progress_bar(std::int64_t epoch, std::int64_t epochs, std::in
       << std::fixed << std::setprecision(4) << "  loss " << loss << std::setprecision(0) << "  "
       << images_per_second << " img/s ";
   return bar.str();
+}
+
+// Rank 0's end of fit(): the time to target, throughput, profile, confusion matrix and result.json.
+inline void report_fit(const TrainerOptions& options, const FitResult& result,
+                       const PhaseTracker& phases, std::optional<RunLog>& log, int world_size,
+                       double train_loss, double train_accuracy) {
+  std::ostream& out = *options.out;
+  if (options.target_accuracy) {
+    if (result.time_to_target)
+      out << "time to " << *options.target_accuracy << " validation accuracy: " << std::fixed
+          << std::setprecision(2) << *result.time_to_target << " s of training (epoch "
+          << *result.target_epoch << ")\n";
+    else
+      out << "target " << *options.target_accuracy << " not reached in " << result.epochs
+          << " epochs\n";
+  }
+  out << std::fixed << std::setprecision(0) << "training: " << result.images_per_second
+      << " images/s over " << world_size << (world_size == 1 ? " rank" : " ranks") << ", "
+      << std::setprecision(2) << result.train_seconds << " s\n";
+  if (options.report) {
+    out << '\n' << phases.report() << '\n';
+    out << "confusion matrix (rows: true class, columns: predicted)\n"
+        << result.validation.format_confusion_matrix() << '\n';
+  }
+  if (log) {
+    RunResult record;
+    record.epochs = result.epochs;
+    record.global_step = result.global_step;
+    record.total_seconds = result.total_seconds;
+    record.world_size = world_size;
+    record.backend = options.config.value("backend", std::string("unknown"));
+    record.train_loss = train_loss;
+    record.train_accuracy = train_accuracy;
+    record.validation = result.validation.to_json(true);
+    record.target_accuracy = options.target_accuracy;
+    record.extra["train_seconds"] = result.train_seconds;
+    record.extra["images_per_second"] = result.images_per_second;
+    log->write_result(record);
+    out << "run record: " << options.log_dir.string() << '\n';
+  }
+  out << std::flush;
 }
 
 }  // namespace detail
@@ -268,7 +312,9 @@ class Trainer {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const double this_run = train_seconds - train_seconds_before;
     result.images_per_second = this_run > 0 ? static_cast<double>(images) / this_run : 0.0;
-    if (rank0()) finish(result, phases, log, last_train_loss, last_train_accuracy);
+    if (rank0())
+      detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
+                         last_train_accuracy);
     return result;
   }
 
@@ -323,45 +369,6 @@ class Trainer {
     CheckpointOptions options;
     options.model_name = options_.model_name;
     return options;
-  }
-
-  void finish(const FitResult& result, const PhaseTracker& phases, std::optional<RunLog>& log,
-              double train_loss, double train_accuracy) {
-    std::ostream& out = *options_.out;
-    if (options_.target_accuracy) {
-      if (result.time_to_target)
-        out << "time to " << *options_.target_accuracy << " validation accuracy: " << std::fixed
-            << std::setprecision(2) << *result.time_to_target << " s of training (epoch "
-            << *result.target_epoch << ")\n";
-      else
-        out << "target " << *options_.target_accuracy << " not reached in " << result.epochs
-            << " epochs\n";
-    }
-    out << std::fixed << std::setprecision(0) << "training: " << result.images_per_second
-        << " images/s over " << ddp_.world_size() << (ddp_.world_size() == 1 ? " rank" : " ranks")
-        << ", " << std::setprecision(2) << result.train_seconds << " s\n";
-    if (options_.report) {
-      out << '\n' << phases.report() << '\n';
-      out << "confusion matrix (rows: true class, columns: predicted)\n"
-          << result.validation.format_confusion_matrix() << '\n';
-    }
-    if (log) {
-      RunResult record;
-      record.epochs = result.epochs;
-      record.global_step = result.global_step;
-      record.total_seconds = result.total_seconds;
-      record.world_size = ddp_.world_size();
-      record.backend = options_.config.value("backend", std::string("unknown"));
-      record.train_loss = train_loss;
-      record.train_accuracy = train_accuracy;
-      record.validation = result.validation.to_json(true);
-      record.target_accuracy = options_.target_accuracy;
-      record.extra["train_seconds"] = result.train_seconds;
-      record.extra["images_per_second"] = result.images_per_second;
-      log->write_result(record);
-      out << "run record: " << options_.log_dir.string() << '\n';
-    }
-    out << std::flush;
   }
 
   Net& network_;

@@ -1,0 +1,484 @@
+#pragma once
+// DeviceDataParallel<Net>: train::DataParallel for a network on the GPU (nn::Network<Spec, T,
+// tensor::Cuda>), over any comm::Communicator backend: NCCL, or MPI and TCP through staging.
+//
+//   cudaSetDevice(coltrain::select_cuda_device(env, count));
+//   auto comm = comm::Communicator::from_env({}, comm::comm_options_from_env(), comm::Memory::kDevice);
+//   nn::Network<Spec, half, tensor::Cuda> net({.seed = 1});
+//   train::DeviceDataParallel ddp(net, comm);   // every rank now holds rank 0's parameters
+//   ... forward, loss, net.backward(grad);      // buckets reduce during backward
+//   ddp.finish_gradient_sync();                 // the network's stream waits for the averages
+//   opt.unscale_and_check(); ddp.agree_on_overflow(opt.found_inf()); opt.apply();
+//
+// The buckets are DataParallel's (train/gradient_buckets.hpp). When the backward pass reports the
+// last gradient of the next bucket, an event is recorded on the network's stream; a communication
+// stream of our own waits for it, packs the bucket's gradients into a flat f32 buffer (16-bit
+// gradients are widened, reduced in f32 and rounded once on the way back, as on the CPU), averages
+// it, and unpacks. The backward pass meanwhile goes on on the network's stream.
+// - NCCL (stream-ordered): all of this is enqueued from the caller's thread; the host never waits,
+//   and a whole step, collectives included, can be captured as a CUDA graph.
+// - MPI and TCP (staged): the collective blocks a host thread, so a communication thread does it,
+//   as in DataParallel; it waits for each bucket's event, then runs the staged allreduce.
+// finish_gradient_sync() makes the network's stream wait (on the GPU) for the last unpack.
+// On one rank nothing is communicated (the average of one is itself).
+//
+// The overflow flag of mixed precision (DevicePrecisionOptimizer::found_inf) is max-reduced on the
+// device, so every rank skips an overflowed step together without the host reading it (NCCL; the
+// staged backends read it on the host, as they must). BatchNorm running statistics are averaged
+// by average_buffers(), which DeviceTrainer calls before every evaluation and checkpoint.
+
+#if !defined(__CUDACC__)
+#error "coltrain/cuda/train/data_parallel.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/cuda_handles.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/timer.hpp>
+#include <coltrain/cuda/cast.cuh>
+#include <coltrain/tensor/cuda_storage.hpp>
+#include <coltrain/tensor/device.hpp>
+#include <coltrain/tensor/tensor.hpp>
+#include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/gradient_buckets.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace coltrain::train {
+
+// What DeviceDataParallel needs of a network: nn::Network on the GPU.
+template <class Net>
+concept DeviceDataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cuda> &&
+    requires(Net& net) {
+  typename Net::value_type;
+  net.context().stream();
+  net.context().set_gradient_ready_hook(nullptr);
+  net.visit_parameters([](const std::string&, auto&) {});
+  net.visit_buffers([](const std::string&, auto&) {});
+};
+
+template <DeviceDataParallelNetwork Net>
+class DeviceDataParallel {
+  using T = typename Net::value_type;
+  using B = detail::bucket_element_t<T>;  // f32 for 16-bit gradients
+
+ public:
+  // Broadcasts rank 0's parameters and buffers, checks that all ranks built the same buckets and,
+  // for staged backends, starts the communication thread. Collective. The network and the
+  // communicator must outlive this object; the current CUDA device must be the network's.
+  DeviceDataParallel(Net& network, comm::Communicator& communicator,
+                     DataParallelOptions options = {})
+      : network_(network),
+        comm_(communicator),
+        options_(options),
+        rank_(communicator.rank()),
+        world_size_(communicator.size()),
+        stream_ordered_(communicator.stream_ordered()) {
+    if (network_.context().gradient_ready_hook()) {
+      throw InvalidArgument(
+          "DeviceDataParallel: the network already has a gradient-ready hook (is it wrapped by "
+          "another DataParallel?)",
+          error_context("construct"));
+    }
+    COLTRAIN_CHECK_CUDA(cudaGetDevice(&device_));
+    std::vector<std::size_t> bytes;
+    network_.visit_parameters([&](const std::string& name, auto& parameter) {
+      index_.emplace(static_cast<const void*>(&parameter), grads_.size());
+      grads_.push_back({parameter.grad.data(), static_cast<std::size_t>(parameter.grad.numel())});
+      names_.push_back(name);
+      bytes.push_back(grads_.back().size * sizeof(B));
+    });
+    buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
+    for (const GradientBucket& bucket : buckets_) {
+      buffers_.emplace_back(bucket.bytes / sizeof(B));
+      ready_.emplace_back();
+    }
+    tracker_ = BucketLaunchTracker(buckets_, grads_.size());
+    check_same_buckets_on_every_rank();
+    broadcast_parameters_and_buffers();
+    network_.context().set_gradient_ready_hook(
+        [this](const void* parameter) { on_gradient_ready(parameter); });
+    if (!stream_ordered_ && communicates()) {
+      try {
+        thread_ = std::thread([this] { communicate(); });
+      } catch (...) {
+        network_.context().set_gradient_ready_hook(nullptr);
+        throw;
+      }
+    }
+  }
+
+  DeviceDataParallel(const DeviceDataParallel&) = delete;
+  DeviceDataParallel& operator=(const DeviceDataParallel&) = delete;
+
+  ~DeviceDataParallel() {
+    network_.context().set_gradient_ready_hook(nullptr);
+    if (!thread_.joinable()) return;
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    thread_.join();
+  }
+
+  // Launches what is left of this step's buckets and makes the network's stream wait for the
+  // averaged gradients. Returns the seconds the host waited: 0 with NCCL or one rank, the wait for
+  // the communication thread otherwise. Rethrows a communication error, prefixed with the bucket.
+  // Under no_sync() it does nothing.
+  double finish_gradient_sync() {
+    throw_if_failed("finish_gradient_sync");
+    if (!sync_enabled_ || buckets_.empty()) return 0.0;
+    const std::size_t launched_during_backward = next_launch_;
+    const std::size_t last = buckets_.size() - 1;
+    if (!communicates()) {
+      last_sync_ = {buckets_.size(), launched_during_backward, 0, 0.0};
+      reset_step();
+      return 0.0;
+    }
+    const Stopwatch watch;
+    std::exception_ptr error;
+    std::size_t error_bucket = 0;
+    std::size_t reduced_before_wait = 0;
+    if (stream_ordered_) {
+      try {
+        launch(last + 1);
+      } catch (...) {
+        error = std::current_exception();
+        error_bucket = next_launch_;
+      }
+    } else {
+      {
+        const std::lock_guard lock(mutex_);
+        reduced_before_wait = completed_;
+      }
+      launch(last);  // the others; the last is reduced here, as DataParallel does
+      {
+        std::unique_lock lock(mutex_);
+        work_done_.wait(lock, [this] { return completed_ == launched_; });
+        error = std::exchange(error_, nullptr);
+        error_bucket = error_bucket_;
+        launched_ = completed_ = 0;
+      }
+      if (!error) {
+        try {
+          ready_[last].record(compute_stream());
+          reduce_bucket(last);
+        } catch (...) {
+          error = std::current_exception();
+          error_bucket = last;
+        }
+      }
+    }
+    if (!error) {
+      synced_.record(comm_stream_.get());
+      synced_.make_wait(compute_stream());
+    }
+    last_sync_ = {buckets_.size(), launched_during_backward, reduced_before_wait, watch.seconds()};
+    reset_step();
+    if (error) {
+      failure_ = "DeviceDataParallel: allreduce of gradient bucket " +
+                 std::to_string(error_bucket) + " of " + std::to_string(buckets_.size()) + " (" +
+                 std::to_string(buckets_[error_bucket].bytes) + " bytes) failed";
+      detail::rethrow_with_context(error, failure_ + ": ", rank_);
+    }
+    return last_sync_.wait_seconds;
+  }
+
+  // Gradient accumulation without communication, as DDP's no_sync().
+  class [[nodiscard]] NoSyncScope {
+   public:
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+    ~NoSyncScope() { owner_.sync_enabled_ = previous_; }
+
+   private:
+    friend class DeviceDataParallel;
+    explicit NoSyncScope(DeviceDataParallel& owner)
+        : owner_(owner), previous_(owner.sync_enabled_) {
+      owner_.sync_enabled_ = false;
+    }
+    DeviceDataParallel& owner_;
+    bool previous_;
+  };
+  NoSyncScope no_sync() {
+    if (tracker_.started()) {
+      throw InvalidArgument(
+          "DeviceDataParallel::no_sync: a synchronised backward pass has already reported "
+          "gradients; call finish_gradient_sync() first",
+          error_context("no_sync"));
+    }
+    return NoSyncScope(*this);
+  }
+
+  // Max-reduces the optimizer's overflow flag (a device int32, 1 if this rank saw Inf/NaN) across
+  // ranks, ordered on the network's stream, so that every rank skips the same steps.
+  void agree_on_overflow(std::int32_t* found_inf) {
+    require_idle("agree_on_overflow");
+    if (!communicates()) return;
+    comm_.set_stream(compute_stream());
+    comm_.allreduce(std::span<std::int32_t>(found_inf, 1), comm::ReduceOp::kMax);
+  }
+
+  // Averages the floating-point buffers (BatchNorm's running mean and variance) across ranks, in
+  // f32 for 16-bit buffers; integer buffers (num_batches_tracked) advance alike on every rank and
+  // are left alone. Collective, ordered on the network's stream.
+  void average_buffers() {
+    require_idle("average_buffers");
+    if (!communicates()) return;
+    comm_.set_stream(compute_stream());
+    network_.visit_buffers([this](const std::string&, auto& buffer) {
+      using E = std::remove_cvref_t<decltype(*buffer.data())>;
+      const auto n = static_cast<std::size_t>(buffer.numel());
+      if constexpr (std::is_same_v<E, float> || std::is_same_v<E, double>) {
+        comm_.allreduce(std::span<E>(buffer.data(), n), comm::ReduceOp::kAvg);
+      } else if constexpr (detail::kSixteenBit<E>) {
+        scratch_.resize(tensor::Shape{static_cast<std::int64_t>(n)});
+        cuda::cast(buffer.data(), scratch_.data(), static_cast<std::int64_t>(n), compute_stream());
+        comm_.allreduce(std::span<float>(scratch_.data(), n), comm::ReduceOp::kAvg);
+        cuda::cast(scratch_.data(), buffer.data(), static_cast<std::int64_t>(n), compute_stream());
+      }
+    });
+  }
+
+  // In place across ranks, for host values (metrics).
+  void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
+    require_idle("allreduce");
+    comm_.allreduce(values, op);
+  }
+
+  void barrier() {
+    require_idle("barrier");
+    comm_.barrier();
+  }
+
+  // Rank 0's parameters and buffers to every rank (the constructor does this). Collective; the
+  // host waits until they have arrived.
+  void broadcast_parameters_and_buffers() {
+    require_idle("broadcast_parameters_and_buffers");
+    if (!communicates()) return;
+    comm_.set_stream(compute_stream());
+    const auto broadcast = [this](const std::string&, auto& tensor) {
+      using E = std::remove_cvref_t<decltype(*tensor.data())>;
+      comm_.broadcast(std::span<E>(tensor.data(), static_cast<std::size_t>(tensor.numel())));
+    };
+    network_.visit_parameters(
+        [&](const std::string& name, auto& parameter) { broadcast(name, parameter.value); });
+    network_.visit_buffers(broadcast);
+    comm_.synchronize();
+  }
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  Net& network() { return network_; }
+  comm::Communicator& communicator() { return comm_; }
+  const DataParallelOptions& options() const { return options_; }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  const GradientSyncStats& last_sync() const { return last_sync_; }
+  // Whether a step, collectives included, can be captured as a CUDA graph: nothing blocks the host
+  // (NCCL, or one rank).
+  bool capturable() const { return stream_ordered_ || !communicates(); }
+
+ private:
+  struct DeviceGradient {
+    T* data;
+    std::size_t size;
+  };
+
+  bool communicates() const { return world_size_ > 1; }
+  cudaStream_t compute_stream() { return network_.context().stream(); }
+
+  ErrorContext error_context(std::string operation) const {
+    ErrorContext c;
+    c.rank = rank_;
+    c.operation = std::move(operation);
+    return c;
+  }
+
+  void throw_if_failed(const char* what) const {
+    if (!failure_.empty()) {
+      throw CommError(std::string("DeviceDataParallel::") + what +
+                          ": an earlier communication error left the communicator unusable (" +
+                          failure_ + ")",
+                      error_context(what));
+    }
+  }
+
+  void require_idle(const char* what) const {
+    throw_if_failed(what);
+    if (tracker_.started()) {
+      throw Error(std::string("DeviceDataParallel::") + what +
+                      ": gradient buckets of this step are in flight; call "
+                      "finish_gradient_sync() first",
+                  error_context(what));
+    }
+  }
+
+  void reset_step() {
+    tracker_.reset();
+    next_launch_ = 0;
+  }
+
+  // The gradient-ready hook, on the thread running backward().
+  void on_gradient_ready(const void* parameter) {
+    if (!sync_enabled_) return;
+    const auto found = index_.find(parameter);
+    if (found == index_.end()) {
+      throw Error("DeviceDataParallel: the network reported a gradient that is not one of its "
+                  "parameters",
+                  error_context("gradient-ready report"));
+    }
+    const std::size_t p = found->second;
+    if (tracker_.reported(p)) {
+      throw Error("DeviceDataParallel: the gradient of '" + names_[p] +
+                      "' was reported twice in one step; call finish_gradient_sync() after each "
+                      "synchronised backward pass, and accumulate inside no_sync()",
+                  error_context("gradient-ready report"));
+    }
+    if (communicates()) launch(tracker_.report(p));
+    else tracker_.report(p);
+  }
+
+  // Buckets [next_launch_, end): their gradients are queued on the network's stream.
+  void launch(std::size_t end) {
+    if (end <= next_launch_) return;
+    for (std::size_t b = next_launch_; b < end; ++b) ready_[b].record(compute_stream());
+    if (stream_ordered_) {
+      for (std::size_t b = next_launch_; b < end; ++b) {
+        next_launch_ = b;
+        reduce_bucket(b);
+      }
+      next_launch_ = end;
+      return;
+    }
+    next_launch_ = end;
+    {
+      const std::lock_guard lock(mutex_);
+      launched_ = end;
+    }
+    work_ready_.notify_one();
+  }
+
+  // Staged backends: reduces launched buckets in order; after an error only counts them off.
+  void communicate() {
+    bool device_set = cudaSetDevice(device_) == cudaSuccess;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_ready_.wait(lock, [this] { return stopping_ || completed_ < launched_; });
+      if (completed_ == launched_) return;
+      const std::size_t b = completed_;
+      const bool skip = static_cast<bool>(error_);
+      lock.unlock();
+      std::exception_ptr error;
+      if (!skip) {
+        try {
+          if (!device_set) COLTRAIN_CHECK_CUDA(cudaSetDevice(device_));
+          device_set = true;
+          reduce_bucket(b);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      lock.lock();
+      if (error) {
+        error_ = error;
+        error_bucket_ = b;
+      }
+      ++completed_;
+      work_done_.notify_all();
+    }
+  }
+
+  // On the communication stream, after bucket b's event: pack, average, unpack.
+  void reduce_bucket(std::size_t b) {
+    cudaStream_t stream = comm_stream_.get();
+    ready_[b].make_wait(stream);
+    B* flat = buffers_[b].data();
+    std::size_t offset = 0;
+    for (std::size_t p : buckets_[b].parameters) {
+      copy_elements(grads_[p].data, flat + offset, grads_[p].size, stream);
+      offset += grads_[p].size;
+    }
+    comm_.set_stream(stream);
+    comm_.allreduce(std::span<B>(flat, offset), comm::ReduceOp::kAvg, options_.algorithm);
+    offset = 0;
+    for (std::size_t p : buckets_[b].parameters) {
+      copy_elements(flat + offset, grads_[p].data, grads_[p].size, stream);
+      offset += grads_[p].size;
+    }
+  }
+
+  template <class From, class To>
+  static void copy_elements(const From* from, To* to, std::size_t n, cudaStream_t stream) {
+    if constexpr (std::is_same_v<From, To>) {
+      COLTRAIN_CHECK_CUDA(
+          cudaMemcpyAsync(to, from, n * sizeof(To), cudaMemcpyDeviceToDevice, stream));
+    } else {
+      cuda::cast(from, to, static_cast<std::int64_t>(n), stream);
+    }
+  }
+
+  void check_same_buckets_on_every_rank() {
+    std::vector<std::int64_t> values = bucket_agreement_values(buckets_);
+    comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
+    if (const std::string problem = bucket_disagreement(buckets_, values); !problem.empty())
+      throw MismatchError("DeviceDataParallel: " + problem, error_context("construct"));
+  }
+
+  Net& network_;
+  comm::Communicator& comm_;
+  DataParallelOptions options_;
+  int rank_;
+  int world_size_;
+  bool stream_ordered_;
+  int device_ = 0;
+
+  // Fixed at construction.
+  std::vector<DeviceGradient> grads_;  // by parameter index (state_dict order)
+  std::vector<std::string> names_;
+  std::unordered_map<const void*, std::size_t> index_;
+  std::vector<GradientBucket> buckets_;
+  std::vector<tensor::Storage<B, tensor::Cuda>> buffers_;  // one flat buffer per bucket
+  std::vector<CudaEvent> ready_;                          // per bucket, on the network's stream
+  CudaStream comm_stream_;
+  CudaEvent synced_;                                  // the last unpack, on comm_stream_
+  tensor::Tensor<float, tensor::Cuda> scratch_;       // 16-bit buffers widened for averaging
+
+  // The caller's thread only.
+  BucketLaunchTracker tracker_;
+  std::size_t next_launch_ = 0;
+  bool sync_enabled_ = true;
+  GradientSyncStats last_sync_;
+  std::string failure_;
+
+  // Shared with the communication thread (staged backends), under mutex_.
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable work_done_;
+  std::size_t launched_ = 0;
+  std::size_t completed_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::size_t error_bucket_ = 0;
+
+  std::thread thread_;
+};
+
+}  // namespace coltrain::train

@@ -1,0 +1,382 @@
+#pragma once
+// DeviceTrainer: train::Trainer for a network on the GPU. The same epoch lines, progress bar, run
+// records, time-to-accuracy goal, checkpoints and exact resume, with every step on the device:
+//
+//   train::DeviceDataParallel ddp(net, comm);
+//   optim::DevicePrecisionOptimizer<optim::MixedFp16, optim::Sgd> opt(net, optim::Sgd({...}));
+//   train::DeviceTrainer trainer(net, opt, ddp, schedule, {.epochs = 10, .cuda_graph = true});
+//   train::FitResult result = trainer.fit(train_loader, validation_loader);   // host Loaders
+//
+// A step: the next batch (copied to the device during the previous step, data::DeviceLoader),
+// forward, loss and its gradient (scaled by the device-resident loss scale), backward (gradient
+// buckets reduced on a communication stream while it runs), the overflow flag max-reduced across
+// ranks on the device, and the optimizer's update (skipped on every rank together on overflow).
+// The host never waits for the device within an epoch: the loss and accuracy are counted on the
+// device (DeviceClassificationCounters) and read once per epoch. With `cuda_graph`, the first
+// full-size step runs eagerly (sizing every tensor and choosing cuDNN's algorithms), the step is
+// then captured, and each later full-size batch is copied into the graph's input and the graph
+// replayed; a smaller last batch runs eagerly.
+//
+// Before every evaluation (and so before every checkpoint, which follows it) BatchNorm's running
+// statistics are averaged across ranks. Rank 0 writes checkpoints in the CPU's format
+// (cuda/train/checkpoint.cuh), which the CPU trainer and PyTorch load as well.
+
+#if !defined(__CUDACC__)
+#error "coltrain/cuda/train/trainer.cuh is CUDA code: compile it with nvcc"
+#endif
+
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/cuda/nn/loss.cuh>
+#include <coltrain/cuda/optim/device_optimizer.cuh>
+#include <coltrain/cuda/train/checkpoint.cuh>
+#include <coltrain/cuda/train/data_parallel.cuh>
+#include <coltrain/cuda/train/metrics.cuh>
+#include <coltrain/data/device_loader.hpp>
+#include <coltrain/data/loader.hpp>
+#include <coltrain/train/checkpoint.hpp>
+#include <coltrain/train/cuda_graph.hpp>
+#include <coltrain/train/metrics.hpp>
+#include <coltrain/train/phase_tracker.hpp>
+#include <coltrain/train/run_log.hpp>
+#include <coltrain/train/trainer.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace coltrain::train {
+
+template <class Net, class Policy, class Optimizer>
+class DeviceTrainer {
+  using T = typename Net::value_type;
+  static constexpr int kClasses = static_cast<int>(Net::Output::kDims[0]);
+
+ public:
+  using Schedule = std::function<double(std::int64_t step)>;
+
+  // The network, optimizer and data-parallel wrapper must outlive the trainer. Throws
+  // InvalidArgument for invalid options, and for cuda_graph with a staged backend on several
+  // ranks (its collectives block the host, which a graph cannot replay).
+  DeviceTrainer(Net& network, optim::DevicePrecisionOptimizer<Policy, Optimizer>& optimizer,
+                DeviceDataParallel<Net>& ddp, Schedule schedule, TrainerOptions options = {})
+      : network_(network),
+        optimizer_(optimizer),
+        ddp_(ddp),
+        schedule_(std::move(schedule)),
+        options_(std::move(options)),
+        train_counts_(kClasses),
+        eval_counts_(kClasses) {
+    if (options_.epochs < 1 || options_.checkpoint_every < 1)
+      throw InvalidArgument("DeviceTrainer: epochs and checkpoint_every must be >= 1 (got " +
+                            std::to_string(options_.epochs) + " and " +
+                            std::to_string(options_.checkpoint_every) + ")");
+    if (options_.resume && options_.checkpoint_dir.empty())
+      throw InvalidArgument("DeviceTrainer: resume needs a checkpoint directory");
+    if (options_.cuda_graph && !ddp_.capturable())
+      throw InvalidArgument(
+          "DeviceTrainer: cuda_graph needs collectives that do not block the host (the NCCL "
+          "backend, or one rank); this communicator stages device buffers through the host");
+    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+  }
+
+  template <class Transform>
+  FitResult fit(data::Loader<T, Transform>& train, data::Loader<T, Transform>& validation) {
+    const auto started = std::chrono::steady_clock::now();
+    PhaseTracker phases;
+    FitResult result;
+    std::int64_t first_epoch = 0;
+    double train_seconds_before = 0;
+    if (options_.resume) {
+      if (find_latest_checkpoint(options_.checkpoint_dir)) {
+        const TrainingState state =
+            load_checkpoint(options_.checkpoint_dir, network_, optimizer_, checkpoint_options());
+        first_epoch = state.epoch;
+        global_step_ = state.global_step;
+        train_seconds_before = state.extra.value("train_seconds", 0.0);
+        if (rank0())
+          *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
+                        << ") from " << options_.checkpoint_dir.string() << '\n';
+      } else if (rank0()) {
+        *options_.out << "no checkpoint in " << options_.checkpoint_dir.string()
+                      << "; starting from scratch\n";
+      }
+    }
+    context_step_at_start_ = network_.context().step();
+    steps_this_fit_ = 0;
+    std::optional<RunLog> log;
+    if (rank0() && !options_.log_dir.empty()) {
+      RunLogOptions log_options;
+      if (first_epoch > 0) log_options.resume_after_epoch = first_epoch;
+      log.emplace(options_.log_dir, log_options);
+      log->write_config(options_.config);
+    }
+
+    data::DeviceLoader<T, Transform> train_batches(train, stream());
+    data::DeviceLoader<T, Transform> validation_batches(validation, stream());
+    double train_seconds = train_seconds_before;
+    double last_train_loss = 0, last_train_accuracy = 0;
+    std::int64_t images = 0;
+    std::int64_t epoch = first_epoch;
+    while (epoch < options_.epochs) {
+      phases.start_epoch();
+      const auto epoch_started = std::chrono::steady_clock::now();
+      network_.train();
+      train_counts_.reset(stream());
+      train_batches.start_epoch(static_cast<std::uint64_t>(epoch));
+      const std::int64_t batches = train_batches.batches_per_epoch();
+      for (std::int64_t b = 0;; ++b) {
+        const data::DeviceBatch<T>* batch = nullptr;
+        {
+          auto timed = phases.time(Phase::kData);
+          batch = train_batches.next();
+        }
+        if (!batch) break;
+        run_step(*batch, phases);
+        if (progress_ && (b % 10 == 0 || b + 1 == batches)) {
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                               epoch_started)
+                                     .count();
+          *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
+                                                loss_.read_loss(stream()),
+                                                double((b + 1) * batch->size()) / seconds)
+                        << std::flush;
+        }
+      }
+      // The one wait of the epoch: its counts (which follow every step on the stream).
+      ClassificationMetrics train_metrics(kClasses);
+      {
+        auto timed = phases.time(Phase::kAllreduceWait);
+        wait_for_device();
+        train_counts_.read_into(train_metrics, stream());
+      }
+      loss_.check_labels(stream());
+      const double step_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_started).count();
+      if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
+      const auto counts = train_metrics.counters();
+      double totals[4] = {counts[ClassificationMetrics::kLossSum],
+                          counts[ClassificationMetrics::kTop1],
+                          counts[ClassificationMetrics::kSamples], 0};
+      ddp_.allreduce(std::span<double>(totals, 3), comm::ReduceOp::kSum);
+      totals[3] = step_seconds;
+      ddp_.allreduce(std::span<double>(totals + 3, 1), comm::ReduceOp::kMax);
+      train_seconds += totals[3];
+      images += static_cast<std::int64_t>(totals[2]);
+      last_train_loss = totals[2] > 0 ? totals[0] / totals[2] : 0.0;
+      last_train_accuracy = totals[2] > 0 ? totals[1] / totals[2] : 0.0;
+
+      ClassificationMetrics metrics = [&] {
+        auto timed = phases.time(Phase::kOther);
+        return evaluate(validation_batches);
+      }();
+      ++epoch;
+      const bool reached = options_.target_accuracy && metrics.top1() >= *options_.target_accuracy;
+      if (reached && !result.time_to_target) {
+        result.time_to_target = train_seconds;
+        result.target_epoch = epoch;
+      }
+      if (rank0()) {
+        *options_.out << detail::epoch_line(epoch, options_.epochs, last_train_loss,
+                                            last_train_accuracy, metrics)
+                      << '\n'
+                      << std::flush;
+        if (log) {
+          EpochRecord record;
+          record.epoch = epoch;
+          record.global_step = global_step_;
+          record.train_loss = last_train_loss;
+          record.train_accuracy = last_train_accuracy;
+          record.set_validation(metrics);
+          record.lr = schedule_(std::max<std::int64_t>(0, global_step_ - 1));
+          record.images_per_second = totals[3] > 0 ? totals[2] / totals[3] : 0.0;
+          record.epoch_seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_started)
+                  .count();
+          record.elapsed_seconds = train_seconds;
+          record.phase_seconds = phases.epoch_json();
+          if constexpr (Policy::kLossScaling) record.loss_scale = optimizer_.loss_scale();
+          log->append_epoch(record);
+        }
+      }
+      const bool last = epoch == options_.epochs || reached;
+      if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
+        auto timed = phases.time(Phase::kOther);
+        if (rank0()) {
+          sync_context_step();
+          TrainingState state;
+          state.epoch = epoch;
+          state.global_step = global_step_;
+          state.extra["train_seconds"] = train_seconds;
+          save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state,
+                          checkpoint_options());
+        }
+      }
+      result.validation = std::move(metrics);
+      if (reached) break;
+    }
+
+    result.epochs = epoch;
+    result.global_step = global_step_;
+    result.train_seconds = train_seconds;
+    result.total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double this_run = train_seconds - train_seconds_before;
+    result.images_per_second = this_run > 0 ? static_cast<double>(images) / this_run : 0.0;
+    sync_context_step();
+    if (rank0())
+      detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
+                         last_train_accuracy);
+    return result;
+  }
+
+  // Validation over each rank's shard, summed across ranks: the whole set's metrics on every rank.
+  // BatchNorm's running statistics are averaged across ranks first.
+  template <class Transform>
+  ClassificationMetrics evaluate(data::DeviceLoader<T, Transform>& loader) {
+    ddp_.average_buffers();
+    network_.eval();
+    eval_counts_.reset(stream());
+    loader.start_epoch(0);
+    while (const data::DeviceBatch<T>* batch = loader.next()) {
+      const auto logits = network_.forward(batch->images);
+      loss_.forward<T>(logits, batch->labels, stream());
+      eval_counts_.add_batch<T>(logits, batch->labels, loss_.mean_loss(), stream());
+    }
+    ClassificationMetrics metrics(kClasses);
+    wait_for_device();
+    eval_counts_.read_into(metrics, stream());
+    loss_.check_labels(stream());
+    metrics.allreduce(ddp_);
+    network_.train();
+    return metrics;
+  }
+
+  std::int64_t global_step() const { return global_step_; }
+  // Training steps replayed from the CUDA graph so far (0 without cuda_graph).
+  std::int64_t graph_replays() const { return graph_replays_; }
+
+ private:
+  bool rank0() const { return ddp_.rank() == 0; }
+  cudaStream_t stream() { return network_.context().stream(); }
+
+  // Waits, with the communicator's deadline, for the collectives queued on the network's stream,
+  // then for the stream itself.
+  void wait_for_device() {
+    comm::Communicator& comm = ddp_.communicator();
+    comm.set_stream(stream());
+    comm.synchronize();
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream()));
+  }
+
+  // Dropout draws its masks from the context's step, which graph replays advance on the device
+  // only: the host's count is set right before anything eager reads it.
+  void sync_context_step() {
+    network_.context().set_step(context_step_at_start_ +
+                                static_cast<std::uint64_t>(steps_this_fit_));
+  }
+
+  void run_step(const data::DeviceBatch<T>& batch, PhaseTracker& phases) {
+    optimizer_.set_lr(schedule_(global_step_));
+    const bool full = batch.size() == full_batch_ || full_batch_ == 0;
+    if (options_.cuda_graph && full && graph_) {
+      {
+        auto timed = phases.time(Phase::kData);
+        copy_into_graph_input(batch);
+      }
+      auto timed = phases.time(Phase::kForward);
+      graph_->replay(stream());
+      ++graph_replays_;
+    } else {
+      sync_context_step();
+      enqueue_step(batch.images, batch.labels, phases);
+      if (options_.cuda_graph && full && !graph_) capture_graph(batch);
+    }
+    ++steps_this_fit_;
+    ++global_step_;
+  }
+
+  void enqueue_step(tensor::TensorView<const T, tensor::Cuda> images,
+                    tensor::TensorView<const std::int32_t, tensor::Cuda> labels,
+                    PhaseTracker& phases) {
+    tensor::TensorView<const T, tensor::Cuda> logits;
+    {
+      auto timed = phases.time(Phase::kForward);
+      logits = network_.forward(images);
+    }
+    {
+      auto timed = phases.time(Phase::kLoss);
+      grad_.resize(logits.shape());
+      loss_.forward_backward<T>(logits, labels, grad_.view(), optimizer_.loss_scale_device(),
+                                stream());
+    }
+    {
+      auto timed = phases.time(Phase::kBackward);
+      network_.backward(grad_.view());
+    }
+    phases.add_seconds(Phase::kAllreduceWait, ddp_.finish_gradient_sync());
+    {
+      auto timed = phases.time(Phase::kOptimizer);
+      optimizer_.unscale_and_check();
+      ddp_.agree_on_overflow(optimizer_.found_inf());
+      optimizer_.apply();  // also zeroes the gradients
+    }
+    train_counts_.add_batch<T>(logits, labels, loss_.mean_loss(), stream());
+  }
+
+  // After the first full-size eager step: the step recorded once, reading the graph's own input.
+  void capture_graph(const data::DeviceBatch<T>& batch) {
+    full_batch_ = batch.size();
+    graph_images_.resize(batch.images.shape());
+    graph_labels_.resize(batch.labels.shape());
+    PhaseTracker ignored;
+    graph_.emplace(CudaGraph::capture(stream(), [&] {
+      enqueue_step(graph_images_.view(), graph_labels_.view(), ignored);
+    }));
+  }
+
+  void copy_into_graph_input(const data::DeviceBatch<T>& batch) {
+    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(graph_images_.data(), batch.images.data(),
+                                        static_cast<std::size_t>(batch.images.numel()) * sizeof(T),
+                                        cudaMemcpyDeviceToDevice, stream()));
+    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(
+        graph_labels_.data(), batch.labels.data(),
+        static_cast<std::size_t>(batch.labels.numel()) * sizeof(std::int32_t),
+        cudaMemcpyDeviceToDevice, stream()));
+  }
+
+  CheckpointOptions checkpoint_options() const {
+    CheckpointOptions options;
+    options.model_name = options_.model_name;
+    return options;
+  }
+
+  Net& network_;
+  optim::DevicePrecisionOptimizer<Policy, Optimizer>& optimizer_;
+  DeviceDataParallel<Net>& ddp_;
+  Schedule schedule_;
+  TrainerOptions options_;
+  bool progress_ = false;
+  nn::DeviceSoftmaxCrossEntropy loss_;
+  tensor::Tensor<T, tensor::Cuda> grad_;
+  DeviceClassificationCounters train_counts_;
+  DeviceClassificationCounters eval_counts_;
+  std::int64_t global_step_ = 0;
+  std::uint64_t context_step_at_start_ = 0;
+  std::int64_t steps_this_fit_ = 0;
+
+  // CUDA-graph replay of full-size steps.
+  std::int64_t full_batch_ = 0;
+  tensor::Tensor<T, tensor::Cuda> graph_images_;
+  tensor::Tensor<std::int32_t, tensor::Cuda> graph_labels_;
+  std::optional<CudaGraph> graph_;
+  std::int64_t graph_replays_ = 0;
+};
+
+}  // namespace coltrain::train
