@@ -18,10 +18,13 @@
 #include <coltrain/train/state_dict.hpp>
 #include <coltrain/train/trainer.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
