@@ -9,6 +9,8 @@
 //   net.forward(my_shard);  ...  net.backward(grad_logits);   // buckets reduce during backward
 //   ddp.finish_gradient_sync();                // waits; the gradients are the ranks' average
 //   sgd.step(lr);
+//   ddp.average_buffers();                     // before evaluating or saving: BatchNorm's
+//                                              // running statistics, averaged across ranks
 //
 // Gradients are grouped into buckets in reverse state_dict order (the order in which the backward
 // pass finishes them), the first bucket small so that communication starts early. The network
@@ -295,6 +297,66 @@ class DataParallel {
         [this](const std::string&, auto& parameter) { comm_.broadcast(parameter.value.span()); });
     network_.visit_buffers(
         [this](const std::string&, auto& buffer) { comm_.broadcast(buffer.span()); });
+  }
+
+  // Replaces every floating-point buffer (BatchNorm's running_mean and running_var) with its
+  // average across ranks, so that evaluation and checkpoints see the same statistics on every
+  // rank: each rank's running statistics follow only its own shard. The average of the ranks'
+  // running variances, not the variance of the pooled data (docs/data-parallel.md says why). 16-bit
+  // buffers are averaged in f32 and rounded once, double buffers in double. Integer buffers
+  // (num_batches_tracked) are left alone but must agree: a rank that ran more training-mode
+  // forward passes gets a MismatchError naming the buffer and the range across ranks, on every
+  // rank, before any buffer has changed. One rank: does nothing. Collective, between steps.
+  void average_buffers() {
+    require_idle("average_buffers");
+    if (world_size_ == 1) return;
+    // Integers as (x, -x) pairs: one kMin gives every rank both the smallest and largest value.
+    std::vector<std::int64_t> counts;
+    std::vector<std::string> count_names;
+    std::vector<std::size_t> count_owner;  // per value: its buffer's index in count_names
+    std::vector<float> floats;
+    std::vector<double> doubles;
+    network_.visit_buffers([&](const std::string& name, auto& buffer) {
+      using U = typename std::remove_reference_t<decltype(buffer)>::value_type;
+      if constexpr (std::is_same_v<U, double>) {
+        doubles.insert(doubles.end(), buffer.span().begin(), buffer.span().end());
+      } else if constexpr (std::is_integral_v<U>) {
+        count_names.push_back(name);
+        for (const U v : buffer.span()) {
+          count_owner.push_back(count_names.size() - 1);
+          counts.push_back(static_cast<std::int64_t>(v));
+          counts.push_back(-static_cast<std::int64_t>(v));
+        }
+      } else {
+        static_assert(std::is_same_v<U, float> || detail::kSixteenBit<U>,
+                      "DataParallel::average_buffers: buffers are float, double, half, "
+                      "bfloat16 or integers");
+        for (const U v : buffer.span()) floats.push_back(static_cast<float>(v));
+      }
+    });
+    if (!counts.empty()) {
+      comm_.allreduce(std::span<std::int64_t>(counts), comm::ReduceOp::kMin);
+      for (std::size_t i = 0; i < count_owner.size(); ++i) {
+        if (counts[2 * i] == -counts[2 * i + 1]) continue;
+        throw MismatchError(
+            "DataParallel::average_buffers: '" + count_names[count_owner[i]] +
+                "' differs across ranks (" + std::to_string(counts[2 * i]) + " to " +
+                std::to_string(-counts[2 * i + 1]) +
+                "); every rank must run the same number of training-mode forward passes",
+            error_context("average_buffers"));
+      }
+    }
+    if (!floats.empty()) comm_.allreduce(std::span<float>(floats), comm::ReduceOp::kAvg);
+    if (!doubles.empty()) comm_.allreduce(std::span<double>(doubles), comm::ReduceOp::kAvg);
+    std::size_t next_float = 0, next_double = 0;
+    network_.visit_buffers([&](const std::string&, auto& buffer) {
+      using U = typename std::remove_reference_t<decltype(buffer)>::value_type;
+      if constexpr (std::is_same_v<U, double>) {
+        for (U& v : buffer.span()) v = doubles[next_double++];
+      } else if constexpr (!std::is_integral_v<U>) {
+        for (U& v : buffer.span()) v = U(floats[next_float++]);
+      }
+    });
   }
 
   int rank() const { return rank_; }

@@ -14,12 +14,15 @@
 // runs), wait for the last buckets, agree across ranks on whether the gradients are finite, and
 // step the optimizer (or skip it and back off the loss scale). Each rank trains on its own shard
 // (the loaders' samplers); validation runs on each rank's shard and the counts are summed, so the
-// metrics are those of the whole validation set.
+// metrics are those of the whole validation set. Before it, BatchNorm's running statistics
+// (which each rank gathered on its own shard) are averaged across ranks, so that every rank
+// evaluates the same network and rank 0's checkpoint, written after the evaluation, holds it.
 //
 // Resume: with `resume` and a checkpoint directory, fit() loads the newest complete checkpoint
 // (weights, optimizer state, loss scale, the network's step counter) on every rank and continues
 // after its epoch; data order and learning rate are functions of (seed, epoch) and the step, so on
-// the CPU the result equals an uninterrupted run's, bit for bit.
+// the CPU the result equals an uninterrupted run's, bit for bit, buffers included (every rank of
+// the uninterrupted run holds the checkpoint's averaged statistics at that point too).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -292,6 +295,7 @@ class Trainer {
       const bool last = epoch == options_.epochs || reached;
       if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
         auto timed = phases.time(Phase::kOther);
+        // The buffers are the ranks' average: evaluate() averaged them in this epoch.
         if (rank0()) {
           TrainingState state;
           state.epoch = epoch;
@@ -319,8 +323,11 @@ class Trainer {
   }
 
   // Validation over each rank's shard, summed across ranks: the whole set's metrics on every rank.
+  // Averages the running statistics across ranks first (DataParallel::average_buffers), so every
+  // rank evaluates the same network. Collective.
   template <class Transform>
   ClassificationMetrics evaluate(data::Loader<T, Transform>& loader) {
+    ddp_.average_buffers();
     network_.eval();
     ClassificationMetrics metrics(static_cast<int>(Net::Output::kDims[0]));
     loader.start_epoch(0);
