@@ -108,6 +108,27 @@ using bucket_element_t = std::conditional_t<kSixteenBit<T>, float, T>;
   }
 }
 
+// The check of DataParallel::average_buffers (and DeviceDataParallel's) on integer buffers:
+// `counts` holds each value as (x, -x), `owner` each value's index in `names`. One kMin allreduce
+// gives every rank the smallest and largest value; a difference is a MismatchError naming the
+// buffer, on every rank.
+template <class Communicator>
+void require_equal_counts(Communicator& comm, std::vector<std::int64_t>& counts,
+                          const std::vector<std::string>& names,
+                          const std::vector<std::size_t>& owner, const ErrorContext& context) {
+  if (counts.empty()) return;
+  comm.allreduce(std::span<std::int64_t>(counts), comm::ReduceOp::kMin);
+  for (std::size_t i = 0; i < owner.size(); ++i) {
+    if (counts[2 * i] == -counts[2 * i + 1]) continue;
+    throw MismatchError("DataParallel::average_buffers: '" + names[owner[i]] +
+                            "' differs across ranks (" + std::to_string(counts[2 * i]) + " to " +
+                            std::to_string(-counts[2 * i + 1]) +
+                            "); every rank must run the same number of training-mode forward "
+                            "passes",
+                        context);
+  }
+}
+
 }  // namespace detail
 
 // What DataParallel needs of a network: nn::Network on the CPU.
@@ -152,13 +173,8 @@ class DataParallel {
       bytes.push_back(parameter.grad.span().size() * sizeof(B));
     });
     buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
-    bucket_of_.resize(grads_.size());
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      for (std::size_t p : buckets_[b].parameters) bucket_of_[p] = b;
-      buffers_.emplace_back(buckets_[b].bytes / sizeof(B));
-    }
-    reported_.assign(grads_.size(), 0);
-    reset_step();
+    for (const GradientBucket& bucket : buckets_) buffers_.emplace_back(bucket.bytes / sizeof(B));
+    tracker_ = BucketLaunchTracker(buckets_, grads_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
@@ -257,7 +273,7 @@ class DataParallel {
   };
   // Throws InvalidArgument inside a synchronised step (some gradients already reported).
   NoSyncScope no_sync() {
-    if (step_started_) {
+    if (tracker_.started()) {
       throw InvalidArgument(
           "DataParallel::no_sync: a synchronised backward pass has already "
           "reported gradients; call finish_gradient_sync() first",
@@ -334,18 +350,8 @@ class DataParallel {
         for (const U v : buffer.span()) floats.push_back(static_cast<float>(v));
       }
     });
-    if (!counts.empty()) {
-      comm_.allreduce(std::span<std::int64_t>(counts), comm::ReduceOp::kMin);
-      for (std::size_t i = 0; i < count_owner.size(); ++i) {
-        if (counts[2 * i] == -counts[2 * i + 1]) continue;
-        throw MismatchError(
-            "DataParallel::average_buffers: '" + count_names[count_owner[i]] +
-                "' differs across ranks (" + std::to_string(counts[2 * i]) + " to " +
-                std::to_string(-counts[2 * i + 1]) +
-                "); every rank must run the same number of training-mode forward passes",
-            error_context("average_buffers"));
-      }
-    }
+    detail::require_equal_counts(comm_, counts, count_names, count_owner,
+                                 error_context("average_buffers"));
     if (!floats.empty()) comm_.allreduce(std::span<float>(floats), comm::ReduceOp::kAvg);
     if (!doubles.empty()) comm_.allreduce(std::span<double>(doubles), comm::ReduceOp::kAvg);
     std::size_t next_float = 0, next_double = 0;
@@ -385,7 +391,7 @@ class DataParallel {
 
   void require_idle(const char* what) const {
     throw_if_failed(what);
-    if (step_started_) {
+    if (tracker_.started()) {
       throw Error(std::string("DataParallel::") + what +
                       ": gradient buckets of this step may be on the communication thread; call "
                       "finish_gradient_sync() first",
@@ -394,11 +400,8 @@ class DataParallel {
   }
 
   void reset_step() {
-    pending_.resize(buckets_.size());
-    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].parameters.size();
-    std::fill(reported_.begin(), reported_.end(), char{0});
+    tracker_.reset();
     next_launch_ = 0;
-    step_started_ = false;
   }
 
   // The gradient-ready hook, on the thread running backward().
@@ -412,19 +415,13 @@ class DataParallel {
           error_context("gradient-ready report"));
     }
     const std::size_t p = found->second;
-    if (reported_[p]) {
+    if (tracker_.reported(p)) {
       throw Error("DataParallel: the gradient of '" + names_[p] +
                       "' was reported twice in one step; call finish_gradient_sync() after each "
                       "synchronised backward pass, and accumulate inside no_sync()",
                   error_context("gradient-ready report"));
     }
-    reported_[p] = 1;
-    step_started_ = true;
-    if (--pending_[bucket_of_[p]] == 0) {
-      std::size_t end = next_launch_;
-      while (end < buckets_.size() && pending_[end] == 0) ++end;
-      launch(std::min(end, buckets_.size() - 1));  // the last one: finish_gradient_sync()
-    }
+    launch(tracker_.report(p));  // never the last bucket: finish_gradient_sync() reduces it
   }
 
   // Hands buckets [next_launch_, end) to the communication thread.
@@ -497,14 +494,11 @@ class DataParallel {
   std::vector<std::string> names_;
   std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
   std::vector<GradientBucket> buckets_;
-  std::vector<std::size_t> bucket_of_;
   std::vector<std::vector<B>> buffers_;  // touched by the communication thread only
 
   // The caller's thread only.
-  std::vector<std::size_t> pending_;  // per bucket: parameters not yet reported this step
-  std::vector<char> reported_;        // per parameter
-  std::size_t next_launch_ = 0;       // buckets launched this step
-  bool step_started_ = false;
+  BucketLaunchTracker tracker_;  // this step's reports
+  std::size_t next_launch_ = 0;  // buckets launched this step
   bool sync_enabled_ = true;
   GradientSyncStats last_sync_;
   std::string failure_;  // the error that made the communicator unusable

@@ -238,11 +238,33 @@ class DeviceDataParallel {
   }
 
   // Averages the floating-point buffers (BatchNorm's running mean and variance) across ranks, in
-  // f32 for 16-bit buffers; integer buffers (num_batches_tracked) advance alike on every rank and
-  // are left alone. Collective, ordered on the network's stream.
+  // f32 for 16-bit buffers, as DataParallel::average_buffers; integer buffers (num_batches_tracked)
+  // advance alike on every rank and are only checked (MismatchError naming the buffer). Collective,
+  // ordered on the network's stream; the host reads the integer buffers.
   void average_buffers() {
     require_idle("average_buffers");
     if (!communicates()) return;
+    std::vector<std::int64_t> counts;
+    std::vector<std::string> count_names;
+    std::vector<std::size_t> count_owner;
+    network_.visit_buffers([&](const std::string& name, auto& buffer) {
+      using E = std::remove_cvref_t<decltype(*buffer.data())>;
+      if constexpr (std::is_integral_v<E>) {
+        std::vector<E> values(static_cast<std::size_t>(buffer.numel()));
+        COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(values.data(), buffer.data(),
+                                            values.size() * sizeof(E), cudaMemcpyDeviceToHost,
+                                            compute_stream()));
+        COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(compute_stream()));
+        count_names.push_back(name);
+        for (const E v : values) {
+          count_owner.push_back(count_names.size() - 1);
+          counts.push_back(static_cast<std::int64_t>(v));
+          counts.push_back(-static_cast<std::int64_t>(v));
+        }
+      }
+    });
+    detail::require_equal_counts(comm_, counts, count_names, count_owner,
+                                 error_context("average_buffers"));
     comm_.set_stream(compute_stream());
     network_.visit_buffers([this](const std::string&, auto& buffer) {
       using E = std::remove_cvref_t<decltype(*buffer.data())>;
