@@ -35,12 +35,14 @@ std::string config_error_of(Vars vars, int visible_devices) {
 }
 
 // Rank 6 of 8, 4 per node: local rank 2 on the second node, as each launcher writes it.
-const Vars kTorchrun{{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"},
-                     {"LOCAL_WORLD_SIZE", "4"}};
-const Vars kOpenMpi{{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                    {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
-const Vars kMpich{{"PMI_RANK", "6"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "2"},
-                  {"MPI_LOCALNRANKS", "4"}};
+const Vars kTorchrun{
+    {"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}};
+const Vars kOpenMpi{{"OMPI_COMM_WORLD_RANK", "6"},
+                    {"OMPI_COMM_WORLD_SIZE", "8"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+const Vars kMpich{
+    {"PMI_RANK", "6"}, {"PMI_SIZE", "8"}, {"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "4"}};
 const Vars kSlurm{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}};
 
 }  // namespace
@@ -56,7 +58,9 @@ TEST_CASE("the launcher's local rank is the device", "[device_selection]") {
 
 TEST_CASE("without a local rank (Kubeflow PyTorchJob) the device is the rank modulo the count",
           "[device_selection]") {
-  const Vars kubeflow{{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "job-master-0"},
+  const Vars kubeflow{{"RANK", "6"},
+                      {"WORLD_SIZE", "8"},
+                      {"MASTER_ADDR", "job-master-0"},
                       {"MASTER_PORT", "23456"}};
   CHECK_FALSE(detect(kubeflow).local_rank_from_launcher);
   CHECK(detect(kubeflow).local_rank == 6);  // the assumption env.hpp keeps
