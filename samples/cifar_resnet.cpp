@@ -7,7 +7,29 @@
 //   mpiexec -n 4 ./cifar_resnet --data data/full/cifar-10-batches-bin --batch-size 32
 //       --target-accuracy 0.80 --log-dir runs/resnet20 --checkpoint-dir runs/resnet20/checkpoints
 // (one command; batch 32 on 4 ranks is the paper's global batch of 128).
+//
+// That build compiles ResNet-20 at fp32 alone; -DCOLTRAIN_SAMPLE_MODEL=resnet32, resnet56 or
+// resnet18 and -DCOLTRAIN_SAMPLE_PRECISION=fp16 or bf16 compile another (=all: every one, at
+// several times the compile time). CMake's build/samples/cifar_resnet has them all.
+#ifndef COLTRAIN_SAMPLE_MODEL
+#define COLTRAIN_SAMPLE_MODEL resnet20
+#endif
+
 #include "common/training_sample.hpp"
+
+#include <string>
+#include <string_view>
+
+namespace {
+
+// The model this binary was compiled for, or "all".
+constexpr std::string_view kCompiledModels = COLTRAIN_SAMPLE_STRING(COLTRAIN_SAMPLE_MODEL);
+static_assert(kCompiledModels == "resnet20" || kCompiledModels == "resnet32" ||
+                  kCompiledModels == "resnet56" || kCompiledModels == "resnet18" ||
+                  kCompiledModels == "all",
+              "COLTRAIN_SAMPLE_MODEL must be resnet20, resnet32, resnet56, resnet18 or all");
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("coltrain: a ResNet on CIFAR-10, data-parallel", "cifar_resnet");
@@ -16,31 +38,43 @@ int main(int argc, char** argv) {
   options.lr = 0.1;
   options.weight_decay = 1e-4;
   options.schedule = "step";
-  int depth = 20;
-  std::string model = "resnet";
+  // The compiled model is the default.
+  std::string model = kCompiledModels == "resnet18" ? "resnet18" : "resnet";
+  int depth = kCompiledModels == "resnet32" ? 32 : kCompiledModels == "resnet56" ? 56 : 20;
   sample::add_options(app, options);
   app.add_option("--depth", depth, "CIFAR ResNet depth")
       ->check(CLI::IsMember({20, 32, 56}))
       ->capture_default_str();
-  app.add_option("--model", model, "resnet (CIFAR ResNet of --depth) or resnet18")
+  app.add_option("--model", model,
+                 "resnet (CIFAR ResNet of --depth) or resnet18; compiled in: " +
+                     std::string(kCompiledModels))
       ->check(CLI::IsMember({"resnet", "resnet18"}))
       ->capture_default_str();
-  return sample::run_main(app, argc, argv, [&] {
+  return sample::run_main(app, options, argc, argv, [&] {
     namespace data = coltrain::data;
     namespace models = coltrain::models;
+    const std::string name = model == "resnet18" ? model : model + std::to_string(depth);
+    sample::require_compiled("--model/--depth", name, "COLTRAIN_SAMPLE_MODEL", kCompiledModels);
     if (options.data.empty())
       throw coltrain::ConfigError(
           "--data: give the CIFAR-10 binary directory (scripts/download-data fetches it)");
     const data::ImageDataset train = data::load_cifar10(options.data, data::Split::kTrain);
     const data::ImageDataset test = data::load_cifar10(options.data, data::Split::kTest);
-    const auto run = [&]<class Model>(const std::string& name) {
+    const auto run = [&]<class Model>() -> int {
       return sample::train_classifier<Model>(options, name, train, test,
                                              data::cifar10_train_transform(options.seed),
                                              data::cifar10_eval_transform());
     };
-    if (model == "resnet18") return run.operator()<models::ResNet18>("resnet18");
-    if (depth == 32) return run.operator()<models::ResNet<32>>("resnet32");
-    if (depth == 56) return run.operator()<models::ResNet<56>>("resnet56");
-    return run.operator()<models::ResNet<20>>("resnet20");
+    // Only the compiled models are instantiated.
+    using sample::is_compiled;
+    if constexpr (is_compiled(kCompiledModels, "resnet18"))
+      if (name == "resnet18") return run.operator()<models::ResNet18>();
+    if constexpr (is_compiled(kCompiledModels, "resnet32"))
+      if (name == "resnet32") return run.operator()<models::ResNet<32>>();
+    if constexpr (is_compiled(kCompiledModels, "resnet56"))
+      if (name == "resnet56") return run.operator()<models::ResNet<56>>();
+    if constexpr (is_compiled(kCompiledModels, "resnet20"))
+      if (name == "resnet20") return run.operator()<models::ResNet<20>>();
+    throw coltrain::InvalidArgument("no CIFAR ResNet named " + name);
   });
 }

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   options.epochs = 15;
   options.schedule = "constant";  // the recipe of benchmarks/reference/torch_ddp_mnist.py
   sample::add_options(app, options);
-  return sample::run_main(app, argc, argv, [&] {
+  return sample::run_main(app, options, argc, argv, [&] {
     const auto [train, test] = sample::load_mnist(options);
     const auto transform = coltrain::data::mnist_transform();
     return sample::train_classifier<coltrain::models::MnistConvNet>(options, "mnist_convnet", train,

@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
   options.epochs = 20;
   options.lr = 0.1;
   sample::add_options(app, options);
-  return sample::run_main(app, argc, argv, [&] {
+  return sample::run_main(app, options, argc, argv, [&] {
     const auto [train, test] = sample::load_mnist(options);
     const auto transform = coltrain::data::mnist_transform();
     return sample::train_classifier<coltrain::models::Mlp>(options, "mlp", train, test, transform,

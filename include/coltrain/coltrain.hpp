@@ -6,6 +6,7 @@
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/denormals.hpp>
+#include <coltrain/core/device_selection.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>

@@ -21,7 +21,8 @@
 //   launch (mpiexec starting one torchrun per node).
 // - Local rank: the chosen source's; else that of another source counting the same processes
 //   (equal world size; an outer launch's local rank describes the outer process); else the rank,
-//   assuming one node.
+//   assuming one node (local_rank_from_launcher is then false, so that device selection knows the
+//   local rank is a guess).
 // - MASTER_ADDR and MASTER_PORT default to 127.0.0.1 and 29500. Under Slurm without MASTER_ADDR
 //   the address is the first host of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST: rank 0's node.
 // - An empty variable counts as unset: `export RANK=` is a common way to clear one.
@@ -70,6 +71,9 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   Launcher launcher = Launcher::kNone;
+  // Whether a launcher gave local_rank; otherwise it is the rank, assumed (a Kubeflow PyTorchJob
+  // sets no LOCAL_RANK).
+  bool local_rank_from_launcher = false;
 
   bool is_root() const noexcept { return rank == 0; }
 };
@@ -374,6 +378,7 @@ inline LaunchEnv detect_launch_env(const EnvLookup& lookup) {
     }
     if (local != nullptr) {
       env.local_rank = local->local_rank->value;
+      env.local_rank_from_launcher = true;
       env.local_world_size.reset();
       if (local->local_size) env.local_world_size = local->local_size->value;
     } else {

@@ -1,0 +1,195 @@
+#pragma once
+// The sample trainers' command line (Options), its record in config.json, the learning-rate
+// schedule it describes, and the choices compiled into this binary.
+//
+// Compile-time choices, and why: every model at every precision is one more instantiation of the
+// whole training stack, minutes of compile time for cifar_resnet.cpp's twelve. So the one-line
+// build compiles one precision (fp32 unless -DCOLTRAIN_SAMPLE_PRECISION=fp16 or bf16 says
+// otherwise; =all for every one), and a run-time choice outside it is an error naming the macro to
+// rebuild with. cifar_resnet.cpp chooses its models the same way (COLTRAIN_SAMPLE_MODEL). The CMake
+// build compiles every choice (samples/CMakeLists.txt says why in one translation unit).
+
+#include <coltrain/coltrain.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#ifndef COLTRAIN_SAMPLE_PRECISION
+#define COLTRAIN_SAMPLE_PRECISION fp32
+#endif
+#define COLTRAIN_SAMPLE_STRING(x) COLTRAIN_SAMPLE_STRING_IMPL(x)
+#define COLTRAIN_SAMPLE_STRING_IMPL(x) #x
+
+namespace sample {
+
+namespace ct = coltrain;
+
+// The precision this binary was compiled for, or "all".
+inline constexpr std::string_view kCompiledPrecisions =
+    COLTRAIN_SAMPLE_STRING(COLTRAIN_SAMPLE_PRECISION);
+static_assert(kCompiledPrecisions == "fp32" || kCompiledPrecisions == "fp16" ||
+                  kCompiledPrecisions == "bf16" || kCompiledPrecisions == "all",
+              "COLTRAIN_SAMPLE_PRECISION must be fp32, fp16, bf16 or all");
+
+// Whether `choice` is among `compiled` (one choice, or "all").
+constexpr bool is_compiled(std::string_view compiled, std::string_view choice) {
+  return compiled == "all" || compiled == choice;
+}
+
+// Throws ConfigError unless `choice`, given to `option`, is among `compiled`; the message names
+// the macro to rebuild with.
+inline void require_compiled(std::string_view option, std::string_view choice,
+                             std::string_view macro, std::string_view compiled) {
+  if (is_compiled(compiled, choice)) return;
+  throw ct::ConfigError(std::string(option) + " " + std::string(choice) +
+                        ": this binary was compiled for " + std::string(compiled) +
+                        " alone; rebuild it with -D" + std::string(macro) + "=" +
+                        std::string(choice) + " (or =all, which compiles longer), or build it " +
+                        "with CMake, which compiles every choice");
+}
+
+// Whether the compiler was nvcc, which the CUDA training path needs.
+#if defined(__CUDACC__)
+inline constexpr bool kBuiltWithCuda = true;
+#else
+inline constexpr bool kBuiltWithCuda = false;
+#endif
+
+struct Options {
+  std::string backend = "auto";    // mpi, tcp, or auto (MPI under an MPI launcher, else TCP)
+  std::string device;              // cpu or cuda; empty until resolved (COLTRAIN_DEVICE, else cpu)
+  std::optional<int> cuda_device;  // this rank's CUDA device, resolved from the launcher
+  int epochs = 10;
+  std::int64_t batch_size = 64;  // per rank
+  double lr = 0.05;              // for the whole (global) batch
+  std::string schedule = "cosine";
+  int warmup_epochs = 0;
+  double momentum = 0.9;
+  double weight_decay = 0;
+  bool nesterov = false;
+  // The compiled precision when there is one, else fp32.
+  std::string precision{kCompiledPrecisions == "all" ? "fp32" : kCompiledPrecisions};
+  std::string data;  // dataset directory; MNIST defaults to the subset shipped in data/mnist
+  std::string log_dir;
+  std::optional<double> target_accuracy;
+  std::string checkpoint_dir;
+  int checkpoint_every = 1;
+  bool resume = false;
+  int threads = 1;  // per rank
+  std::uint64_t seed = 1;
+  bool progress = true;
+};
+
+// The options every sample takes; `o` holds the sample's own recipe as their defaults.
+inline void add_options(CLI::App& app, Options& o) {
+  app.add_option("--backend", o.backend, "mpi, tcp or auto")
+      ->check(CLI::IsMember({"auto", "mpi", "tcp"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--epochs", o.epochs, "training epochs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "batch size per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate (for the global batch)")->capture_default_str();
+  app.add_option("--schedule", o.schedule, "cosine, step (/10 at 50% and 75%) or constant")
+      ->check(CLI::IsMember({"cosine", "step", "constant"}))
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warm-up epochs")
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
+  app.add_option("--precision", o.precision,
+                 "fp32, fp16 or bf16 (mixed, fp32 master weights); compiled in: " +
+                     std::string(kCompiledPrecisions))
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--data", o.data, "dataset directory");
+  app.add_option("--log-dir", o.log_dir, "write config.json, metrics.jsonl and result.json here");
+  app.add_option("--target-accuracy", o.target_accuracy,
+                 "stop when validation accuracy reaches this (exit status 2 if never)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints here");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "epochs between checkpoints")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  app.add_option("--threads", o.threads, "CPU threads per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation, data order and dropout")->capture_default_str();
+  app.add_flag("!--no-progress", o.progress, "no progress bar");
+}
+
+// Fills o.device from COLTRAIN_DEVICE when --device was not given (cpu when that is unset too),
+// then checks that this binary can run what the options ask for. `program` is the sample's name,
+// for the nvcc line. Throws ConfigError.
+inline void resolve_and_check(Options& o, const std::string& program) {
+  if (o.device.empty()) {
+    const char* from_env = std::getenv("COLTRAIN_DEVICE");
+    o.device = from_env != nullptr && *from_env != '\0' ? from_env : "cpu";
+    if (o.device != "cpu" && o.device != "cuda")
+      throw ct::ConfigError("COLTRAIN_DEVICE=" + o.device + ": must be cpu or cuda");
+  }
+  if (o.device == "cuda" && !kBuiltWithCuda) {
+    throw ct::ConfigError(
+        "--device cuda: this binary was compiled without CUDA; compile the sample with nvcc to "
+        "train on GPUs: nvcc -ccbin mpicxx -x cu -std=c++20 -O3 -arch=sm_90 -I include samples/" +
+        program + ".cpp -lz -lcublas -lcudnn -lnccl -o " + program);
+  }
+  require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
+}
+
+inline nlohmann::ordered_json to_json(const Options& o, const std::string& model, int world_size,
+                                      const std::string& backend) {
+  nlohmann::ordered_json config;
+  config["model"] = model;
+  config["backend"] = backend;
+  config["world_size"] = world_size;
+  config["device"] = o.device;
+  config["cuda_device"] = o.cuda_device ? nlohmann::ordered_json(*o.cuda_device) : nullptr;
+  config["epochs"] = o.epochs;
+  config["batch_size_per_rank"] = o.batch_size;
+  config["lr"] = o.lr;
+  config["schedule"] = o.schedule;
+  config["warmup_epochs"] = o.warmup_epochs;
+  config["momentum"] = o.momentum;
+  config["weight_decay"] = o.weight_decay;
+  config["nesterov"] = o.nesterov;
+  config["precision"] = o.precision;
+  config["data"] = o.data;
+  config["target_accuracy"] =
+      o.target_accuracy ? nlohmann::ordered_json(*o.target_accuracy) : nullptr;
+  config["threads_per_rank"] = o.threads;
+  config["seed"] = o.seed;
+  return config;
+}
+
+// The learning rate at each global step: warm-up, then cosine, step or constant.
+inline std::function<double(std::int64_t)> make_schedule(const Options& o,
+                                                         std::int64_t steps_per_epoch) {
+  const std::int64_t warmup = o.warmup_epochs * steps_per_epoch;
+  const std::int64_t rest =
+      std::max<std::int64_t>(1, (o.epochs - o.warmup_epochs) * steps_per_epoch);
+  std::function<double(std::int64_t)> after;
+  if (o.schedule == "cosine")
+    after = ct::optim::CosineAnnealingLr{.base_lr = o.lr, .t_max = rest};
+  else if (o.schedule == "step")
+    after = ct::optim::MultiStepLr{.base_lr = o.lr, .milestones = {rest / 2, rest * 3 / 4}};
+  else
+    after = ct::optim::ConstantLr{.base_lr = o.lr};
+  return ct::optim::LinearWarmup<std::function<double(std::int64_t)>>{
+      .warmup_steps = warmup, .start_factor = 0.1, .inner = std::move(after)};
+}
+
+}  // namespace sample
