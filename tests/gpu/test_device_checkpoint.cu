@@ -142,7 +142,9 @@ struct CpuRun {
     const auto out = net.forward(input.view());
     net.train();
     std::vector<float> values;
-    for (std::int64_t i = 0; i < out.numel(); ++i) values.push_back(static_cast<float>(out.data()[i]));
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      values.push_back(static_cast<float>(out.data()[i]));
+    }
     return values;
   }
 

@@ -56,8 +56,8 @@ DeviceStateTensors device_state_tensors(nn::Network<Spec, T, tensor::Cuda>& netw
   auto add = [&](const std::string& name, auto& tensor) {
     using U = std::remove_cvref_t<decltype(*tensor.data())>;
     const auto dims = tensor.shape().dims();
-    out.tensors.push_back({name, data_type_v<U>, std::vector<std::int64_t>(dims.begin(), dims.end()),
-                           {}});
+    out.tensors.push_back(
+        {name, data_type_v<U>, std::vector<std::int64_t>(dims.begin(), dims.end()), {}});
     out.device.push_back(tensor.data());
     out.host.emplace_back(download ? static_cast<std::size_t>(tensor.numel()) * sizeof(U) : 0);
   };
