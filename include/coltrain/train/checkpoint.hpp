@@ -27,6 +27,10 @@
 // buffers, optimizer state, fp32 masters, loss scale and the context's step, and returns the epoch
 // and global step to continue from. Data order and learning-rate schedules are functions of the
 // (seed, epoch) and the step, so nothing else is needed.
+//
+// The optimizer's part goes through optim::OptimizerSnapshot, which the device optimizer exports
+// and imports too: coltrain/cuda/train/checkpoint.cuh saves and loads a network on the GPU with
+// this writer and reader, so checkpoints move between the CPU, the GPU and PyTorch.
 
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
