@@ -14,6 +14,11 @@
 //   bool taken = trainer.apply(finite, schedule(step));
 //
 // step(lr) is both halves for a single process.
+//
+// export_state() and import_state() move the optimizer's state (moments, step counts, fp32
+// masters, loss scale) in and out as an OptimizerSnapshot: host vectors under PyTorch's state
+// names, the form checkpoints are written from and read into, and the one the device optimizer
+// (cuda/optim/device_optimizer.cuh) exports and imports too, so that state moves between them.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -21,9 +26,13 @@
 #include <coltrain/optim/loss_scaler.hpp>
 #include <coltrain/optim/parameter_ref.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,6 +95,101 @@ template <class O>
 concept ParamOptimizer = requires(O& optimizer, std::span<const ParamRef> params, double lr) {
   optimizer.step(params, lr);
 };
+
+// A host copy of a precision optimizer's state, named as a checkpoint names it. Exported and
+// imported by PrecisionOptimizer (CPU) and DevicePrecisionOptimizer (GPU) alike.
+struct OptimizerSnapshot {
+  struct Tensor {
+    std::string name;
+    std::vector<float> values;
+  };
+  // The optimizer's state tensors in its for_each_state order: "<parameter>.momentum_buffer"
+  // (SGD with momentum) or "<parameter>.exp_avg" and ".exp_avg_sq" (Adam, AdamW). Empty before
+  // the first step taken, and always for SGD without momentum.
+  std::vector<Tensor> state;
+  // Adam's and AdamW's per-parameter step counts, "<parameter>.step", with the state.
+  std::vector<std::pair<std::string, std::int64_t>> step_counts;
+  // With master weights: the fp32 master of every parameter, named as the parameter.
+  std::vector<Tensor> masters;
+  // With loss scaling: the scaler's scale and growth tracker.
+  std::optional<DynamicLossScaler::State> loss_scale;
+  // Counters the device optimizer keeps and the CPU one does not: steps taken and steps skipped
+  // for non-finite gradients; nullopt where unknown. They change no arithmetic.
+  std::optional<std::int64_t> steps_taken;
+  std::optional<std::int64_t> steps_skipped;
+};
+
+namespace detail {
+
+template <class O>
+concept HasStepCounts = requires(O& o) {
+  o.for_each_step([](const std::string&, std::int64_t&) {});
+};
+
+// Whether the optimizer holds state (it does from its first step, or after a state import).
+template <class O>
+bool has_optimizer_state(const O& optimizer) {
+  bool any = false;
+  optimizer.for_each_state([&](const std::string&, std::span<const float>) { any = true; });
+  return any;
+}
+
+// A snapshot's tensors by name, for an import to take each exactly once; InvalidArgument naming
+// the tensor for a duplicate, a missing one, a wrong size, or one left over.
+class SnapshotIndex {
+ public:
+  SnapshotIndex(const std::vector<OptimizerSnapshot::Tensor>& tensors, std::string what)
+      : what_(std::move(what)) {
+    for (const OptimizerSnapshot::Tensor& t : tensors) {
+      if (!by_name_.emplace(t.name, &t).second) {
+        throw InvalidArgument("the " + what_ + " hold tensor '" + t.name + "' twice");
+      }
+    }
+  }
+
+  std::span<const float> take(const std::string& name, std::size_t size) {
+    const auto found = by_name_.find(name);
+    if (found == by_name_.end()) {
+      throw InvalidArgument("the " + what_ + " lack tensor '" + name + "'");
+    }
+    const std::vector<float>& values = found->second->values;
+    if (values.size() != size) {
+      throw InvalidArgument("tensor '" + name + "' of the " + what_ + " has " +
+                            std::to_string(values.size()) + " elements, expected " +
+                            std::to_string(size));
+    }
+    by_name_.erase(found);
+    return values;
+  }
+
+  void check_all_taken() const {
+    if (!by_name_.empty()) {
+      throw InvalidArgument("the " + what_ + " hold tensor '" + by_name_.begin()->first +
+                            "', which this optimizer does not have (" +
+                            std::to_string(by_name_.size()) + " left over)");
+    }
+  }
+
+ private:
+  std::string what_;
+  std::map<std::string, const OptimizerSnapshot::Tensor*, std::less<>> by_name_;
+};
+
+// The step count `name` of a snapshot; InvalidArgument if it is missing or negative.
+inline std::int64_t snapshot_step_count(const OptimizerSnapshot& snapshot,
+                                        const std::string& name) {
+  for (const auto& [key, count] : snapshot.step_counts) {
+    if (key != name) continue;
+    if (count < 0) {
+      throw InvalidArgument("the snapshot's step count '" + name + "' is negative (" +
+                            std::to_string(count) + ")");
+    }
+    return count;
+  }
+  throw InvalidArgument("the snapshot has no step count '" + name + "'");
+}
+
+}  // namespace detail
 
 template <PrecisionPolicy Precision, ParamOptimizer Optimizer>
 class PrecisionOptimizer {
@@ -221,6 +325,93 @@ class PrecisionOptimizer {
       const std::vector<float>& master = master_values_[p];
       for (std::size_t i = 0; i < value.size(); ++i) value[i] = Storage(master[i]);
     }
+  }
+
+  // A copy of the optimizer's state (see OptimizerSnapshot); steps_taken and steps_skipped stay
+  // unknown, as this optimizer does not count them.
+  OptimizerSnapshot export_state() const {
+    OptimizerSnapshot snapshot;
+    optimizer_.for_each_state([&](const std::string& name, std::span<const float> values) {
+      snapshot.state.push_back({name, std::vector<float>(values.begin(), values.end())});
+    });
+    if constexpr (detail::HasStepCounts<Optimizer>) {
+      optimizer_.for_each_step([&](const std::string& name, const std::int64_t& step) {
+        snapshot.step_counts.emplace_back(name, step);
+      });
+    }
+    if constexpr (Precision::kMasterWeights) {
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        snapshot.masters.push_back({params_[p].name, master_values_[p]});
+      }
+    }
+    if constexpr (Precision::kLossScaling) snapshot.loss_scale = scaler_.state();
+    return snapshot;
+  }
+
+  // Restores a snapshot of an optimizer over the same parameters (names and sizes), built with
+  // the same policy and optimizer type, exported here or by the device optimizer. Leaves the
+  // model's values alone: a checkpoint restores them, equal to the rounded masters. Throws
+  // InvalidArgument, before anything changes, naming the tensor or setting that does not fit,
+  // and for a snapshot without state into an optimizer that has taken steps (import into a fresh
+  // one); coltrain::Error between unscale_and_check() and apply().
+  void import_state(const OptimizerSnapshot& snapshot) {
+    if (unscaled_) {
+      throw Error("PrecisionOptimizer: import_state() between unscale_and_check() and apply()");
+    }
+    const bool has_state = !snapshot.state.empty();
+    if (!has_state && detail::has_optimizer_state(optimizer_)) {
+      throw InvalidArgument(
+          "PrecisionOptimizer: the snapshot has no optimizer state but this optimizer has taken "
+          "steps; import into a freshly constructed one");
+    }
+    // Filled on a copy, so that a misfit found halfway leaves this optimizer as it was.
+    Optimizer next = optimizer_;
+    if (has_state) {
+      if constexpr (requires(Optimizer& o, std::span<const ParamRef> p) { o.allocate_state(p); }) {
+        next.allocate_state(std::span<const ParamRef>(refs_));
+      }
+      detail::SnapshotIndex state(snapshot.state, "snapshot's optimizer state");
+      next.for_each_state([&](const std::string& name, std::span<float> values) {
+        std::ranges::copy(state.take(name, values.size()), values.begin());
+      });
+      state.check_all_taken();
+    }
+    std::size_t counts_used = 0;
+    if constexpr (detail::HasStepCounts<Optimizer>) {
+      next.for_each_step([&](const std::string& name, std::int64_t& step) {
+        step = detail::snapshot_step_count(snapshot, name);
+        ++counts_used;
+      });
+    }
+    if (snapshot.step_counts.size() != counts_used) {
+      throw InvalidArgument("the snapshot has " + std::to_string(snapshot.step_counts.size()) +
+                            " step counts, this optimizer keeps " + std::to_string(counts_used));
+    }
+    std::vector<std::span<const float>> masters;
+    if constexpr (Precision::kMasterWeights) {
+      detail::SnapshotIndex index(snapshot.masters, "snapshot's master weights");
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        masters.push_back(index.take(params_[p].name, master_values_[p].size()));
+      }
+      index.check_all_taken();
+    } else if (!snapshot.masters.empty()) {
+      throw InvalidArgument("the snapshot has fp32 master weights; the precision " +
+                            std::string(Precision::kName) + " keeps none");
+    }
+    DynamicLossScaler scaler = scaler_;
+    if constexpr (Precision::kLossScaling) {
+      if (!snapshot.loss_scale) throw InvalidArgument("the snapshot has no loss-scaler state");
+      scaler.set_state(*snapshot.loss_scale);
+    } else if (snapshot.loss_scale) {
+      throw InvalidArgument("the snapshot has loss-scaler state; the precision " +
+                            std::string(Precision::kName) + " scales no loss");
+    }
+
+    optimizer_ = std::move(next);
+    for (std::size_t p = 0; p < masters.size(); ++p) {
+      std::ranges::copy(masters[p], master_values_[p].begin());
+    }
+    scaler_ = scaler;
   }
 
  private:

@@ -27,6 +27,10 @@
 // buffers, optimizer state, fp32 masters, loss scale and the context's step, and returns the epoch
 // and global step to continue from. Data order and learning-rate schedules are functions of the
 // (seed, epoch) and the step, so nothing else is needed.
+//
+// The optimizer's part goes through optim::OptimizerSnapshot, which the device optimizer exports
+// and imports too: coltrain/cuda/train/checkpoint.cuh saves and loads a network on the GPU with
+// this writer and reader, so checkpoints move between the CPU, the GPU and PyTorch.
 
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
@@ -52,6 +56,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -306,27 +311,44 @@ struct OptimizerRecord<optim::AdamW> : AdamRecord<optim::AdamW> {
   static constexpr std::string_view kType = "AdamW";
 };
 
-template <class Optimizer>
-concept HasStepCounts = requires(Optimizer& o) {
-  o.for_each_step([](const std::string&, std::int64_t&) {});
+// What a checkpoint records of a network, on either device: its state_dict tensors (host views to
+// save; for a load, their names, dtypes and shapes, to check the file against), its parameters'
+// shapes (the optimizer's tensors have them), size, storage type and RNG state.
+struct ModelRecord {
+  std::vector<StateTensor> tensors;
+  std::map<std::string, std::vector<std::int64_t>> parameter_shapes;
+  std::size_t parameter_count = 0;
+  DataType storage = DataType::kFloat32;
+  std::uint64_t seed = 0;
+  std::uint64_t context_step = 0;
 };
 
-// How many state tensors the optimizer holds (none before its first step).
-template <class Optimizer>
-std::size_t count_state(const Optimizer& optimizer) {
-  std::size_t count = 0;
-  optimizer.for_each_state([&](const std::string&, std::span<const float>) { ++count; });
-  return count;
-}
-
 template <class Network>
-std::map<std::string, std::vector<std::int64_t>> parameter_shapes(Network& network) {
-  std::map<std::string, std::vector<std::int64_t>> shapes;
+ModelRecord model_record(Network& network, std::vector<StateTensor> tensors) {
+  ModelRecord record;
+  record.tensors = std::move(tensors);
   network.visit_parameters([&](const std::string& name, auto& parameter) {
     const auto dims = parameter.value.shape().dims();
-    shapes.emplace(name, std::vector<std::int64_t>(dims.begin(), dims.end()));
+    record.parameter_shapes.emplace(name, std::vector<std::int64_t>(dims.begin(), dims.end()));
   });
-  return shapes;
+  record.parameter_count = Network::kParameterCount;
+  record.storage = data_type_v<typename Network::value_type>;
+  record.seed = network.context().seed();
+  record.context_step = network.context().step();
+  return record;
+}
+
+// The loss scaler's settings of a precision optimizer on either device (defaults without loss
+// scaling: then none are recorded).
+template <class PrecisionOptimizer>
+optim::DynamicLossScaler::Options scaler_options_of(const PrecisionOptimizer& optimizer) {
+  if constexpr (requires { optimizer.scaler_options(); }) {
+    return optimizer.scaler_options();
+  } else if constexpr (requires { optimizer.scaler(); }) {
+    return optimizer.scaler().options();
+  } else {
+    return {};
+  }
 }
 
 inline std::uintmax_t file_bytes(const std::filesystem::path& path) {
@@ -367,16 +389,17 @@ inline std::optional<CheckpointFiles> find_latest_checkpoint(const std::filesyst
   return std::nullopt;
 }
 
-// Saves a checkpoint of `network` (an nn::Network on the CPU) and `optimizer` into `dir` (created
-// if needed), then prunes older ones; see the top of this header. The optimizer must have been
-// built from the network's parameters (optim::parameters_of). Returns the new files. Throws
-// IoError naming the file that could not be written, InvalidArgument for keep < 1 or a negative
-// epoch or step; after a failure, the previous checkpoints are intact.
-template <class Network, class Precision, class Optimizer>
-CheckpointFiles save_checkpoint(const std::filesystem::path& dir, Network& network,
-                                const optim::PrecisionOptimizer<Precision, Optimizer>& optimizer,
-                                const TrainingState& state, const CheckpointOptions& options = {}) {
-  using Record = detail::OptimizerRecord<Optimizer>;
+namespace detail {
+
+// Writes a checkpoint of a network (its ModelRecord) and a precision optimizer (its settings and
+// exported state) into `dir`, then prunes; the body of save_checkpoint on either device.
+template <class Precision, class Optimizer>
+CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRecord& network,
+                                 const Optimizer& settings,
+                                 const optim::DynamicLossScaler::Options& scaler_options,
+                                 const optim::OptimizerSnapshot& snapshot,
+                                 const TrainingState& state, const CheckpointOptions& options) {
+  using Record = OptimizerRecord<Optimizer>;
   if (options.keep < 1 || state.epoch < 0 || state.global_step < 0) {
     ErrorContext context;
     context.operation = "save checkpoint";
@@ -394,102 +417,291 @@ CheckpointFiles save_checkpoint(const std::filesystem::path& dir, Network& netwo
                               "cannot create the directory: " + error.message());
 
   // What an interrupted save left behind goes first; its sequence numbers are not reused.
-  const detail::DirectoryScan scan = detail::scan_checkpoints(dir);
-  for (const std::filesystem::path& temp : scan.temporaries) detail::remove_file(temp);
+  const DirectoryScan scan = scan_checkpoints(dir);
+  for (const std::filesystem::path& temp : scan.temporaries) remove_file(temp);
   for (const std::filesystem::path& file : scan.data_files) {
-    const auto parsed = detail::parse_checkpoint_name(file.filename().string());
-    if (!scan.sequences.at(parsed->sequence)) detail::remove_file(file);
+    const auto parsed = parse_checkpoint_name(file.filename().string());
+    if (!scan.sequences.at(parsed->sequence)) remove_file(file);
   }
   const std::int64_t sequence = scan.sequences.empty() ? 1 : scan.sequences.rbegin()->first + 1;
-  const CheckpointFiles files = detail::checkpoint_files(dir, sequence);
+  const CheckpointFiles files = checkpoint_files(dir, sequence);
   auto written = [&](const std::filesystem::path& path) {
     if (options.on_file_written) options.on_file_written(path);
   };
 
   tensor::SafetensorsWriter model;
   model.set_metadata("format", "pt");
-  add_state_dict(model, network);
+  for (const StateTensor& t : network.tensors) model.add_bytes(t.name, t.dtype, t.shape, t.bytes);
   model.write(files.model);
   written(files.model);
 
-  const auto shapes = detail::parameter_shapes(network);
+  // A state tensor is "<parameter>.<suffix>", shaped as its parameter.
+  auto shape_of = [&](const std::string& parameter) -> const std::vector<std::int64_t>& {
+    const auto found = network.parameter_shapes.find(parameter);
+    if (found == network.parameter_shapes.end()) {
+      throw InvalidArgument("save_checkpoint: the optimizer's parameter '" + parameter +
+                            "' is not a parameter of the network");
+    }
+    return found->second;
+  };
   tensor::SafetensorsWriter optimizer_file;
   optimizer_file.set_metadata("format", "pt");
-  std::size_t state_count = 0;
-  optimizer.optimizer().for_each_state([&](const std::string& name, std::span<const float> values) {
-    optimizer_file.add(name, shapes.at(name.substr(0, name.rfind('.'))), values);
-    ++state_count;
-  });
-  if constexpr (Precision::kMasterWeights) {
-    for (std::size_t p = 0; p < optimizer.size(); ++p) {
-      const std::string& name = optimizer.parameter_name(p);
-      optimizer_file.add(name + "." + std::string(detail::kMasterSuffix), shapes.at(name),
-                         optimizer.master_weights(p));
-    }
+  for (const optim::OptimizerSnapshot::Tensor& t : snapshot.state) {
+    optimizer_file.add(t.name, shape_of(t.name.substr(0, t.name.rfind('.'))), t.values);
+  }
+  for (const optim::OptimizerSnapshot::Tensor& t : snapshot.masters) {
+    optimizer_file.add(t.name + "." + std::string(kMasterSuffix), shape_of(t.name), t.values);
   }
   optimizer_file.write(files.optimizer);
   written(files.optimizer);
 
   nlohmann::ordered_json sidecar;
-  sidecar["format"] = detail::kCheckpointFormat;
+  sidecar["format"] = kCheckpointFormat;
   sidecar["format_version"] = kCheckpointFormatVersion;
   sidecar["sequence"] = sequence;
-  sidecar["saved_at"] = detail::utc_now();
+  sidecar["saved_at"] = utc_now();
   sidecar["epoch"] = state.epoch;
   sidecar["global_step"] = state.global_step;
   sidecar["files"] = {
-      {"model",
-       {{"name", files.model.filename().string()}, {"bytes", detail::file_bytes(files.model)}}},
+      {"model", {{"name", files.model.filename().string()}, {"bytes", file_bytes(files.model)}}},
       {"optimizer",
-       {{"name", files.optimizer.filename().string()},
-        {"bytes", detail::file_bytes(files.optimizer)}}}};
+       {{"name", files.optimizer.filename().string()}, {"bytes", file_bytes(files.optimizer)}}}};
   sidecar["model"] = {{"name", options.model_name},
-                      {"parameter_count", Network::kParameterCount},
-                      {"storage", detail::dtype_text(data_type_v<typename Network::value_type>)}};
+                      {"parameter_count", network.parameter_count},
+                      {"storage", dtype_text(network.storage)}};
   sidecar["precision"] = Precision::kName;
-  nlohmann::ordered_json optimizer_record = {
-      {"type", Record::kType},
-      {"hyperparameters", Record::hyperparameters(optimizer.optimizer())},
-      {"has_state", state_count > 0}};
-  if constexpr (detail::HasStepCounts<Optimizer>) {
+  nlohmann::ordered_json optimizer_record = {{"type", Record::kType},
+                                             {"hyperparameters", Record::hyperparameters(settings)},
+                                             {"has_state", !snapshot.state.empty()}};
+  if constexpr (optim::detail::HasStepCounts<Optimizer>) {
     nlohmann::ordered_json steps = nlohmann::ordered_json::object();
-    optimizer.optimizer().for_each_step(
-        [&](const std::string& name, const std::int64_t& step) { steps[name] = step; });
+    for (const auto& [name, step] : snapshot.step_counts) steps[name] = step;
     optimizer_record["step_counts"] = std::move(steps);
   }
+  // Only the device optimizer counts these; a CPU checkpoint stays as format version 1 wrote it.
+  if (snapshot.steps_taken) optimizer_record["steps_taken"] = *snapshot.steps_taken;
+  if (snapshot.steps_skipped) optimizer_record["steps_skipped"] = *snapshot.steps_skipped;
   sidecar["optimizer"] = std::move(optimizer_record);
   if constexpr (Precision::kLossScaling) {
-    const optim::DynamicLossScaler& scaler = optimizer.scaler();
-    sidecar["loss_scaler"] = {{"scale", scaler.scale()},
-                              {"growth_tracker", scaler.growth_tracker()},
-                              {"init_scale", scaler.options().init_scale},
-                              {"growth_factor", scaler.options().growth_factor},
-                              {"backoff_factor", scaler.options().backoff_factor},
-                              {"growth_interval", scaler.options().growth_interval}};
+    sidecar["loss_scaler"] = {{"scale", snapshot.loss_scale.value().scale},
+                              {"growth_tracker", snapshot.loss_scale.value().growth_tracker},
+                              {"init_scale", scaler_options.init_scale},
+                              {"growth_factor", scaler_options.growth_factor},
+                              {"backoff_factor", scaler_options.backoff_factor},
+                              {"growth_interval", scaler_options.growth_interval}};
   } else {
     sidecar["loss_scaler"] = nullptr;
   }
-  sidecar["rng"] = {{"network_seed", network.context().seed()},
-                    {"context_step", network.context().step()}};
+  sidecar["rng"] = {{"network_seed", network.seed}, {"context_step", network.context_step}};
   sidecar["extra"] = state.extra;
   write_file_atomically(files.sidecar, sidecar.dump(2) + "\n");
   written(files.sidecar);
 
   // Prune: the sequences with a sidecar, newest first, beyond `keep`.
   std::vector<std::int64_t> committed;
-  for (const auto& [number, has_sidecar] : detail::scan_checkpoints(dir).sequences) {
+  for (const auto& [number, has_sidecar] : scan_checkpoints(dir).sequences) {
     if (has_sidecar) committed.push_back(number);
   }
   std::ranges::sort(committed, std::greater<>());
   for (std::size_t i = static_cast<std::size_t>(options.keep); i < committed.size(); ++i) {
-    const CheckpointFiles old = detail::checkpoint_files(dir, committed[i]);
-    detail::remove_file(old.sidecar);
+    const CheckpointFiles old = checkpoint_files(dir, committed[i]);
+    remove_file(old.sidecar);
     sync_directory(dir);
-    detail::remove_file(old.model);
-    detail::remove_file(old.optimizer);
+    remove_file(old.model);
+    remove_file(old.optimizer);
   }
   if (committed.size() > static_cast<std::size_t>(options.keep)) sync_directory(dir);
   return files;
+}
+
+// A checkpoint read and checked against a network and optimizer, nothing applied yet: the model
+// file (its tensors checked against the ModelRecord's), the optimizer's state as a snapshot to
+// import, the context step to restore, and the run's state to return.
+struct CheckpointContents {
+  TrainingState state;
+  std::uint64_t context_step = 0;
+  tensor::SafetensorsReader model;
+  optim::OptimizerSnapshot optimizer;
+};
+
+// The body of load_checkpoint on either device, up to the copies. `parameter_names` are the
+// optimizer's, in its order; `optimizer_has_state` whether it has taken steps.
+template <class Precision, class Optimizer>
+CheckpointContents read_checkpoint(const std::filesystem::path& path, const ModelRecord& network,
+                                   const Optimizer& settings,
+                                   const optim::DynamicLossScaler::Options& scaler_options,
+                                   const std::vector<std::string>& parameter_names,
+                                   bool optimizer_has_state, const CheckpointOptions& options) {
+  using Record = OptimizerRecord<Optimizer>;
+  std::filesystem::path sidecar_path = path;
+  if (std::filesystem::is_directory(path)) {
+    const std::optional<CheckpointFiles> latest = find_latest_checkpoint(path);
+    if (!latest) fail_checkpoint(path, "no complete checkpoint in the directory");
+    sidecar_path = latest->sidecar;
+  }
+  const nlohmann::json sidecar = read_sidecar(sidecar_path);
+  const CheckpointFiles files = sidecar_files(sidecar, sidecar_path);
+  auto string_field = [&](const std::string& pointer) {
+    return field(
+               sidecar, sidecar_path, pointer,
+               [](const nlohmann::json& v) { return v.is_string(); }, "a string")
+        .template get<std::string>();
+  };
+  auto expect = [&](const std::string& what, const std::string& recorded, const std::string& here) {
+    if (recorded != here) {
+      mismatch(sidecar_path,
+               "the checkpoint's " + what + " is " + recorded + ", this one's is " + here);
+    }
+  };
+
+  TrainingState state;
+  state.epoch = integer_field(sidecar, sidecar_path, "/epoch");
+  state.global_step = integer_field(sidecar, sidecar_path, "/global_step");
+  if (sidecar.contains("extra")) state.extra = sidecar["extra"];
+
+  // The model and the run's settings.
+  const std::string model_name = string_field("/model/name");
+  if (!model_name.empty() && !options.model_name.empty()) {
+    expect("model", "'" + model_name + "'", "'" + options.model_name + "'");
+  }
+  expect("parameter count",
+         std::to_string(integer_field(sidecar, sidecar_path, "/model/parameter_count")),
+         std::to_string(network.parameter_count));
+  expect("storage type", string_field("/model/storage"), dtype_text(network.storage));
+  expect("precision", string_field("/precision"), std::string(Precision::kName));
+  expect("optimizer", string_field("/optimizer/type"), std::string(Record::kType));
+  const nlohmann::json& seed = field(
+      sidecar, sidecar_path, "/rng/network_seed",
+      [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer");
+  expect("network seed (construct the network with it: dropout masks derive from it)",
+         std::to_string(seed.get<std::uint64_t>()), std::to_string(network.seed));
+  const auto context_step =
+      field(
+          sidecar, sidecar_path, "/rng/context_step",
+          [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer")
+          .template get<std::uint64_t>();
+  if (options.check_hyperparameters) {
+    const nlohmann::ordered_json here = Record::hyperparameters(settings);
+    const nlohmann::json& recorded = field(
+        sidecar, sidecar_path, "/optimizer/hyperparameters",
+        [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+    for (const auto& [key, value] : here.items()) {
+      const std::string saved = recorded.contains(key) ? recorded[key].dump() : "missing";
+      expect("optimizer setting '" + key + "'", saved, value.dump());
+    }
+  }
+  optim::OptimizerSnapshot snapshot;
+  if constexpr (Precision::kLossScaling) {
+    auto number = [&](const std::string& key) {
+      return field(
+                 sidecar, sidecar_path, "/loss_scaler/" + key,
+                 [](const nlohmann::json& v) { return v.is_number(); }, "a number")
+          .template get<double>();
+    };
+    snapshot.loss_scale = optim::DynamicLossScaler::State{
+        static_cast<float>(number("scale")),
+        integer_field(sidecar, sidecar_path, "/loss_scaler/growth_tracker")};
+    if (options.check_hyperparameters) {
+      expect("loss scaler growth_factor", nlohmann::json(number("growth_factor")).dump(),
+             nlohmann::json(scaler_options.growth_factor).dump());
+      expect("loss scaler backoff_factor", nlohmann::json(number("backoff_factor")).dump(),
+             nlohmann::json(scaler_options.backoff_factor).dump());
+      expect("loss scaler growth_interval",
+             std::to_string(integer_field(sidecar, sidecar_path, "/loss_scaler/growth_interval")),
+             std::to_string(scaler_options.growth_interval));
+    }
+  } else if (sidecar.contains("loss_scaler") && !sidecar["loss_scaler"].is_null()) {
+    mismatch(sidecar_path, "the checkpoint has loss-scaler state, the precision " +
+                               std::string(Precision::kName) + " scales no loss");
+  }
+  for (const char* counter : {"steps_taken", "steps_skipped"}) {
+    const std::string pointer = "/optimizer/" + std::string(counter);
+    if (!sidecar.contains(nlohmann::json::json_pointer(pointer))) continue;
+    const std::int64_t count = integer_field(sidecar, sidecar_path, pointer);
+    if (count < 0) fail_checkpoint(sidecar_path, "the sidecar's " + pointer + " is negative");
+    (std::string_view(counter) == "steps_taken" ? snapshot.steps_taken : snapshot.steps_skipped) =
+        count;
+  }
+
+  // The tensors: the model's, then the optimizer's, all checked before anything is read.
+  tensor::SafetensorsReader model_reader(files.model);
+  check_tensors(model_reader, network.tensors, "model");
+
+  const bool has_state = field(
+                             sidecar, sidecar_path, "/optimizer/has_state",
+                             [](const nlohmann::json& v) { return v.is_boolean(); }, "a boolean")
+                             .template get<bool>();
+  if (!has_state && optimizer_has_state) {
+    mismatch(sidecar_path,
+             "the checkpoint has no optimizer state but this optimizer has taken steps; "
+             "load into a freshly constructed one");
+  }
+  std::vector<StateTensor> optimizer_tensors;
+  std::vector<std::string> state_names;  // in the optimizer's for_each_state order
+  for (const std::string& name : parameter_names) {
+    const auto shape = network.parameter_shapes.find(name);
+    if (shape == network.parameter_shapes.end()) {
+      mismatch(sidecar_path,
+               "the optimizer's parameter '" + name + "' is not a parameter of the network");
+    }
+    auto add = [&](std::string_view suffix) {
+      optimizer_tensors.push_back(
+          {name + "." + std::string(suffix), DataType::kFloat32, shape->second, {}});
+    };
+    if (has_state) {
+      for (const std::string& suffix : Record::state_suffixes(settings)) {
+        add(suffix);
+        state_names.push_back(optimizer_tensors.back().name);
+      }
+      if constexpr (optim::detail::HasStepCounts<Optimizer>) {
+        const nlohmann::json& counts = field(
+            sidecar, sidecar_path, "/optimizer/step_counts",
+            [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+        const std::string key = name + ".step";
+        if (!counts.contains(key) || !counts[key].is_number_integer() || counts[key] < 0) {
+          fail_checkpoint(sidecar_path, "the sidecar has no step count for '" + key + "'");
+        }
+        snapshot.step_counts.emplace_back(key, counts[key].template get<std::int64_t>());
+      }
+    }
+    if constexpr (Precision::kMasterWeights) add(kMasterSuffix);
+  }
+  if (parameter_names.size() != network.parameter_shapes.size()) {
+    mismatch(sidecar_path, "the optimizer steps " + std::to_string(parameter_names.size()) +
+                               " parameters, the network has " +
+                               std::to_string(network.parameter_shapes.size()) +
+                               "; build it from all of the network's parameters");
+  }
+  const tensor::SafetensorsReader optimizer_reader(files.optimizer);
+  check_tensors(optimizer_reader, optimizer_tensors, "optimizer state");
+
+  for (const std::string& name : state_names) {
+    snapshot.state.push_back({name, optimizer_reader.read<float>(name)});
+  }
+  if constexpr (Precision::kMasterWeights) {
+    for (const std::string& name : parameter_names) {
+      snapshot.masters.push_back(
+          {name, optimizer_reader.read<float>(name + "." + std::string(kMasterSuffix))});
+    }
+  }
+  return {std::move(state), context_step, std::move(model_reader), std::move(snapshot)};
+}
+
+}  // namespace detail
+
+// Saves a checkpoint of `network` (an nn::Network on the CPU) and `optimizer` into `dir` (created
+// if needed), then prunes older ones; see the top of this header. The optimizer must have been
+// built from the network's parameters (optim::parameters_of). Returns the new files. Throws
+// IoError naming the file that could not be written, InvalidArgument for keep < 1 or a negative
+// epoch or step; after a failure, the previous checkpoints are intact. The GPU overload is in
+// coltrain/cuda/train/checkpoint.cuh.
+template <class Network, class Precision, class Optimizer>
+CheckpointFiles save_checkpoint(const std::filesystem::path& dir, Network& network,
+                                const optim::PrecisionOptimizer<Precision, Optimizer>& optimizer,
+                                const TrainingState& state, const CheckpointOptions& options = {}) {
+  return detail::write_checkpoint<Precision>(
+      dir, detail::model_record(network, state_tensors(network)), optimizer.optimizer(),
+      detail::scaler_options_of(optimizer), optimizer.export_state(), state, options);
 }
 
 // Restores a checkpoint into `network` and `optimizer`, built as for training (see the top of this
@@ -499,174 +711,29 @@ CheckpointFiles save_checkpoint(const std::filesystem::path& dir, Network& netwo
 // (with check_hyperparameters) settings, the network's seed, and every tensor's name, dtype and
 // shape. Returns the epoch, global step and extra data saved with it. Throws IoError for a missing,
 // damaged or unreadable checkpoint, InvalidArgument (naming the tensor or setting, the expected
-// and the found value, and the file) for one that does not fit.
+// and the found value, and the file) for one that does not fit. Checkpoints saved on the GPU load
+// here too.
 template <class Network, class Precision, class Optimizer>
 TrainingState load_checkpoint(const std::filesystem::path& path, Network& network,
                               optim::PrecisionOptimizer<Precision, Optimizer>& optimizer,
                               const CheckpointOptions& options = {}) {
-  using Record = detail::OptimizerRecord<Optimizer>;
-  std::filesystem::path sidecar_path = path;
-  if (std::filesystem::is_directory(path)) {
-    const std::optional<CheckpointFiles> latest = find_latest_checkpoint(path);
-    if (!latest) detail::fail_checkpoint(path, "no complete checkpoint in the directory");
-    sidecar_path = latest->sidecar;
-  }
-  const nlohmann::json sidecar = detail::read_sidecar(sidecar_path);
-  const CheckpointFiles files = detail::sidecar_files(sidecar, sidecar_path);
-  auto string_field = [&](const std::string& pointer) {
-    return detail::field(
-               sidecar, sidecar_path, pointer,
-               [](const nlohmann::json& v) { return v.is_string(); }, "a string")
-        .template get<std::string>();
-  };
-  auto expect = [&](const std::string& what, const std::string& recorded, const std::string& here) {
-    if (recorded != here) {
-      detail::mismatch(sidecar_path,
-                       "the checkpoint's " + what + " is " + recorded + ", this one's is " + here);
-    }
-  };
-
-  TrainingState state;
-  state.epoch = detail::integer_field(sidecar, sidecar_path, "/epoch");
-  state.global_step = detail::integer_field(sidecar, sidecar_path, "/global_step");
-  if (sidecar.contains("extra")) state.extra = sidecar["extra"];
-
-  // The model and the run's settings.
-  const std::string model_name = string_field("/model/name");
-  if (!model_name.empty() && !options.model_name.empty()) {
-    expect("model", "'" + model_name + "'", "'" + options.model_name + "'");
-  }
-  expect("parameter count",
-         std::to_string(detail::integer_field(sidecar, sidecar_path, "/model/parameter_count")),
-         std::to_string(Network::kParameterCount));
-  expect("storage type", string_field("/model/storage"),
-         detail::dtype_text(data_type_v<typename Network::value_type>));
-  expect("precision", string_field("/precision"), std::string(Precision::kName));
-  expect("optimizer", string_field("/optimizer/type"), std::string(Record::kType));
-  const nlohmann::json& seed = detail::field(
-      sidecar, sidecar_path, "/rng/network_seed",
-      [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer");
-  expect("network seed (construct the network with it: dropout masks derive from it)",
-         std::to_string(seed.get<std::uint64_t>()), std::to_string(network.context().seed()));
-  const auto context_step =
-      detail::field(
-          sidecar, sidecar_path, "/rng/context_step",
-          [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer")
-          .template get<std::uint64_t>();
-  if (options.check_hyperparameters) {
-    const nlohmann::ordered_json here = Record::hyperparameters(optimizer.optimizer());
-    const nlohmann::json& recorded = detail::field(
-        sidecar, sidecar_path, "/optimizer/hyperparameters",
-        [](const nlohmann::json& v) { return v.is_object(); }, "an object");
-    for (const auto& [key, value] : here.items()) {
-      const std::string saved = recorded.contains(key) ? recorded[key].dump() : "missing";
-      expect("optimizer setting '" + key + "'", saved, value.dump());
-    }
-  }
-  [[maybe_unused]] std::optional<optim::DynamicLossScaler::State> scaler_state;
-  if constexpr (Precision::kLossScaling) {
-    auto number = [&](const std::string& key) {
-      return detail::field(
-                 sidecar, sidecar_path, "/loss_scaler/" + key,
-                 [](const nlohmann::json& v) { return v.is_number(); }, "a number")
-          .template get<double>();
-    };
-    scaler_state = optim::DynamicLossScaler::State{
-        static_cast<float>(number("scale")),
-        detail::integer_field(sidecar, sidecar_path, "/loss_scaler/growth_tracker")};
-    if (options.check_hyperparameters) {
-      const optim::DynamicLossScaler::Options& o = optimizer.scaler().options();
-      expect("loss scaler growth_factor", nlohmann::json(number("growth_factor")).dump(),
-             nlohmann::json(o.growth_factor).dump());
-      expect("loss scaler backoff_factor", nlohmann::json(number("backoff_factor")).dump(),
-             nlohmann::json(o.backoff_factor).dump());
-      expect("loss scaler growth_interval",
-             std::to_string(
-                 detail::integer_field(sidecar, sidecar_path, "/loss_scaler/growth_interval")),
-             std::to_string(o.growth_interval));
-    }
-  } else if (sidecar.contains("loss_scaler") && !sidecar["loss_scaler"].is_null()) {
-    detail::mismatch(sidecar_path, "the checkpoint has loss-scaler state, the precision " +
-                                       std::string(Precision::kName) + " scales no loss");
-  }
-
-  // The tensors: the model's, then the optimizer's, all checked before anything is copied.
-  const tensor::SafetensorsReader model_reader(files.model);
-  const std::vector<StateTensor> model_tensors = state_tensors(network);
-  detail::check_tensors(model_reader, model_tensors, "model");
-
-  const bool has_state = detail::field(
-                             sidecar, sidecar_path, "/optimizer/has_state",
-                             [](const nlohmann::json& v) { return v.is_boolean(); }, "a boolean")
-                             .template get<bool>();
-  if (!has_state && detail::count_state(optimizer.optimizer()) > 0) {
-    detail::mismatch(sidecar_path,
-                     "the checkpoint has no optimizer state but this optimizer has taken steps; "
-                     "load into a freshly constructed one");
-  }
-  const auto shapes = detail::parameter_shapes(network);
-  std::vector<StateTensor> optimizer_tensors;
-  std::map<std::string, std::int64_t> step_counts;
+  std::vector<std::string> parameter_names;
   for (std::size_t p = 0; p < optimizer.size(); ++p) {
-    const std::string& name = optimizer.parameter_name(p);
-    const auto shape = shapes.find(name);
-    if (shape == shapes.end()) {
-      detail::mismatch(sidecar_path, "the optimizer's parameter '" + name +
-                                         "' is not a parameter of the network");
-    }
-    auto add = [&](std::string_view suffix) {
-      optimizer_tensors.push_back(
-          {name + "." + std::string(suffix), DataType::kFloat32, shape->second, {}});
-    };
-    if (has_state) {
-      for (const std::string& suffix : Record::state_suffixes(optimizer.optimizer())) add(suffix);
-      if constexpr (detail::HasStepCounts<Optimizer>) {
-        const nlohmann::json& counts = detail::field(
-            sidecar, sidecar_path, "/optimizer/step_counts",
-            [](const nlohmann::json& v) { return v.is_object(); }, "an object");
-        const std::string key = name + ".step";
-        if (!counts.contains(key) || !counts[key].is_number_integer() || counts[key] < 0) {
-          detail::fail_checkpoint(sidecar_path, "the sidecar has no step count for '" + key + "'");
-        }
-        step_counts[key] = counts[key].template get<std::int64_t>();
-      }
-    }
-    if constexpr (Precision::kMasterWeights) add(detail::kMasterSuffix);
+    parameter_names.push_back(optimizer.parameter_name(p));
   }
-  if (optimizer.size() != shapes.size()) {
-    detail::mismatch(sidecar_path, "the optimizer steps " + std::to_string(optimizer.size()) +
-                                       " parameters, the network has " +
-                                       std::to_string(shapes.size()) +
-                                       "; build it from optim::parameters_of(network)");
-  }
-  const tensor::SafetensorsReader optimizer_reader(files.optimizer);
-  detail::check_tensors(optimizer_reader, optimizer_tensors, "optimizer state");
+  const detail::ModelRecord record = detail::model_record(network, state_tensors(network));
+  detail::CheckpointContents contents = detail::read_checkpoint<Precision>(
+      path, record, optimizer.optimizer(), detail::scaler_options_of(optimizer), parameter_names,
+      optim::detail::has_optimizer_state(optimizer.optimizer()), options);
 
   // Everything fits: copy.
-  for (const StateTensor& t : model_tensors) {
-    const std::span<const std::byte> bytes = model_reader.bytes(t.name);
+  optimizer.import_state(contents.optimizer);
+  for (const StateTensor& t : record.tensors) {
+    const std::span<const std::byte> bytes = contents.model.bytes(t.name);
     if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
   }
-  if (has_state) {
-    optimizer.allocate_optimizer_state();
-    optimizer.optimizer().for_each_state([&](const std::string& name, std::span<float> values) {
-      optimizer_reader.read_into(name, values);
-    });
-    if constexpr (detail::HasStepCounts<Optimizer>) {
-      optimizer.optimizer().for_each_step(
-          [&](const std::string& name, std::int64_t& step) { step = step_counts.at(name); });
-    }
-  }
-  if constexpr (Precision::kMasterWeights) {
-    for (std::size_t p = 0; p < optimizer.size(); ++p) {
-      optimizer_reader.read_into(
-          optimizer.parameter_name(p) + "." + std::string(detail::kMasterSuffix),
-          optimizer.master_weights(p));
-    }
-  }
-  if constexpr (Precision::kLossScaling) optimizer.scaler().set_state(*scaler_state);
-  network.context().set_step(context_step);
-  return state;
+  network.context().set_step(contents.context_step);
+  return std::move(contents.state);
 }
 
 }  // namespace coltrain::train

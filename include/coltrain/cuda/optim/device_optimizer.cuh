@@ -19,6 +19,11 @@
 // The arithmetic is the CPU optimizers', operation for operation, each rounded separately
 // (__fmul_rn and friends: no FMA contraction), so the results equal the CPU's bit for bit up to
 // Adam's bias corrections (pow in double: the device's may differ from libm's in the last bit).
+//
+// export_state() and import_state() copy the whole state (masters, moments, step count, loss
+// scaler) to and from the host as an OptimizerSnapshot, the form PrecisionOptimizer exports and
+// checkpoints are written from (coltrain/cuda/train/checkpoint.cuh), so that a run moves between
+// the GPU and the CPU exactly.
 
 #if !defined(__CUDACC__)
 #error "coltrain/cuda/optim/device_optimizer.cuh is CUDA code: compile it with nvcc"
@@ -39,6 +44,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -408,6 +414,120 @@ class DevicePrecisionOptimizer {
     return host;
   }
 
+  // A host copy of the state, named as PrecisionOptimizer::export_state names it, with the
+  // device's counters (steps taken and skipped). Waits for the stream; call it outside capture.
+  OptimizerSnapshot export_state() const {
+    const detail::DeviceStepState s = read_state();
+    const std::vector<float> master = download(master_);
+    const std::vector<float> first = download(state1_);
+    const std::vector<float> second = download(state2_);
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    auto part = [&](const std::vector<float>& flat, std::size_t p) {
+      const auto begin = flat.begin() + static_cast<std::ptrdiff_t>(offsets_[p]);
+      return std::vector<float>(begin, begin + static_cast<std::ptrdiff_t>(params_[p].size));
+    };
+    OptimizerSnapshot snapshot;
+    // Moments exist from the first step taken, as on the CPU.
+    if (has_state1_ && s.step > 0) {
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        const std::string& name = params_[p].name;
+        if constexpr (kAlgorithm == detail::DeviceAlgorithm::kSgd) {
+          snapshot.state.push_back({name + ".momentum_buffer", part(first, p)});
+        } else {
+          snapshot.state.push_back({name + ".exp_avg", part(first, p)});
+          snapshot.state.push_back({name + ".exp_avg_sq", part(second, p)});
+          snapshot.step_counts.emplace_back(name + ".step", s.step);
+        }
+      }
+    }
+    if constexpr (Precision::kMasterWeights) {
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        snapshot.masters.push_back({params_[p].name, part(master, p)});
+      }
+    }
+    if constexpr (Precision::kLossScaling) {
+      snapshot.loss_scale = DynamicLossScaler::State{s.scale, s.growth_tracker};
+    }
+    snapshot.steps_taken = s.step;
+    snapshot.steps_skipped = s.steps_skipped;
+    return snapshot;
+  }
+
+  // Restores a snapshot of an optimizer over the same parameters (names and sizes) with the same
+  // policy and optimizer type, exported here or by PrecisionOptimizer on the CPU. Adam's step
+  // counts must agree across parameters (one count is kept here). Without the device's counters
+  // (a CPU snapshot), steps skipped restart at 0 and steps taken from the state: Adam's step
+  // count; for SGD 1 with momentum buffers (all its arithmetic needs to know), else 0. Leaves the
+  // model's values alone (a checkpoint restores them, equal to the rounded masters). Throws
+  // InvalidArgument, before anything changes, naming what does not fit, and for a snapshot
+  // without state into an optimizer that has taken steps; coltrain::Error between
+  // unscale_and_check() and apply(). Waits for the stream; call it outside capture.
+  void import_state(const OptimizerSnapshot& snapshot) {
+    if (unscaled_) {
+      throw Error(
+          "DevicePrecisionOptimizer: import_state() between unscale_and_check() and apply()");
+    }
+    detail::DeviceStepState s = read_state();
+    const bool has_state = !snapshot.state.empty();
+    if (!has_state && has_state1_ && s.step > 0) {
+      throw InvalidArgument(
+          "DevicePrecisionOptimizer: the snapshot has no optimizer state but this optimizer has "
+          "taken steps; import into a freshly constructed one");
+    }
+    std::vector<float> first(state1_.size(), 0.0f);
+    std::vector<float> second(state2_.size(), 0.0f);
+    std::vector<float> master(master_.size(), 0.0f);
+    auto place = [&](std::span<const float> values, std::vector<float>& flat, std::size_t p) {
+      std::ranges::copy(values, flat.begin() + static_cast<std::ptrdiff_t>(offsets_[p]));
+    };
+    if (has_state) {
+      detail::SnapshotIndex index(snapshot.state, "snapshot's optimizer state");
+      for (std::size_t p = 0; p < params_.size() && has_state1_; ++p) {
+        const Param& param = params_[p];
+        if constexpr (kAlgorithm == detail::DeviceAlgorithm::kSgd) {
+          place(index.take(param.name + ".momentum_buffer", param.size), first, p);
+        } else {
+          place(index.take(param.name + ".exp_avg", param.size), first, p);
+          place(index.take(param.name + ".exp_avg_sq", param.size), second, p);
+        }
+      }
+      index.check_all_taken();
+    }
+    const std::int64_t step = imported_step(snapshot, has_state);
+    if constexpr (Precision::kMasterWeights) {
+      detail::SnapshotIndex index(snapshot.masters, "snapshot's master weights");
+      for (std::size_t p = 0; p < params_.size(); ++p) {
+        place(index.take(params_[p].name, params_[p].size), master, p);
+      }
+      index.check_all_taken();
+    } else if (!snapshot.masters.empty()) {
+      throw InvalidArgument("the snapshot has fp32 master weights; the precision " +
+                            std::string(Precision::kName) + " keeps none");
+    }
+    if constexpr (Precision::kLossScaling) {
+      if (!snapshot.loss_scale) throw InvalidArgument("the snapshot has no loss-scaler state");
+      DynamicLossScaler(scaler_options_).set_state(*snapshot.loss_scale);  // checks it
+      s.scale = snapshot.loss_scale->scale;
+      s.growth_tracker = snapshot.loss_scale->growth_tracker;
+    } else if (snapshot.loss_scale) {
+      throw InvalidArgument("the snapshot has loss-scaler state; the precision " +
+                            std::string(Precision::kName) + " scales no loss");
+    }
+    if (snapshot.steps_skipped.value_or(0) < 0) {
+      throw InvalidArgument("the snapshot's steps_skipped is negative");
+    }
+
+    s.step = step;
+    s.steps_skipped = snapshot.steps_skipped.value_or(0);
+    s.found_inf = 0;
+    upload(first, state1_);
+    upload(second, state2_);
+    upload(master, master_);
+    COLTRAIN_CHECK_CUDA(
+        cudaMemcpyAsync(state_.data(), &s, sizeof(s), cudaMemcpyHostToDevice, stream_));
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream_));  // the host copies go out of scope
+  }
+
   const Optimizer& optimizer() const { return optimizer_; }
   const DynamicLossScaler::Options& scaler_options() const { return scaler_options_; }
   std::size_t size() const { return params_.size(); }
@@ -498,6 +618,63 @@ class DevicePrecisionOptimizer {
           cudaEventRecordWithFlags(lr_read_.get(), stream_, cudaEventRecordExternal));
     } else {
       COLTRAIN_CHECK_CUDA(cudaEventRecord(lr_read_.get(), stream_));
+    }
+  }
+
+  // Copies queued on the stream; the caller synchronises.
+  std::vector<float> download(const tensor::Storage<float, tensor::Cuda>& buffer) const {
+    std::vector<float> host(buffer.size());
+    if (!host.empty()) {
+      COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(host.data(), buffer.data(), host.size() * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream_));
+    }
+    return host;
+  }
+  void upload(const std::vector<float>& host, tensor::Storage<float, tensor::Cuda>& buffer) {
+    if (host.empty()) return;
+    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(buffer.data(), host.data(), host.size() * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream_));
+  }
+
+  // The step count a snapshot restores (see import_state); InvalidArgument where its counts
+  // disagree with each other or with its state.
+  std::int64_t imported_step(const OptimizerSnapshot& snapshot, bool has_state) const {
+    if constexpr (kAlgorithm == detail::DeviceAlgorithm::kAdam) {
+      const std::size_t expected = has_state ? params_.size() : 0;
+      if (snapshot.step_counts.size() != expected) {
+        throw InvalidArgument("the snapshot has " + std::to_string(snapshot.step_counts.size()) +
+                              " step counts, this optimizer keeps " + std::to_string(expected));
+      }
+      std::int64_t step = 0;
+      for (std::size_t p = 0; p < expected; ++p) {
+        const std::string key = params_[p].name + ".step";
+        const std::int64_t count = detail::snapshot_step_count(snapshot, key);
+        if (p > 0 && count != step) {
+          throw InvalidArgument(
+              "DevicePrecisionOptimizer keeps one step count for all parameters; the snapshot "
+              "has " + std::to_string(step) + " for '" + params_[0].name + ".step' and " +
+              std::to_string(count) + " for '" + key + "'");
+        }
+        step = count;
+      }
+      if (snapshot.steps_taken && *snapshot.steps_taken != step) {
+        throw InvalidArgument("the snapshot's steps_taken " +
+                              std::to_string(*snapshot.steps_taken) +
+                              " differs from its step counts (" + std::to_string(step) + ")");
+      }
+      return step;
+    } else {
+      if (!snapshot.step_counts.empty()) {
+        throw InvalidArgument("the snapshot has step counts; SGD keeps none");
+      }
+      const std::int64_t step = snapshot.steps_taken.value_or(has_state ? 1 : 0);
+      if (step < 0) throw InvalidArgument("the snapshot's steps_taken is negative");
+      if (has_state1_ && (step > 0) != has_state) {
+        throw InvalidArgument("the snapshot's steps_taken " + std::to_string(step) +
+                              (has_state ? " is 0 but it has" : " is not 0 but it has no") +
+                              " momentum buffers");
+      }
+      return step;
     }
   }
 
