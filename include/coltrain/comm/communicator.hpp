@@ -453,8 +453,9 @@ class Communicator {
                         std::span<const T> output) const {
     if constexpr (!BuildConfig::kWithCuda) return Memory::kHost;
     const Memory in = input.empty() ? Memory::kHost : detail::memory_of(input.data());
-    const Memory out = output.empty() ? in : detail::memory_of(output.data());
-    if (!input.empty() && !output.empty() && in != out && input.data() != output.data()) {
+    const bool same = output.empty() || output.data() == input.data();
+    const Memory out = same ? in : detail::memory_of(output.data());
+    if (!input.empty() && in != out) {
       ErrorContext context;
       context.rank = rank();
       context.operation = std::string(name_of(collective));
