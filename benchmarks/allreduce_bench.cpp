@@ -15,7 +15,6 @@
 // With --mem device, the mpi and tcp backends run coltrain's collectives through
 // Communicator's staging (pinned host memory, pipelined chunks of at most --staging-chunk).
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/device_staging.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>

@@ -32,7 +32,9 @@ TEST_CASE("every enum name parses back to its value", "[comm][types]") {
                  Algorithm::kHalvingDoubling, Algorithm::kAutomatic}) {
     CHECK(parse_algorithm(name_of(a)) == a);
   }
-  for (auto b : {Backend::kMpi, Backend::kTcp, Backend::kNccl}) CHECK(parse_backend(name_of(b)) == b);
+  for (auto b : {Backend::kMpi, Backend::kTcp, Backend::kNccl}) {
+    CHECK(parse_backend(name_of(b)) == b);
+  }
   CHECK(parse_backend("nccl") == Backend::kNccl);
   CHECK(name_of(Backend::kNccl) == "nccl");
   for (auto m : {Memory::kHost, Memory::kDevice}) CHECK(parse_memory(name_of(m)) == m);

@@ -233,7 +233,7 @@ TEST_CASE("the ring cuts segments into chunks of 256 KiB to 1 MiB, a quarter of 
 }
 
 // Runs every rank's tree_allreduce_plan in lockstep on host arrays, as
-// NcclCommunicator::tree_allreduce enqueues it. Per round, NCCL runs one group per rank and
+// NcclBackend::tree_allreduce enqueues it. Per round, NCCL runs one group per rank and
 // executes a group's calls to the same peer in order, so the transfers any two ranks post to each
 // other must pair up position by position (a send against a receive, same tree and chunk); no
 // rank may receive into a chunk it sends from in the same round; then the round's reductions run.

@@ -502,7 +502,8 @@ TEST_CASE("the front door: from_env(kNccl) runs device spans on NCCL, host spans
 
   for (const Algorithm algorithm :
        {Algorithm::kAutomatic, Algorithm::kNative, Algorithm::kRing, Algorithm::kTree}) {
-    for (const std::size_t count : {std::size_t{0}, std::size_t{1000}, (std::size_t{3} << 20) + 5}) {
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1000}, (std::size_t{3} << 20) + 5}) {
       CAPTURE(std::string(coltrain::comm::name_of(algorithm)), count);
       const Bytes input = random_elements(DataType::kFloat32, count, random);
       DeviceBuffer in(input.size());
@@ -557,8 +558,8 @@ TEST_CASE("the front door: from_env(kNccl) runs device spans on NCCL, host spans
       comm.allreduce(std::span<float>(static_cast<float*>(out.get()), 4), ReduceOp::kSum,
                      Algorithm::kHalvingDoubling),
       Contains("has no algorithm 'halving_doubling' on NCCL"));
-  CHECK(comm.choose(coltrain::comm::Collective::kAllreduce, std::size_t{1} << 20, Memory::kDevice) ==
-        Algorithm::kNative);
+  CHECK(comm.choose(coltrain::comm::Collective::kAllreduce, std::size_t{1} << 20,
+                    Memory::kDevice) == Algorithm::kNative);
 }
 
 TEST_CASE("the front door with device memory asked for picks NCCL, and COLTRAIN_BACKEND=nccl too",

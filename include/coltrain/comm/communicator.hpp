@@ -6,7 +6,7 @@
 //   comm.allreduce(std::span(gradients), ReduceOp::kAvg);        // in place, automatic algorithm
 //   comm.allreduce(std::span(in), std::span(out), ReduceOp::kMax, Algorithm::kRing);
 //
-//   auto gpu = Communicator::from_env({}, comm_options_from_env(), Memory::kDevice);  // NCCL if built
+//   auto gpu = Communicator::from_env({}, comm_options_from_env(), Memory::kDevice);  // NCCL?
 //   gpu.set_stream(stream);
 //   gpu.allreduce(std::span(device_gradients, n), ReduceOp::kAvg);  // device memory: on `stream`
 //   gpu.synchronize();
@@ -51,16 +51,17 @@
 #endif
 
 #if COLTRAIN_WITH_CUDA
+#include <coltrain/comm/device_collectives.hpp>
 #include <coltrain/comm/device_staging.hpp>
 
 #include <cuda_runtime.h>
 #endif
 
-#if COLTRAIN_WITH_NCCL
+// Under nvcc, where cuda_fp16.h is in already, the NCCL backend and the ring's and tree's
+// reduction kernel register themselves (comm/device_collectives.hpp says why not under g++).
+#if COLTRAIN_WITH_NCCL && defined(__CUDACC__)
 #include <coltrain/comm/nccl_backend.hpp>
-#if defined(__CUDACC__)
-#include <coltrain/cuda/nccl_reduce.cuh>  // registers the ring's and tree's reduction kernel
-#endif
+#include <coltrain/cuda/nccl_reduce.cuh>
 #endif
 
 #include <algorithm>
@@ -192,24 +193,31 @@ class Communicator {
 #if COLTRAIN_WITH_NCCL
   // NCCL over the ranks of the MPI or TCP communicator `host`, which it keeps for host buffers:
   // host's rank 0 draws the unique id and broadcasts it. On the current CUDA device; waits, up to
-  // options.timeout, until every rank has joined.
+  // options.timeout, until every rank has joined. Needs <coltrain/comm/nccl_backend.hpp> in one
+  // translation unit of the program (any nvcc-compiled one that includes this header has it).
   static Communicator nccl(Communicator host, CommOptions options = comm_options_from_env()) {
     if (host.backend_ == Backend::kNccl) {
-      throw InvalidArgument("Communicator::nccl needs an MPI or TCP communicator to bootstrap over");
+      throw InvalidArgument(
+          "Communicator::nccl needs an MPI or TCP communicator to bootstrap over");
     }
-    int device = 0;
-    COLTRAIN_CHECK_CUDA(cudaGetDevice(&device));
-    ncclUniqueId id{};
-    if (host.rank() == 0) COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
-    id = detail::broadcast_unique_id(host, id);
-    host.nccl_ =
-        std::make_unique<NcclBackend>(host.rank(), host.size(), id, device, std::move(options));
+    const NcclFactory factory = registered_nccl_factory();
+    if (factory == nullptr) {
+      throw ConfigError(
+          "the NCCL backend is not in this program: include <coltrain/comm/nccl_backend.hpp> in "
+          "one of its files (nvcc-compiled files that include coltrain/comm/communicator.hpp "
+          "have it), or set COLTRAIN_BACKEND=mpi or tcp");
+    }
+    const BroadcastWords broadcast = [&host](std::span<std::int64_t> words) {
+      host.broadcast(words, 0);
+    };
+    host.nccl_ = factory(host.rank(), host.size(), broadcast, options);
     host.backend_ = Backend::kNccl;
     return host;
   }
 
-  // The NCCL backend, for what this class does not wrap (the ncclComm_t, a stream per call).
-  NcclBackend& nccl() {
+  // The NCCL backend's device side; dynamic_cast it to NcclBackend (comm/nccl_backend.hpp) for
+  // what this class does not wrap (the ncclComm_t, a stream per call).
+  DeviceCollectives& nccl() {
     if (!nccl_) {
       throw InvalidArgument("this communicator's backend is " + std::string(name_of(backend_)) +
                             ", not nccl");
@@ -468,7 +476,8 @@ class Communicator {
   }
 
   // Runs `host()` for host buffers, `staged(StagedCommunicator&)` for device buffers on MPI and
-  // TCP, `nccl(NcclBackend&, stream())` for device buffers on NCCL. Without CUDA every buffer is host.
+  // TCP, `nccl(DeviceCollectives&, stream())` for device buffers on NCCL. Without CUDA every
+  // buffer is host.
   template <class Host, class Staged, class Nccl>
   void dispatch(Memory memory, Host&& host, [[maybe_unused]] Staged&& staged,
                 [[maybe_unused]] Nccl&& nccl) {
@@ -701,7 +710,7 @@ class Communicator {
 #endif
 #if COLTRAIN_WITH_NCCL
   std::vector<cudaStream_t> earlier_streams_;  // NCCL calls went there before set_stream
-  std::unique_ptr<NcclBackend> nccl_;          // declared last: goes before the host transport
+  std::unique_ptr<DeviceCollectives> nccl_;    // declared last: goes before the host transport
 #endif
 };
 

@@ -17,8 +17,8 @@
 //
 // Algorithms: kNative is NCCL's own collective, tuned for the topology; allreduce also runs
 // coltrain's ring and pipelined double binary tree over ncclSend/ncclRecv, both cut into chunks
-// of about 1 MiB, whose reduction of each received chunk is a CUDA kernel (comm/device_reduction.hpp
-// says where it comes from; set_device_reduction overrides it). The ring reduces on a second
+// of about 1 MiB, whose reduction of each received chunk is a CUDA kernel
+// (comm/device_reduction.hpp says where it comes from; set_device_reduction overrides it). The ring reduces on a second
 // stream of its own, so that a chunk's reduction overlaps the next chunk's transfer. (NCCL has no
 // local-reduce primitive that could stand in for the kernel.)
 
@@ -30,6 +30,7 @@
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
+#include <coltrain/comm/device_collectives.hpp>
 #include <coltrain/comm/device_reduction.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
@@ -447,7 +448,7 @@ struct NcclCall {
 
 }  // namespace detail
 
-class NcclBackend {
+class NcclBackend final : public DeviceCollectives {
  public:
   // Rank `rank` of `size` ranks that share `id` (from ncclGetUniqueId on one of them), on CUDA
   // device `device`. Waits, up to options.timeout, until all ranks have joined.
@@ -473,7 +474,7 @@ class NcclBackend {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int device() const { return device_; }
+  int device() const override { return device_; }
   const CommOptions& options() const { return options_; }
   // The NCCL communicator, for calls coltrain does not wrap; null once aborted.
   ncclComm_t nccl_comm() const { return comm_.get(); }
@@ -481,14 +482,14 @@ class NcclBackend {
   // The kernel that reduces received chunks in Algorithm::kRing and kTree: the one set here, else
   // the registered one (comm/device_reduction.hpp); null when there is neither.
   void set_device_reduction(DeviceReduction reduction) { device_reduction_ = reduction; }
-  DeviceReduction device_reduction() const {
+  DeviceReduction device_reduction() const override {
     return device_reduction_ != nullptr ? device_reduction_ : registered_device_reduction();
   }
 
   // ---- allreduce: every rank's output is the reduction of all ranks' input (count elements) ----
   void allreduce(const void* input, void* output, std::size_t count, DataType dtype,
                  cudaStream_t stream, ReduceOp op = ReduceOp::kSum,
-                 Algorithm algorithm = Algorithm::kAutomatic) {
+                 Algorithm algorithm = Algorithm::kAutomatic) override {
     start(Collective::kAllreduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     if (algorithm == Algorithm::kHalvingDoubling) {
@@ -532,7 +533,7 @@ class NcclBackend {
 
   // ---- broadcast: root's input to every rank's output (input is read on the root only) ----
   void broadcast(const void* input, void* output, std::size_t count, DataType dtype, int root,
-                 cudaStream_t stream) {
+                 cudaStream_t stream) override {
     start(Collective::kBroadcast, count, dtype);
     require_root(root);
     if (rank_ == root) require_buffer("input", input, count);
@@ -550,7 +551,7 @@ class NcclBackend {
 
   // ---- allgather: output[i * count, (i + 1) * count) = rank i's input; output has size() * count
   void allgather(const void* input, void* output, std::size_t count, DataType dtype,
-                 cudaStream_t stream) {
+                 cudaStream_t stream) override {
     start(Collective::kAllgather, count, dtype);
     require_buffer("input", input, count);
     require_buffer("output", output, count * group_size());
@@ -568,7 +569,7 @@ class NcclBackend {
   // ---- reduce_scatter: rank i's output (count elements) is block i of the reduction of all
   // ranks' input (size() * count elements) ----
   void reduce_scatter(const void* input, void* output, std::size_t count, DataType dtype,
-                      cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+                      cudaStream_t stream, ReduceOp op = ReduceOp::kSum) override {
     start(Collective::kReduceScatter, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     require_buffer("input", input, count * group_size());
@@ -588,7 +589,7 @@ class NcclBackend {
 
   // ---- reduce: the root's output is the reduction (written and checked on the root only) ----
   void reduce(const void* input, void* output, std::size_t count, DataType dtype, int root,
-              cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+              cudaStream_t stream, ReduceOp op = ReduceOp::kSum) override {
     start(Collective::kReduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     require_root(root);
@@ -636,7 +637,7 @@ class NcclBackend {
     }
   }
   // wait() with the communicator's timeout (COLTRAIN_TIMEOUT).
-  void synchronize(cudaStream_t stream) { wait(stream, Deadline(options_.timeout)); }
+  void synchronize(cudaStream_t stream) override { wait(stream, Deadline(options_.timeout)); }
 
  private:
   // On one rank every reduction is a copy. NCCL 2.28's one-rank average of floating types left the
@@ -951,4 +952,25 @@ class NcclBackend {
   std::string broken_;  // why the communicator was aborted
 };
 
+namespace detail {
+
+// The NcclFactory that Communicator::nccl calls: rank 0 draws the unique id, `broadcast` hands it
+// to every rank.
+inline std::unique_ptr<DeviceCollectives> make_nccl_backend(int rank, int size,
+                                                            const BroadcastWords& broadcast,
+                                                            const CommOptions& options) {
+  int device = 0;
+  COLTRAIN_CHECK_CUDA(cudaGetDevice(&device));
+  ncclUniqueId id{};
+  if (rank == 0) COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
+  UniqueIdWords words = unique_id_words(id);
+  broadcast(std::span<std::int64_t>(words));
+  return std::make_unique<NcclBackend>(rank, size, unique_id_from_words(words), device, options);
+}
+
+// Registered while this translation unit is initialised, before main.
+[[maybe_unused]] static const bool kNcclBackendRegistered =
+    (registered_nccl_factory() = &make_nccl_backend, true);
+
+}  // namespace detail
 }  // namespace coltrain::comm

@@ -1,7 +1,7 @@
 #pragma once
 // The vocabulary of coltrain's collectives: which collective, which reduction, which algorithm,
-// which backend, which memory. Each enum has a name for messages and a parser for command lines and environment
-// variables.
+// which backend, which memory. Each enum has a name for messages and a parser for command lines
+// and environment variables.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
