@@ -2,9 +2,10 @@
 // The NCCL backend of comm::Communicator: collectives on device buffers of one GPU per rank, given
 // as raw pointers with the stream each is enqueued on. Communicator::from_env(Backend::kNccl) (or
 // COLTRAIN_BACKEND=nccl, or Memory::kDevice in a build with NCCL) bootstraps one over MPI or TCP
-// and routes device spans here; Communicator::nccl() reaches it for what the front door does not
-// wrap (the ncclComm_t, per-call streams, wait with a deadline of one's own). It has no factory of
-// its own: the front door is the one way to build a communicator.
+// and routes device spans here, through the DeviceCollectives interface; including this header
+// registers the factory it uses (comm/device_collectives.hpp). Communicator::nccl(), cast to
+// NcclBackend, reaches it for what the front door does not wrap (the ncclComm_t, per-call streams,
+// wait with a deadline of one's own). The front door is the one way to build a communicator.
 //
 // Collectives are enqueued on the given stream and return at once; buffers must stay valid until
 // the stream has run them. The NCCL communicator is non-blocking (ncclConfig_t::blocking = 0), so
@@ -18,9 +19,9 @@
 // Algorithms: kNative is NCCL's own collective, tuned for the topology; allreduce also runs
 // coltrain's ring and pipelined double binary tree over ncclSend/ncclRecv, both cut into chunks
 // of about 1 MiB, whose reduction of each received chunk is a CUDA kernel
-// (comm/device_reduction.hpp says where it comes from; set_device_reduction overrides it). The ring reduces on a second
-// stream of its own, so that a chunk's reduction overlaps the next chunk's transfer. (NCCL has no
-// local-reduce primitive that could stand in for the kernel.)
+// (comm/device_reduction.hpp says where it comes from; set_device_reduction overrides it). The
+// ring reduces on a second stream of its own, so that a chunk's reduction overlaps the next
+// chunk's transfer. (NCCL has no local-reduce primitive that could stand in for the kernel.)
 
 #include <coltrain/core/config.hpp>
 
