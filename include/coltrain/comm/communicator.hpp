@@ -569,7 +569,7 @@ class Communicator {
                             ", automatic)");
     }
     if (algorithm == Algorithm::kNative && host_backend_ != Backend::kMpi) {
-      throw InvalidArgument("algorithm 'native' on host buffers needs the MPI backend; the " +
+      throw InvalidArgument("algorithm 'native' needs the MPI backend; the " +
                             std::string(name_of(host_backend_)) +
                             " backend has ring, tree and "
                             "halving_doubling");
