@@ -13,9 +13,8 @@
 // runs one more operation on fresh inputs is compared element by element, and #wrong sums bad
 // elements over ranks. The exit status is 1 when any element is wrong, 2 on an error.
 // With --mem device, the mpi and tcp backends run coltrain's collectives through
-// DeviceStagedCommunicator (pinned host memory, pipelined chunks of at most --staging-chunk).
+// Communicator's staging (pinned host memory, pipelined chunks of at most --staging-chunk).
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/device_staging.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -1027,9 +1026,9 @@ std::size_t staged_model_bytes(const Case& c, const coltrain::comm::StagingOptio
   return model_bytes(chunk);
 }
 
-// `comm` is a Communicator, or a DeviceStagedCommunicator with the same calls.
-template <class T, class Comm>
-Prepared coltrain_collective(Comm& comm, Algorithm algorithm, Workspace<T>& workspace,
+// Host or device buffers alike: Communicator stages device ones on MPI and TCP.
+template <class T>
+Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<T>& workspace,
                              const Case& c) {
   const std::span<const T> in(workspace.input(), workspace.input_count());
   const std::span<T> out(workspace.output(), workspace.output_count());
@@ -1050,16 +1049,13 @@ Prepared coltrain_collective(Comm& comm, Algorithm algorithm, Workspace<T>& work
   throw coltrain::InvalidArgument("no such collective in the harness");
 }
 
-// Device buffers go through DeviceStagedCommunicator, which runs `comm`'s algorithm per chunk.
+// Device buffers are staged by `comm`, which runs its algorithm per chunk.
 template <class T>
 void bench_coltrain(const Options& options, const World& world, Communicator& comm,
                     const std::string& backend, Report& report) {
   const bool mpi = comm.backend() == coltrain::comm::Backend::kMpi;
   const bool staged = options.memory == MemoryKind::kDevice;
-#if COLTRAIN_WITH_CUDA
-  std::optional<coltrain::comm::DeviceStagedCommunicator> staging;
-  if (staged) staging.emplace(comm, options.staging);
-#endif
+  comm.set_staging_options(options.staging);
   const std::string note = staged ? "staged through pinned host memory in chunks of at most " +
                                         std::to_string(options.staging.chunk_bytes) +
                                         " B; automatic chooses per chunk"
@@ -1071,9 +1067,6 @@ void bench_coltrain(const Options& options, const World& world, Communicator& co
       continue;
     }
     const Prepare<T> prepare = [&](Workspace<T>& workspace, const Case& c) {
-#if COLTRAIN_WITH_CUDA
-      if (staging) return coltrain_collective(*staging, algorithm, workspace, c);
-#endif
       return coltrain_collective(comm, algorithm, workspace, c);
     };
     std::function<std::string(const Case&)> chosen;

@@ -1,5 +1,5 @@
 // Allreduce over coltrain's TCP backend on host buffers and on device buffers (staged through
-// pinned memory by DeviceStagedCommunicator), side by side in one run: what staging costs. Needs
+// pinned memory by Communicator), side by side in one run: what staging costs. Needs
 // no MPI, so that it runs on GPU machines without one; start it with the torchrun variables:
 //
 //   scripts/launch_local 2 build/benchmarks/device_allreduce_bench -b 1M -e 256M
@@ -12,7 +12,7 @@
 // elements over ranks. Exit status: 0, 1 when an element is wrong, 2 on an error, 77 when
 // --mem device finds no CUDA device.
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/device_staging.hpp>
+#include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -43,7 +43,6 @@ namespace {
 using coltrain::DataType;
 using coltrain::comm::Algorithm;
 using coltrain::comm::Communicator;
-using coltrain::comm::DeviceStagedCommunicator;
 using coltrain::comm::ReduceOp;
 using coltrain::comm::StagingOptions;
 
@@ -199,20 +198,14 @@ double slowest(Communicator& comm, double local) {
   return local;
 }
 
-// `staged` is empty for host memory.
+// Device buffers are staged by `comm`; host ones run as they are.
 template <class T>
-Result measure(Communicator& comm, std::optional<DeviceStagedCommunicator>& staged,
-               std::size_t count, const Options& options) {
-  const bool device = staged.has_value();
+Result measure(Communicator& comm, bool device, std::size_t count, const Options& options) {
   const Inputs inputs(options.dtype, comm.size());
   Buffers<T> buffers(device, count);
   buffers.fill(inputs, comm.rank());
   const auto operation = [&] {
-    if (device) {
-      staged->allreduce(buffers.input(), buffers.output(), ReduceOp::kSum, options.algorithm);
-    } else {
-      comm.allreduce(buffers.input(), buffers.output(), ReduceOp::kSum, options.algorithm);
-    }
+    comm.allreduce(buffers.input(), buffers.output(), ReduceOp::kSum, options.algorithm);
   };
   for (int i = 0; i < options.warmup; ++i) operation();
   std::vector<double> repeats;
@@ -241,11 +234,8 @@ Result measure(Communicator& comm, std::optional<DeviceStagedCommunicator>& stag
 
 template <class T>
 std::int64_t run_sweep(Communicator& comm, const Options& options) {
-  std::optional<DeviceStagedCommunicator> no_staging;
-  std::optional<DeviceStagedCommunicator> staged;
-  if (std::ranges::find(options.memories, "device") != options.memories.end()) {
-    staged.emplace(comm, options.staging);
-  }
+  const bool staged = std::ranges::find(options.memories, "device") != options.memories.end();
+  comm.set_staging_options(options.staging);
   const bool root = comm.rank() == 0;
   const std::string dtype(coltrain::name_of(options.dtype));
   if (root) {
@@ -278,8 +268,7 @@ std::int64_t run_sweep(Communicator& comm, const Options& options) {
       std::vector<Result> results;
       std::optional<std::int64_t> size_wrong;
       for (const std::string& memory : options.memories) {
-        results.push_back(
-            measure<T>(comm, memory == "device" ? staged : no_staging, count, options));
+        results.push_back(measure<T>(comm, memory == "device", count, options));
         if (results.back().wrong) size_wrong = size_wrong.value_or(0) + *results.back().wrong;
       }
       wrong += size_wrong.value_or(0);

@@ -1,8 +1,9 @@
-// Single-process pieces of the collectives: names and parsing, header checks, reduction kernels,
-// the block partition and the cost model.
+// Single-process pieces of the collectives: names and parsing, the backend from_env chooses, header
+// checks, reduction kernels, the block partition and the cost model.
 #include <catch2/catch.hpp>
 
 #include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/backend_choice.hpp>
 #include <coltrain/comm/cost_model.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
@@ -31,7 +32,14 @@ TEST_CASE("every enum name parses back to its value", "[comm][types]") {
                  Algorithm::kHalvingDoubling, Algorithm::kAutomatic}) {
     CHECK(parse_algorithm(name_of(a)) == a);
   }
-  CHECK(parse_backend("tcp") == Backend::kTcp);
+  for (auto b : {Backend::kMpi, Backend::kTcp, Backend::kNccl}) {
+    CHECK(parse_backend(name_of(b)) == b);
+  }
+  CHECK(parse_backend("nccl") == Backend::kNccl);
+  CHECK(name_of(Backend::kNccl) == "nccl");
+  for (auto m : {Memory::kHost, Memory::kDevice}) CHECK(parse_memory(name_of(m)) == m);
+  CHECK_THROWS_WITH(parse_backend("gloo"),
+                    Contains("unknown backend 'gloo'") && Contains("mpi, tcp, nccl"));
   CHECK_THROWS_WITH(parse_algorithm("butterfly"),
                     Contains("unknown algorithm 'butterfly'") && Contains("halving_doubling"));
 }
@@ -122,6 +130,78 @@ TEST_CASE("the cost model prefers latency-light algorithms small and ring large"
   CHECK(predict_us(tcp, Collective::kAllgather, Algorithm::kTree, 4, 1024) ==
         std::numeric_limits<double>::infinity());
   CHECK(predict_us(tcp, Collective::kAllreduce, Algorithm::kRing, 1, 1024) == 0);
+}
+
+TEST_CASE("from_env's backend: requested, else COLTRAIN_BACKEND, else by memory, build, launcher",
+          "[comm][backend]") {
+  const auto env = [](bool mpi, bool nccl, bool mpi_launch) {
+    BackendEnvironment environment;
+    environment.with_mpi = mpi;
+    environment.with_nccl = nccl;
+    environment.mpi_launch = mpi_launch;
+    return environment;
+  };
+  const auto is = [](BackendChoice choice, Backend backend, Backend host) {
+    return choice.backend == backend && choice.host == host;
+  };
+  using enum Backend;
+  // Nothing asked: host memory never picks NCCL; device memory does when the build has it.
+  CHECK(is(choose_backend({}, "", Memory::kHost, env(true, true, true)), kMpi, kMpi));
+  CHECK(is(choose_backend({}, "", Memory::kHost, env(true, true, false)), kTcp, kTcp));
+  CHECK(is(choose_backend({}, "", Memory::kHost, env(false, true, true)), kTcp, kTcp));
+  CHECK(is(choose_backend({}, "", Memory::kDevice, env(true, true, true)), kNccl, kMpi));
+  CHECK(is(choose_backend({}, "", Memory::kDevice, env(true, true, false)), kNccl, kTcp));
+  CHECK(is(choose_backend({}, "", Memory::kDevice, env(false, true, true)), kNccl, kTcp));
+  CHECK(is(choose_backend({}, "", Memory::kDevice, env(true, false, true)), kMpi, kMpi));
+  CHECK(is(choose_backend({}, "", Memory::kDevice, env(false, false, true)), kTcp, kTcp));
+  // COLTRAIN_BACKEND beats the defaults; the argument beats COLTRAIN_BACKEND.
+  CHECK(is(choose_backend({}, "nccl", Memory::kHost, env(true, true, true)), kNccl, kMpi));
+  CHECK(is(choose_backend({}, "tcp", Memory::kDevice, env(true, true, true)), kTcp, kTcp));
+  CHECK(is(choose_backend(kTcp, "nccl", Memory::kDevice, env(true, true, true)), kTcp, kTcp));
+  CHECK(is(choose_backend(kNccl, "mpi", Memory::kHost, env(false, true, false)), kNccl, kTcp));
+  // A backend the build lacks, or a name that is none, says where it came from.
+  CHECK_THROWS_AS(choose_backend({}, "nccl", Memory::kHost, env(true, false, true)), ConfigError);
+  CHECK_THROWS_WITH(choose_backend({}, "nccl", Memory::kDevice, env(true, false, true)),
+                    Contains("COLTRAIN_BACKEND=nccl") && Contains("built without NCCL"));
+  CHECK_THROWS_WITH(choose_backend(kNccl, "", Memory::kDevice, env(true, false, true)),
+                    Contains("the requested backend") && Contains("built without NCCL"));
+  CHECK_THROWS_WITH(choose_backend({}, "mpi", Memory::kHost, env(false, true, false)),
+                    Contains("COLTRAIN_BACKEND=mpi") && Contains("built without MPI"));
+  CHECK_THROWS_WITH(choose_backend({}, "infiniband", Memory::kHost, env(true, true, true)),
+                    Contains("COLTRAIN_BACKEND=infiniband") && Contains("unknown backend"));
+}
+
+TEST_CASE("on NCCL device buffers automatic weighs NCCL's own allreduce against ring and tree",
+          "[comm][cost]") {
+  const CostModel nccl = default_cost_model(Backend::kNccl);
+  CHECK(nccl.native_shape == NativeShape::kNccl);
+  // The defaults: NCCL's own collectives start sooner at the same bandwidth, so they win.
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20, std::size_t{1} << 30}) {
+    CHECK(choose_nccl_algorithm(nccl, Collective::kAllreduce, 8, bytes, true) ==
+          Algorithm::kNative);
+  }
+  // Where the native collective is slow on the wire (a topology NCCL tunes badly), the ring wins
+  // large arrays and the tree, with its lg p latency, mid-sized ones on many ranks.
+  CostModel slow_native = nccl;
+  slow_native.native.beta_us_per_byte = 4 * nccl.point_to_point.beta_us_per_byte;
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 2, std::size_t{1} << 30,
+                              true) == Algorithm::kRing);
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 64, std::size_t{4} << 20,
+                              true) == Algorithm::kTree);
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 8, 8, true) ==
+        Algorithm::kNative);
+  // Without the reduction kernel, and for the other collectives, NCCL's own is all there is.
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 8, std::size_t{1} << 30,
+                              false) == Algorithm::kNative);
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kBroadcast, 8, std::size_t{1} << 30,
+                              true) == Algorithm::kNative);
+  CHECK(nccl_algorithms_for(Collective::kAllreduce, true).size() == 3);
+  CHECK(nccl_algorithms_for(Collective::kAllgather, true).size() == 1);
+  // NCCL's native allreduce is the cheaper of its ring and tree, with no MPICH doubling term: on 8
+  // ranks and 1 GiB its ring, 2(p-1) alpha + 2(p-1)/p n beta.
+  const double n = static_cast<double>(std::size_t{1} << 30);
+  CHECK(predict_us(nccl, Collective::kAllreduce, Algorithm::kNative, 8, std::size_t{1} << 30) ==
+        Approx(2 * 7 * nccl.native.alpha_us + 2.0 * 7 / 8 * n * nccl.native.beta_us_per_byte));
 }
 
 TEST_CASE("COLTRAIN_TIMEOUT sets the timeout; bad values name the variable", "[comm][options]") {

@@ -7,7 +7,7 @@
 #include "../support/tcp_launch.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/nccl_communicator.hpp>
+#include <coltrain/comm/nccl_backend.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -127,71 +127,113 @@ TEST_CASE("rank 0's unique id reaches every rank over the TCP bootstrap", "[nccl
   for (const auto& outcome : outcomes) CHECK(outcome.passed());
 }
 
-TEST_CASE("a communicator refuses a rank outside its world before it touches a GPU", "[nccl]") {
-  CHECK_THROWS_WITH(coltrain::comm::NcclCommunicator(2, 2, ncclUniqueId{}, 0),
+TEST_CASE("the NCCL backend refuses a rank outside its world before it touches a GPU", "[nccl]") {
+  CHECK_THROWS_WITH(coltrain::comm::NcclBackend(2, 2, ncclUniqueId{}, 0),
                     Contains("rank 2 is outside a world of 2 ranks"));
-  CHECK_THROWS_WITH(coltrain::comm::NcclCommunicator(0, 0, ncclUniqueId{}, 0),
+  CHECK_THROWS_WITH(coltrain::comm::NcclBackend(0, 0, ncclUniqueId{}, 0),
                     Contains("outside a world of 0 ranks"));
 }
 
-// Runs the schedule of every rank in lockstep on host arrays, doing per step what
-// NcclCommunicator::ring_allreduce enqueues: each rank sends a segment to its right neighbour,
-// which either reduces it with its own input (output = input op received) or stores it.
-TEST_CASE("the ring allreduce schedule reduces every element over every rank exactly once",
+// Runs every rank's ring_allreduce_plan in lockstep on host arrays, as
+// NcclBackend::ring_allreduce enqueues it, with its reductions as late as the plan allows: a
+// round's reduction is queued, and runs only when a later round names it in after_reductions (or
+// at the end), reading its scratch slot then. So a send that reads a chunk not yet reduced, or a
+// receive that overwrites a slot or an output chunk a pending reduction still needs, gives a wrong
+// result.
+TEST_CASE("the chunked ring allreduce plan reduces every element once, with reductions lagging",
           "[nccl]") {
-  const int p = GENERATE(1, 2, 3, 4, 5, 7);
-  const std::size_t count = GENERATE(0u, 1u, 3u, 6u, 37u, 1000u);
+  const int p = GENERATE(1, 2, 3, 4, 5, 7, 8, 13);
+  const int chunks = GENERATE(1, 2, 3, 5);
+  const std::size_t count = GENERATE(0u, 1u, 3u, 6u, 37u, 200u);
   const ReduceOp op =
       GENERATE(ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg);
-  CAPTURE(p, count, static_cast<int>(op));
+  CAPTURE(p, chunks, count, static_cast<int>(op));
 
-  const RankArrays input =
-      random_inputs(p, count, op, static_cast<unsigned>(p * 1000 + static_cast<int>(count)));
+  const RankArrays input = random_inputs(
+      p, count, op, static_cast<unsigned>(p * 1000 + chunks * 100 + static_cast<int>(count)));
   RankArrays output(p, std::vector<std::int64_t>(count, kPoison));
-  if (p == 1) output = input;  // the executor copies: no step runs
+  if (p == 1) output = input;  // the executor copies: no round runs
 
   const detail::Blocks segments(count, static_cast<std::size_t>(p));
-  std::vector<std::vector<detail::RingStep>> schedules;
-  for (int r = 0; r < p; ++r) schedules.push_back(detail::ring_allreduce_schedule(p, r));
-  for (const auto& schedule : schedules) {
-    REQUIRE(schedule.size() == 2 * static_cast<std::size_t>(p - 1));
+  const auto range = [&](int segment, int chunk) {
+    return detail::chunk_of(segments, static_cast<std::size_t>(segment),
+                            static_cast<std::size_t>(chunks), static_cast<std::size_t>(chunk));
+  };
+  std::vector<std::vector<detail::RingRound>> plans;
+  for (int r = 0; r < p; ++r) plans.push_back(detail::ring_allreduce_plan(p, r, chunks));
+  for (const auto& plan : plans) {
+    REQUIRE(plan.size() == (p < 2 ? 0u : 2 * static_cast<std::size_t>((p - 1) * chunks)));
   }
+  // scratch[rank][slot], and each rank's reductions not run yet: (round, the round's plan entry).
+  std::vector<std::vector<std::vector<std::int64_t>>> scratch(
+      p, std::vector<std::vector<std::int64_t>>(detail::kRingSlots));
+  std::vector<std::vector<std::pair<int, const detail::RingRound*>>> pending(p);
+  const auto run_reductions = [&](int r, int up_to) {
+    auto& queue = pending[static_cast<std::size_t>(r)];
+    while (!queue.empty() && queue.front().first <= up_to) {
+      const detail::RingRound& round = *queue.front().second;
+      const detail::Range chunk = range(round.receive_segment, round.chunk);
+      const auto& received = scratch[r][static_cast<std::size_t>(round.slot)];
+      REQUIRE(received.size() == chunk.size);
+      for (std::size_t j = 0; j < chunk.size; ++j) {
+        std::int64_t& target = output[r][chunk.begin + j];
+        target = combine(input[r][chunk.begin + j], received[j], op);
+        if (op == ReduceOp::kAvg && round.completes_segment) target /= p;
+      }
+      queue.erase(queue.begin());
+    }
+  };
 
-  for (std::size_t i = 0; i < schedules[0].size(); ++i) {
+  const std::size_t rounds = plans[0].size();
+  for (std::size_t t = 0; t < rounds; ++t) {
+    CAPTURE(t);
     std::vector<std::vector<std::int64_t>> sent(p);
-    std::vector<int> sent_segment(p);
     for (int r = 0; r < p; ++r) {
-      const detail::RingStep& step = schedules[r][i];
-      REQUIRE(step.send_segment != step.receive_segment);
-      const auto& source = step.send_from_input ? input[r] : output[r];
-      const auto segment = static_cast<std::size_t>(step.send_segment);
-      const auto begin = source.begin() + static_cast<std::ptrdiff_t>(segments.begin(segment));
-      sent[r].assign(begin, begin + static_cast<std::ptrdiff_t>(segments.size(segment)));
-      sent_segment[r] = step.send_segment;
+      const detail::RingRound& round = plans[r][t];
+      REQUIRE(round.send_segment != round.receive_segment);
+      REQUIRE(round.after_reductions < static_cast<int>(t));
+      REQUIRE(round.after_reductions >= static_cast<int>(t) - detail::kRingLag);
+      run_reductions(r, round.after_reductions);
+      const detail::Range chunk = range(round.send_segment, round.chunk);
+      const auto& source = round.send_from_input ? input[r] : output[r];
+      const auto first = source.begin() + static_cast<std::ptrdiff_t>(chunk.begin);
+      sent[r].assign(first, first + static_cast<std::ptrdiff_t>(chunk.size));
     }
     for (int r = 0; r < p; ++r) {
-      const detail::RingStep& step = schedules[r][i];
+      const detail::RingRound& round = plans[r][t];
       const int left = (r + p - 1) % p;
-      REQUIRE(sent_segment[left] == step.receive_segment);
-      const auto segment = static_cast<std::size_t>(step.receive_segment);
-      const std::size_t begin = segments.begin(segment);
-      for (std::size_t j = 0; j < segments.size(segment); ++j) {
-        std::int64_t& target = output[r][begin + j];
-        if (!step.reduce) {
-          target = sent[left][j];
-          continue;
-        }
-        target = combine(input[r][begin + j], sent[left][j], op);
-        if (op == ReduceOp::kAvg && step.completes_segment) target /= p;
+      const detail::RingRound& theirs = plans[left][t];
+      REQUIRE(theirs.send_segment == round.receive_segment);
+      REQUIRE(theirs.chunk == round.chunk);
+      const detail::Range chunk = range(round.receive_segment, round.chunk);
+      if (round.reduce) {
+        REQUIRE(round.slot >= 0);
+        REQUIRE(round.slot < detail::kRingSlots);
+        scratch[r][static_cast<std::size_t>(round.slot)] = sent[left];
+        pending[r].emplace_back(static_cast<int>(t), &round);
+      } else {
+        std::copy(sent[left].begin(), sent[left].end(),
+                  output[r].begin() + static_cast<std::ptrdiff_t>(chunk.begin));
       }
     }
   }
+  for (int r = 0; r < p; ++r) run_reductions(r, static_cast<int>(rounds));
 
   check_allreduced(input, output, op);
 }
 
+TEST_CASE("the ring cuts segments into chunks of 256 KiB to 1 MiB, a quarter of the segment",
+          "[nccl]") {
+  CHECK(detail::ring_chunks(0, 4) == 1);
+  CHECK(detail::ring_chunks(1, 4) == 1);
+  CHECK(detail::ring_chunks(std::size_t{64} << 10, 4) == 1);    // 256 KiB: one chunk
+  CHECK(detail::ring_chunks(std::size_t{512} << 10, 4) == 4);   // 2 MiB: 4 of 512 KiB
+  CHECK(detail::ring_chunks(std::size_t{4} << 20, 4) == 16);    // 16 MiB: 1 MiB chunks
+  CHECK(detail::ring_chunks(std::size_t{1} << 20, 2) == 4);     // f16 counts bytes too
+}
+
 // Runs every rank's tree_allreduce_plan in lockstep on host arrays, as
-// NcclCommunicator::tree_allreduce enqueues it. Per round, NCCL runs one group per rank and
+// NcclBackend::tree_allreduce enqueues it. Per round, NCCL runs one group per rank and
 // executes a group's calls to the same peer in order, so the transfers any two ranks post to each
 // other must pair up position by position (a send against a receive, same tree and chunk); no
 // rank may receive into a chunk it sends from in the same round; then the round's reductions run.

@@ -1,4 +1,5 @@
-// Device side of test_nccl_communicator.cpp: instantiates the ring's reduction kernel.
+// Device side of test_nccl_communicator.cpp: instantiates the ring's and tree's reduction kernel;
+// including nccl_reduce.cuh also registers it for the whole test program.
 
 #include "nccl_reduce_kernels.hpp"
 

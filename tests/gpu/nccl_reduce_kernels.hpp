@@ -1,8 +1,8 @@
 #pragma once
 // coltrain::cuda::device_reduce, compiled by nvcc (nccl_reduce_kernels.cu) and handed to the
-// host-compiled test as the comm::DeviceReduction that NcclCommunicator's ring needs.
+// host-compiled test as the comm::DeviceReduction that the NCCL ring and tree need.
 
-#include <coltrain/comm/nccl_communicator.hpp>
+#include <coltrain/comm/device_reduction.hpp>
 
 namespace coltrain::test {
 

@@ -1,5 +1,6 @@
-// DeviceStagedCommunicator on the GPU: 2 TCP ranks (threads of this process, sharing the one GPU
-// and its CUDA context) run the staged collectives on device buffers filled with random data, and
+// Communicator's device buffers over TCP, staged through pinned memory: 2 TCP ranks (threads of
+// this process, sharing the one GPU and its CUDA context) call the collectives with device spans
+// filled with random data, and
 // each rank compares its result with a host reference in double precision: relative error
 // ||out - ref|| / ||ref|| within 1e-5 for f32 and f64, 1e-2 for f16 and bf16, integers exact.
 // Outputs are poisoned with 0xFF bytes (NaN, or -1 for the positive integer inputs) before each
@@ -8,7 +9,7 @@
 
 #include "../support/thread_ranks.hpp"
 
-#include <coltrain/comm/device_staging.hpp>
+#include <coltrain/comm/communicator.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -141,21 +142,21 @@ std::vector<double> sum_of_inputs(std::size_t count, std::uint64_t salt) {
 }
 
 template <class T>
-void check_allreduce(DeviceStagedCommunicator& staged, std::size_t count, std::uint64_t salt) {
-  const int rank = staged.host().rank();
+void check_allreduce(Communicator& comm, std::size_t count, std::uint64_t salt) {
+  const int rank = comm.rank();
   const std::string at = "allreduce at " + std::to_string(count) + " elements, chunks of " +
-                         std::to_string(staged.options().chunk_bytes) + " B";
+                         std::to_string(comm.staging_options().chunk_bytes) + " B";
   const std::vector<T> mine = random_input<T>(rank, count, salt);
   const std::vector<double> expected = sum_of_inputs<T>(count, salt);
   DeviceArray<T> input(count);
   DeviceArray<T> output(count);
   input.upload(mine);
   output.poison();
-  staged.allreduce(std::span<const T>(input.span()), output.span());
+  comm.allreduce(std::span<const T>(input.span()), output.span());
   expect_close(output.download(), expected, at);
   expect(input.download() == mine || count == 0, at + ": the input changed");
   output.upload(mine);  // in place
-  staged.allreduce(output.span());
+  comm.allreduce(output.span());
   expect_close(output.download(), expected, at + ", in place");
 }
 
@@ -164,13 +165,13 @@ void check_allreduce_sizes(Communicator& comm) {
   StagingOptions small;
   small.chunk_bytes = 64 << 10;
   small.min_chunk_bytes = 16 << 10;
-  DeviceStagedCommunicator staged(comm, small);
+  comm.set_staging_options(small);
   std::uint64_t salt = 1;
   for (std::size_t count : {0, 1, 7, 1023, 16411, 100003, 1000037}) {
-    check_allreduce<T>(staged, count, salt++);
+    check_allreduce<T>(comm, count, salt++);
   }
-  DeviceStagedCommunicator defaults(comm);  // 4 MiB chunks: 3 for 12 MiB of f32
-  check_allreduce<T>(defaults, 3000017, salt++);
+  comm.set_staging_options({});  // 4 MiB chunks: 3 for 12 MiB of f32
+  check_allreduce<T>(comm, 3000017, salt++);
 }
 
 }  // namespace
@@ -179,6 +180,7 @@ TEST_CASE("staged allreduce of device buffers matches a host reference, 2 TCP ra
           "[gpu][staging]") {
   const auto failures = coltrain::testing::run_thread_ranks(kRanks, [](Communicator& comm) {
     COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+    expect(comm.backend() == Backend::kTcp && !comm.stream_ordered(), "a blocking TCP backend");
     check_allreduce_sizes<float>(comm);
     check_allreduce_sizes<half>(comm);
     check_allreduce_sizes<bfloat16>(comm);
@@ -196,7 +198,7 @@ TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buff
     StagingOptions small;
     small.chunk_bytes = 4 << 10;
     small.min_chunk_bytes = 1 << 10;
-    DeviceStagedCommunicator staged(comm, small);
+    comm.set_staging_options(small);
     const int rank = comm.rank();
     for (std::size_t count : {std::size_t{1}, std::size_t{1001}, std::size_t{50021}}) {
       const std::string at = " at " + std::to_string(count) + " elements";
@@ -209,7 +211,7 @@ TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buff
         } else {
           data.poison();
         }
-        staged.broadcast(data.span(), root);
+        comm.broadcast(data.span(), root);
         expect(data.download() == source, "broadcast from " + std::to_string(root) + at);
       }
       {
@@ -217,7 +219,7 @@ TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buff
         DeviceArray<float> output(n * count);
         input.upload(random_input<float>(rank, count, 12));
         output.poison();
-        staged.allgather(std::span<const float>(input.span()), output.span());
+        comm.allgather(std::span<const float>(input.span()), output.span());
         std::vector<float> expected;
         for (int r = 0; r < kRanks; ++r) {
           const std::vector<float> block = random_input<float>(r, count, 12);
@@ -230,7 +232,7 @@ TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buff
         DeviceArray<float> output(count);
         input.upload(random_input<float>(rank, n * count, 13));
         output.poison();
-        staged.reduce_scatter(std::span<const float>(input.span()), output.span());
+        comm.reduce_scatter(std::span<const float>(input.span()), output.span());
         const std::vector<double> sums = sum_of_inputs<float>(n * count, 13);
         const auto first = static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(rank));
         expect_close(output.download(),
@@ -243,7 +245,7 @@ TEST_CASE("staged broadcast, allgather, reduce_scatter and reduce of device buff
         DeviceArray<float> output(count);
         input.upload(random_input<float>(rank, count, 14));
         output.poison();
-        staged.reduce(std::span<const float>(input.span()), output.span(), root);
+        comm.reduce(std::span<const float>(input.span()), output.span(), root);
         if (rank == root) {
           expect_close(output.download(), sum_of_inputs<float>(count, 14), "reduce" + at);
         }
@@ -268,11 +270,21 @@ TEST_CASE("a staged call comes after the work queued on its caller's stream", "[
       std::copy(mine.begin(), mine.end(), static_cast<float*>(pinned));
       DeviceArray<float> data(count);
       data.poison();
-      DeviceStagedCommunicator staged(comm, {}, stream);
+      comm.set_stream(stream);
+      expect(comm.stream() == stream, "set_stream sets the stream");
       COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(data.span().data(), pinned, count * sizeof(float),
                                           cudaMemcpyHostToDevice, stream));
-      staged.allreduce(data.span());
+      comm.allreduce(data.span());
+      comm.synchronize();  // staged calls have finished already: returns at once
       expect_close(data.download(), sum_of_inputs<float>(count, 21), "allreduce after an upload");
+      // Host spans on the same communicator still run on the host, and a moved communicator
+      // stages through its own stager.
+      std::vector<double> metrics{1.0, 2.0};
+      comm.allreduce(std::span(metrics));
+      expect(metrics == std::vector<double>{2.0, 4.0}, "host allreduce beside device ones");
+      Communicator moved = std::move(comm);
+      moved.allreduce(data.span(), ReduceOp::kMax);
+      expect_close(data.download(), sum_of_inputs<float>(count, 21), "allreduce after a move");
     } catch (...) {
       cudaStreamSynchronize(stream);
       cudaFreeHost(pinned);

@@ -1,15 +1,19 @@
-// NcclCommunicator on the test machine's GPU. NCCL runs one rank per GPU, so these run one rank:
+// The NCCL backend on the test machine's GPU, raw (NcclBackend) and through the front door
+// (Communicator with Backend::kNccl). NCCL runs one rank per GPU, so these run one rank:
 // every collective must then return its input exactly, for every dtype, op and size (odd and zero
 // included; kAvg too: on one rank NCCL copies, or for floats scales by 1/1, which is exact), with
 // outputs poisoned first so that unwritten elements show. The ring over
 // ncclSend/ncclRecv is compared with NCCL's native allreduce, and its reduction kernel with a host
 // reference; the schedule for many ranks is tested on the host (tests/comm/test_nccl_host.cpp).
 // Then the failure paths: bad arguments, a stream that never finishes, an init that a rank
-// misses, and the bootstraps over TCP (and MPI, where built with it).
+// misses, and Communicator::from_env(Backend::kNccl): device spans on NCCL with every algorithm,
+// host spans on its TCP bootstrap, the stream and synchronize(). nccl_reduce_kernels.cu includes
+// <coltrain/cuda/nccl_reduce.cuh>, which registers the ring's and tree's kernel for this program.
 
 #include "nccl_reduce_kernels.hpp"
 
-#include <coltrain/comm/nccl_communicator.hpp>
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/nccl_backend.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -26,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -41,7 +46,7 @@ using coltrain::DataType;
 using coltrain::half;
 using coltrain::comm::Algorithm;
 using coltrain::comm::CommOptions;
-using coltrain::comm::NcclCommunicator;
+using coltrain::comm::NcclBackend;
 using coltrain::comm::ReduceOp;
 using namespace std::chrono_literals;
 
@@ -111,10 +116,10 @@ CommOptions options_with_timeout(std::chrono::milliseconds timeout) {
   return options;
 }
 
-NcclCommunicator one_rank(CommOptions options = options_with_timeout(60s)) {
+NcclBackend one_rank(CommOptions options = options_with_timeout(60s)) {
   ncclUniqueId id;
   COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
-  return NcclCommunicator(0, 1, id, 0, std::move(options));
+  return NcclBackend(0, 1, id, 0, std::move(options));
 }
 
 // Calls f.template operator()<T>() with the element type of `dtype`.
@@ -232,7 +237,7 @@ void block_until(void* flag) {
 
 TEST_CASE("one rank: every native collective returns its input, for every dtype, op and size",
           "[nccl]") {
-  NcclCommunicator nccl = one_rank();
+  NcclBackend nccl = one_rank();
   REQUIRE(nccl.rank() == 0);
   REQUIRE(nccl.size() == 1);
   const Stream stream;
@@ -271,7 +276,7 @@ TEST_CASE("one rank: every native collective returns its input, for every dtype,
 }
 
 TEST_CASE("one rank: the typed span overloads move the same data", "[nccl]") {
-  NcclCommunicator nccl = one_rank();
+  NcclBackend nccl = one_rank();
   const Stream stream;
   std::mt19937 random(11);
   constexpr std::size_t kCount = 4099;
@@ -303,7 +308,7 @@ TEST_CASE("one rank: the typed span overloads move the same data", "[nccl]") {
 
 TEST_CASE("ring and tree allreduce over ncclSend/ncclRecv give the native allreduce's bits",
           "[nccl]") {
-  NcclCommunicator nccl = one_rank();
+  NcclBackend nccl = one_rank();
   nccl.set_device_reduction(coltrain::test::nccl_device_reduction());
   const Stream stream;
   std::mt19937 random(13);
@@ -368,7 +373,7 @@ TEST_CASE("the ring's reduction kernel computes a op b, then / divisor, as the h
 }
 
 TEST_CASE("bad arguments are refused with a message, and the communicator stays usable", "[nccl]") {
-  NcclCommunicator nccl = one_rank();
+  NcclBackend nccl = one_rank();
   const Stream stream;
   DeviceBuffer device(16 * sizeof(float));
   std::vector<float> host(16, 1.0f);
@@ -388,16 +393,13 @@ TEST_CASE("bad arguments are refused with a message, and the communicator stays 
   CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
                                    ReduceOp::kSum, Algorithm::kHalvingDoubling),
                     Contains("has no algorithm 'halving_doubling' on NCCL"));
-  for (const Algorithm algorithm : {Algorithm::kRing, Algorithm::kTree}) {
-    CHECK_THROWS_WITH(nccl.allreduce(device.get(), device.get(), 16, f32, stream.get(),
-                                     ReduceOp::kSum, algorithm),
-                      Contains("set_device_reduction"));
-  }
+  // The .cu file of this program registered the reduction kernel.
+  CHECK(nccl.device_reduction() == coltrain::test::nccl_device_reduction());
   const std::span<const float> four(static_cast<const float*>(device.get()), 4);
   const std::span<float> three(static_cast<float*>(device.get()), 3);
   CHECK_THROWS_WITH(nccl.allgather(four, three, stream.get()),
                     Contains("output has 3 elements, expected 4"));
-  CHECK_THROWS_AS(NcclCommunicator(0, 1, ncclUniqueId{}, 1 << 20, options_with_timeout(5s)),
+  CHECK_THROWS_AS(NcclBackend(0, 1, ncclUniqueId{}, 1 << 20, options_with_timeout(5s)),
                   coltrain::ConfigError);
 
   nccl.allreduce(device.get(), device.get(), 16, f32, stream.get());
@@ -407,7 +409,7 @@ TEST_CASE("bad arguments are refused with a message, and the communicator stays 
 
 TEST_CASE("a stream that does not finish by the deadline aborts the communicator and throws",
           "[nccl]") {
-  NcclCommunicator nccl = one_rank(options_with_timeout(500ms));
+  NcclBackend nccl = one_rank(options_with_timeout(500ms));
   const Stream stream;
   DeviceBuffer buffer(1024 * sizeof(float));
   buffer.poison();
@@ -449,7 +451,7 @@ TEST_CASE("an init that a rank never joins times out instead of hanging", "[nccl
   const coltrain::Stopwatch watch;
   bool timed_out = false;
   try {
-    NcclCommunicator(0, 2, id, 0, options_with_timeout(2s));
+    NcclBackend(0, 2, id, 0, options_with_timeout(2s));
   } catch (const coltrain::TimeoutError& e) {
     timed_out = true;
     CHECK_THAT(e.what(),
@@ -471,8 +473,8 @@ TEST_CASE("work still enqueued when a communicator goes is flushed, and a move k
   in.upload(input);
   out.poison();
   {
-    NcclCommunicator first = one_rank();
-    NcclCommunicator second = std::move(first);
+    NcclBackend first = one_rank();
+    NcclBackend second = std::move(first);
     CHECK_THROWS_WITH(first.barrier(stream.get()), Contains("moved from"));
     second.allreduce(in.get(), out.get(), kCount, DataType::kFloat32, stream.get());
   }
@@ -480,38 +482,104 @@ TEST_CASE("work still enqueued when a communicator goes is flushed, and a move k
   CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat32);
 }
 
-TEST_CASE("bootstrapped over TCP, a one-rank job runs collectives", "[nccl][tcp]") {
-  coltrain::LaunchEnv env;  // rank 0 of 1: the rendezvous opens no socket
-  NcclCommunicator nccl = NcclCommunicator::tcp(env, options_with_timeout(60s), 0);
-  CHECK(nccl.rank() == 0);
-  CHECK(nccl.size() == 1);
-  CHECK(nccl.device() == 0);
+TEST_CASE("the front door: from_env(kNccl) runs device spans on NCCL, host spans on TCP",
+          "[nccl][tcp]") {
+  using coltrain::comm::Backend;
+  using coltrain::comm::Communicator;
+  using coltrain::comm::Memory;
+  // Rank 0 of 1 (no launcher variables): the TCP rendezvous opens no socket.
+  Communicator comm = Communicator::from_env(Backend::kNccl, options_with_timeout(60s));
+  CHECK(comm.backend() == Backend::kNccl);
+  CHECK(comm.host_backend() == Backend::kTcp);
+  CHECK(comm.stream_ordered());
+  CHECK(comm.size() == 1);
+  CHECK(comm.nccl().device() == 0);
+  CHECK(comm.stream() == nullptr);
   const Stream stream;
+  comm.set_stream(stream.get());
+  CHECK(comm.stream() == stream.get());
   std::mt19937 random(23);
+
+  for (const Algorithm algorithm :
+       {Algorithm::kAutomatic, Algorithm::kNative, Algorithm::kRing, Algorithm::kTree}) {
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1000}, (std::size_t{3} << 20) + 5}) {
+      CAPTURE(std::string(coltrain::comm::name_of(algorithm)), count);
+      const Bytes input = random_elements(DataType::kFloat32, count, random);
+      DeviceBuffer in(input.size());
+      DeviceBuffer out(input.size());
+      in.upload(input);
+      out.poison();
+      const std::span<const float> in_span(static_cast<const float*>(in.get()), count);
+      const std::span<float> out_span(static_cast<float*>(out.get()), count);
+      comm.allreduce(in_span, out_span, ReduceOp::kAvg, algorithm);
+      comm.synchronize();
+      CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat32);
+      comm.allreduce(out_span, ReduceOp::kMax, algorithm);  // in place, ordered after the first
+      comm.synchronize();
+      CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat32);
+    }
+  }
+
   const Bytes input = random_elements(DataType::kInt64, 999, random);
   DeviceBuffer in(input.size());
   DeviceBuffer out(input.size());
   in.upload(input);
+  const std::span<const std::int64_t> in_span(static_cast<const std::int64_t*>(in.get()), 999);
+  const std::span<std::int64_t> out_span(static_cast<std::int64_t*>(out.get()), 999);
   out.poison();
-  nccl.allreduce(in.get(), out.get(), 999, DataType::kInt64, stream.get(), ReduceOp::kMax);
-  nccl.barrier(stream.get());
+  comm.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(in.get()), 999), 0);
+  comm.allgather(in_span, out_span);
+  comm.synchronize();
   CHECK_SAME_ELEMENTS(out.download(), input, DataType::kInt64);
+  out.poison();
+  comm.reduce_scatter(in_span, out_span, ReduceOp::kSum);
+  comm.synchronize();
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kInt64);
+  out.poison();
+  comm.reduce(in_span, out_span, 0, ReduceOp::kMin);
+  comm.synchronize();
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kInt64);
+
+  // Host spans on the same communicator go to its TCP bootstrap and return with the result.
+  std::vector<double> metrics{1.5, -2.0, 3.25};
+  comm.allreduce(std::span(metrics), ReduceOp::kSum);
+  CHECK(metrics == std::vector<double>{1.5, -2.0, 3.25});
+  comm.barrier();
+
+  CHECK_THROWS_WITH(comm.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(out.get()),
+                                                          999),
+                                   0, Algorithm::kRing),
+                    Contains("broadcast on NCCL device buffers has no algorithm 'ring'"));
+  std::vector<std::int64_t> host_output(999);
+  CHECK_THROWS_WITH(comm.allreduce(in_span, std::span(host_output)),
+                    Contains("input is device memory but output is host memory"));
+  CHECK_THROWS_WITH(
+      comm.allreduce(std::span<float>(static_cast<float*>(out.get()), 4), ReduceOp::kSum,
+                     Algorithm::kHalvingDoubling),
+      Contains("has no algorithm 'halving_doubling' on NCCL"));
+  CHECK(comm.choose(coltrain::comm::Collective::kAllreduce, std::size_t{1} << 20,
+                    Memory::kDevice) == Algorithm::kNative);
 }
 
-#if COLTRAIN_WITH_MPI
-TEST_CASE("bootstrapped over MPI, a one-rank job runs collectives", "[nccl][mpi]") {
-  NcclCommunicator nccl =
-      NcclCommunicator::from_env(coltrain::comm::Backend::kMpi, options_with_timeout(60s), 0);
-  CHECK(nccl.size() == 1);
-  const Stream stream;
-  std::mt19937 random(29);
-  const Bytes input = random_elements(DataType::kFloat64, 4097, random);
-  DeviceBuffer in(input.size());
-  DeviceBuffer out(input.size());
-  in.upload(input);
-  out.poison();
-  nccl.allreduce(in.get(), out.get(), 4097, DataType::kFloat64, stream.get(), ReduceOp::kAvg);
-  nccl.synchronize(stream.get());
-  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat64);
+TEST_CASE("the front door with device memory asked for picks NCCL, and COLTRAIN_BACKEND=nccl too",
+          "[nccl][tcp]") {
+  using coltrain::comm::Backend;
+  using coltrain::comm::Communicator;
+  using coltrain::comm::Memory;
+  ::unsetenv("COLTRAIN_BACKEND");
+  {
+    Communicator device = Communicator::from_env({}, options_with_timeout(60s), Memory::kDevice);
+    CHECK(device.backend() == Backend::kNccl);
+    Communicator host = Communicator::from_env({}, options_with_timeout(60s));
+    CHECK(host.backend() == Backend::kTcp);
+    CHECK_FALSE(host.stream_ordered());
+  }
+  ::setenv("COLTRAIN_BACKEND", "nccl", 1);
+  Communicator named = Communicator::from_env({}, options_with_timeout(60s));
+  ::unsetenv("COLTRAIN_BACKEND");
+  CHECK(named.backend() == Backend::kNccl);
+  DeviceBuffer data(64 * sizeof(float));
+  named.allreduce(std::span<float>(static_cast<float*>(data.get()), 64));
+  named.synchronize();
 }
-#endif

@@ -1,10 +1,25 @@
 #pragma once
-// coltrain's collectives on host buffers: allreduce, broadcast, allgather, reduce_scatter, reduce
-// and barrier over MPI or our TCP transport, with the algorithm chosen per call.
+// coltrain's collectives: allreduce, broadcast, allgather, reduce_scatter, reduce and barrier over
+// MPI, our TCP transport or NCCL, on host or device buffers, with the algorithm chosen per call.
 //
 //   auto comm = coltrain::comm::Communicator::from_env();        // mpiexec, srun, torchrun...
 //   comm.allreduce(std::span(gradients), ReduceOp::kAvg);        // in place, automatic algorithm
 //   comm.allreduce(std::span(in), std::span(out), ReduceOp::kMax, Algorithm::kRing);
+//
+//   auto gpu = Communicator::from_env({}, comm_options_from_env(), Memory::kDevice);  // NCCL?
+//   gpu.set_stream(stream);
+//   gpu.allreduce(std::span(device_gradients, n), ReduceOp::kAvg);  // device memory: on `stream`
+//   gpu.synchronize();
+//
+// Where the buffers live decides the path, per call (cudaPointerGetAttributes, when built with
+// CUDA): host buffers run coltrain's algorithms (or MPI's) over MPI or TCP; device buffers run on
+// NCCL when that is the backend, enqueued on stream() and returning at once (stream_ordered()),
+// and otherwise are staged through pinned host memory in pipelined chunks (comm/device_staging.hpp)
+// and return once the result is in device memory. An NCCL communicator keeps the MPI or TCP
+// communicator that bootstrapped it for host buffers. Device calls come after the work already on
+// stream(); work enqueued on stream() after a call sees its result. synchronize() waits for every
+// device collective so far, up to the timeout, and throws TimeoutError or BackendError naming the
+// rank, the operation, the count and the dtype.
 //
 // Every call is collective: all ranks call it in the same order with the same count, dtype, op,
 // root and algorithm; coltrain's own algorithms check this in every message and throw MismatchError
@@ -16,8 +31,11 @@
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
+#include <coltrain/comm/backend_choice.hpp>
 #include <coltrain/comm/cost_model.hpp>
+#include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/tcp_transport.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -30,6 +48,20 @@
 
 #include <coltrain/comm/mpi_native.hpp>
 #include <coltrain/comm/mpi_transport.hpp>
+#endif
+
+#if COLTRAIN_WITH_CUDA
+#include <coltrain/comm/device_collectives.hpp>
+#include <coltrain/comm/device_staging.hpp>
+
+#include <cuda_runtime.h>
+#endif
+
+// Under nvcc, where cuda_fp16.h is in already, the NCCL backend and the ring's and tree's
+// reduction kernel register themselves (comm/device_collectives.hpp says why not under g++).
+#if COLTRAIN_WITH_NCCL && defined(__CUDACC__)
+#include <coltrain/comm/nccl_backend.hpp>
+#include <coltrain/cuda/nccl_reduce.cuh>
 #endif
 
 #include <algorithm>
@@ -75,12 +107,25 @@ class MpiSession {
 };
 #endif
 
-template <class T>
-inline constexpr bool kNarrowFloat = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
-
-// The element types the collectives take: those of DataType except u8.
-template <class T>
-concept CollectiveElement = ReducibleElement<T> || kNarrowFloat<T>;
+// Device memory (device or managed allocations) as CUDA sees it; host memory otherwise, and
+// always in a build without CUDA or on a machine without a GPU. Asked afresh on every call:
+// memory is freed and reused, so an answer cannot be kept.
+inline Memory memory_of(const void* pointer) {
+#if COLTRAIN_WITH_CUDA
+  if (pointer == nullptr) return Memory::kHost;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // no GPU or driver here: no device memory either
+    return Memory::kHost;
+  }
+  const bool device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  return device ? Memory::kDevice : Memory::kHost;
+#else
+  static_cast<void>(pointer);
+  return Memory::kHost;
+#endif
+}
 
 }  // namespace detail
 
@@ -103,35 +148,29 @@ class Communicator {
   }
 
  public:
-  // From the launcher's environment. The backend is `backend`, else COLTRAIN_BACKEND (mpi or tcp),
-  // else MPI when this build has it and an MPI launcher started the process, else TCP.
+  // From the launcher's environment. The backend is `backend`, else COLTRAIN_BACKEND (mpi, tcp or
+  // nccl), else NCCL when `memory` is kDevice and this build has NCCL, else MPI when this build
+  // has it and an MPI launcher started the process, else TCP (choose_backend in
+  // comm/backend_choice.hpp). NCCL is bootstrapped over that MPI-or-TCP default, on the current
+  // CUDA device (set it with cudaSetDevice first). Every backend takes host and device buffers.
   static Communicator from_env(std::optional<Backend> backend = std::nullopt,
-                               CommOptions options = comm_options_from_env()) {
+                               CommOptions options = comm_options_from_env(),
+                               Memory memory = Memory::kHost) {
     const LaunchEnv env = detect_launch_env();
-    if (!backend) {
-      if (const char* name = std::getenv("COLTRAIN_BACKEND"); name != nullptr && *name != '\0') {
-        try {
-          backend = parse_backend(name);
-        } catch (const InvalidArgument& e) {
-          throw ConfigError("COLTRAIN_BACKEND=" + std::string(name) + ": " + e.message());
-        }
-      } else {
-        const bool mpi_launch =
-            env.launcher == Launcher::kMpich || env.launcher == Launcher::kOpenMpi;
-        backend = BuildConfig::kWithMpi && mpi_launch ? Backend::kMpi : Backend::kTcp;
-      }
-    }
-    if (*backend == Backend::kTcp) return tcp(env, std::move(options));
+    BackendEnvironment environment;
+    environment.mpi_launch = env.launcher == Launcher::kMpich || env.launcher == Launcher::kOpenMpi;
+    const char* requested = std::getenv("COLTRAIN_BACKEND");
+    [[maybe_unused]] const BackendChoice choice =
+        choose_backend(backend, requested != nullptr ? requested : "", memory, environment);
 #if COLTRAIN_WITH_MPI
-    auto session = std::make_shared<detail::MpiSession>();
-    Communicator communicator = mpi(MPI_COMM_WORLD, std::move(options));
-    communicator.mpi_session_ = std::move(session);
-    return communicator;
+    Communicator host = choice.host == Backend::kMpi ? mpi_world(options) : tcp(env, options);
 #else
-    throw ConfigError(
-        "the MPI backend was requested, but this program was built without MPI "
-        "(compile with mpicxx, or set COLTRAIN_BACKEND=tcp)");
+    Communicator host = tcp(env, options);
 #endif
+#if COLTRAIN_WITH_NCCL
+    if (choice.backend == Backend::kNccl) return nccl(std::move(host), std::move(options));
+#endif
+    return host;
   }
 
   // Our TCP transport: rank 0 hosts the rendezvous on env.master_addr:env.master_port.
@@ -151,6 +190,42 @@ class Communicator {
   }
 #endif
 
+#if COLTRAIN_WITH_NCCL
+  // NCCL over the ranks of the MPI or TCP communicator `host`, which it keeps for host buffers:
+  // host's rank 0 draws the unique id and broadcasts it. On the current CUDA device; waits, up to
+  // options.timeout, until every rank has joined. Needs <coltrain/comm/nccl_backend.hpp> in one
+  // translation unit of the program (any nvcc-compiled one that includes this header has it).
+  static Communicator nccl(Communicator host, CommOptions options = comm_options_from_env()) {
+    if (host.backend_ == Backend::kNccl) {
+      throw InvalidArgument(
+          "Communicator::nccl needs an MPI or TCP communicator to bootstrap over");
+    }
+    const NcclFactory factory = registered_nccl_factory();
+    if (factory == nullptr) {
+      throw ConfigError(
+          "the NCCL backend is not in this program: include <coltrain/comm/nccl_backend.hpp> in "
+          "one of its files (nvcc-compiled files that include coltrain/comm/communicator.hpp "
+          "have it), or set COLTRAIN_BACKEND=mpi or tcp");
+    }
+    const BroadcastWords broadcast = [&host](std::span<std::int64_t> words) {
+      host.broadcast(words, 0);
+    };
+    host.nccl_ = factory(host.rank(), host.size(), broadcast, options);
+    host.backend_ = Backend::kNccl;
+    return host;
+  }
+
+  // The NCCL backend's device side; dynamic_cast it to NcclBackend (comm/nccl_backend.hpp) for
+  // what this class does not wrap (the ncclComm_t, a stream per call).
+  DeviceCollectives& nccl() {
+    if (!nccl_) {
+      throw InvalidArgument("this communicator's backend is " + std::string(name_of(backend_)) +
+                            ", not nccl");
+    }
+    return *nccl_;
+  }
+#endif
+
   Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(Communicator&&) noexcept = default;
 
@@ -160,24 +235,99 @@ class Communicator {
   int size() const {
     return with_transport([](const auto& t) { return t.size(); });
   }
+  // What device buffers run on: kMpi, kTcp (both staged) or kNccl.
   Backend backend() const { return backend_; }
+  // What host buffers run on: kMpi or kTcp (under NCCL, the communicator that bootstrapped it).
+  Backend host_backend() const { return host_backend_; }
+  // True when device collectives are enqueued on stream() and return before they run (NCCL);
+  // false when they return with the result in device memory (MPI and TCP, staged).
+  bool stream_ordered() const { return backend_ == Backend::kNccl; }
 
-  const CostModel& cost_model() const { return cost_model_; }
-  void set_cost_model(const CostModel& model) { cost_model_ = model; }
+  // The model kAutomatic uses for `memory`'s buffers: the host backend's, and for device buffers
+  // on NCCL the NCCL one (staged device buffers run host collectives per chunk).
+  const CostModel& cost_model(Memory memory = Memory::kHost) const {
+    return memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_
+                                                                    : cost_model_;
+  }
+  void set_cost_model(const CostModel& model, Memory memory = Memory::kHost) {
+    (memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_ : cost_model_) =
+        model;
+  }
   const AlgorithmTuning& tuning() const { return tuning_; }
   void set_tuning(const AlgorithmTuning& tuning) { tuning_ = tuning; }
-
-  // What kAutomatic runs for `collective` over an array of `bytes` bytes on this communicator.
-  Algorithm choose(Collective collective, std::size_t bytes) const {
-    return choose_algorithm(cost_model_, collective, size(), bytes, backend_ == Backend::kMpi);
+  // How device buffers are staged on MPI and TCP; the same on every rank.
+  const StagingOptions& staging_options() const { return staging_options_; }
+  void set_staging_options(const StagingOptions& options) {
+    plan_chunks(0, 1, 1, options);  // rejects bad options here
+    staging_options_ = options;
+#if COLTRAIN_WITH_CUDA
+    if (staged_) staged_->set_options(options);
+#endif
   }
+
+  // What kAutomatic runs for `collective` over an array of `bytes` bytes in `memory` on this
+  // communicator (staged device buffers: what each chunk's host collective would run).
+  Algorithm choose(Collective collective, std::size_t bytes,
+                   [[maybe_unused]] Memory memory = Memory::kHost) const {
+#if COLTRAIN_WITH_NCCL
+    if (memory == Memory::kDevice && nccl_) {
+      return choose_nccl_algorithm(device_cost_model_, collective, size(), bytes,
+                                   nccl_->device_reduction() != nullptr);
+    }
+#endif
+    return choose_algorithm(cost_model_, collective, size(), bytes,
+                            host_backend_ == Backend::kMpi);
+  }
+
+#if COLTRAIN_WITH_CUDA
+  // The stream device collectives are ordered on (default: the legacy default stream). It must
+  // belong to the device the communicator runs on.
+  void set_stream(cudaStream_t stream) {
+#if COLTRAIN_WITH_NCCL
+    if (nccl_ && stream != stream_ &&
+        std::find(earlier_streams_.begin(), earlier_streams_.end(), stream_) ==
+            earlier_streams_.end()) {
+      earlier_streams_.push_back(stream_);  // synchronize() still waits for what it holds
+    }
+#endif
+    stream_ = stream;
+    if (staged_) staged_->stager().set_caller_stream(stream);
+  }
+  cudaStream_t stream() const { return stream_; }
+
+  // Returns once every device collective called so far has finished; on NCCL waits up to the
+  // communicator's timeout (COLTRAIN_TIMEOUT) and throws TimeoutError or BackendError, after
+  // aborting the communicator, naming the rank, operation, count and dtype. Staged collectives
+  // have finished when they return.
+  void synchronize() {
+#if COLTRAIN_WITH_NCCL
+    if (!nccl_) return;
+    for (cudaStream_t earlier : earlier_streams_) nccl_->synchronize(earlier);
+    earlier_streams_.clear();
+    nccl_->synchronize(stream_);
+#endif
+  }
+#endif
+
+  // Every call below takes host or device spans (all of one call's buffers in the same memory).
 
   // ---- allreduce: every rank ends with the reduction of all ranks' input ----
   template <detail::CollectiveElement T>
   void allreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
                  Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kAllreduce, "output", output.size(), input.size());
-    reduce_collective(Collective::kAllreduce, input, output, op, 0, algorithm);
+    dispatch(
+        memory_of_call<T>(Collective::kAllreduce, input, output),
+        [&] { reduce_collective(Collective::kAllreduce, input, output, op, 0, algorithm); },
+        [&](auto& staged) { staged.allreduce(input, output, op, algorithm); },
+        [&](auto& nccl, auto stream) {
+          const Algorithm chosen = algorithm == Algorithm::kAutomatic
+                                       ? choose(Collective::kAllreduce, input.size_bytes(),
+                                                Memory::kDevice)
+                                       : algorithm;
+          nccl.allreduce(input.data(), output.data(), input.size(), data_type_v<T>,
+                         stream, op, chosen);
+        });
   }
   template <detail::CollectiveElement T>
   void allreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum,
@@ -189,19 +339,15 @@ class Communicator {
   template <detail::CollectiveElement T>
   void broadcast(std::span<T> data, int root = 0, Algorithm algorithm = Algorithm::kAutomatic) {
     require_root(Collective::kBroadcast, root);
-    const MessageHeader call = start(Collective::kBroadcast, data_type_v<T>, data.size(),
-                                     ReduceOp::kSum, root, algorithm, data.size_bytes());
-    with_transport([&](auto& t) {
-      switch (call.algorithm) {
-        case Algorithm::kRing:
-          return ring_broadcast(t, data.data(), data.size(), root, call, tuning_);
-        case Algorithm::kTree:
-          return tree_broadcast(t, data.data(), data.size(), root, call, tuning_);
-        default:
-          return run_native(
-              t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
-      }
-    });
+    dispatch(
+        memory_of_call<T>(Collective::kBroadcast, data, data),
+        [&] { host_broadcast(data, root, algorithm); },
+        [&](auto& staged) { staged.broadcast(data, root, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kBroadcast, algorithm);
+          nccl.broadcast(data.data(), data.data(), data.size(), data_type_v<T>, root,
+                         stream);
+        });
   }
 
   // ---- allgather: output[i * count, (i + 1) * count) = rank i's input; output has size() * count
@@ -209,15 +355,15 @@ class Communicator {
   void allgather(std::span<const T> input, std::span<T> output,
                  Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kAllgather, "output", output.size(), input.size() * group_size());
-    const MessageHeader call = start(Collective::kAllgather, data_type_v<T>, input.size(),
-                                     ReduceOp::kSum, 0, algorithm, output.size_bytes());
-    with_transport([&](auto& t) {
-      if (call.algorithm == Algorithm::kRing) {
-        return ring_allgather(t, input.data(), output.data(), input.size(), call, tuning_);
-      }
-      run_native(
-          t, [&](auto& mpi) { native_allgather(mpi, input.data(), output.data(), input.size()); });
-    });
+    dispatch(
+        memory_of_call<T>(Collective::kAllgather, input, output),
+        [&] { host_allgather(input, output, algorithm); },
+        [&](auto& staged) { staged.allgather(input, output, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kAllgather, algorithm);
+          nccl.allgather(input.data(), output.data(), input.size(), data_type_v<T>,
+                         stream);
+        });
   }
   // In place: data holds size() blocks; this rank's block is its input.
   template <detail::CollectiveElement T>
@@ -234,7 +380,15 @@ class Communicator {
   void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
                       Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kReduceScatter, "input", input.size(), output.size() * group_size());
-    reduce_collective(Collective::kReduceScatter, input, output, op, 0, algorithm);
+    dispatch(
+        memory_of_call<T>(Collective::kReduceScatter, input, output),
+        [&] { reduce_collective(Collective::kReduceScatter, input, output, op, 0, algorithm); },
+        [&](auto& staged) { staged.reduce_scatter(input, output, op, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kReduceScatter, algorithm);
+          nccl.reduce_scatter(input.data(), output.data(), output.size(), data_type_v<T>,
+                              stream, op);
+        });
   }
   // In place: data holds size() blocks; the result lands in this rank's block.
   template <detail::CollectiveElement T>
@@ -251,8 +405,19 @@ class Communicator {
   void reduce(std::span<const T> input, std::span<T> output, int root = 0,
               ReduceOp op = ReduceOp::kSum, Algorithm algorithm = Algorithm::kAutomatic) {
     require_root(Collective::kReduce, root);
-    if (rank() == root) require_size(Collective::kReduce, "output", output.size(), input.size());
-    reduce_collective(Collective::kReduce, input, output, op, root, algorithm);
+    const bool is_root = rank() == root;
+    if (is_root) require_size(Collective::kReduce, "output", output.size(), input.size());
+    // Off the root the output is not used: only the input says where the call's data lives.
+    const std::span<T> used_output = is_root ? output : std::span<T>();
+    dispatch(
+        memory_of_call<T>(Collective::kReduce, input, used_output),
+        [&] { reduce_collective(Collective::kReduce, input, output, op, root, algorithm); },
+        [&](auto& staged) { staged.reduce(input, output, root, op, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kReduce, algorithm);
+          nccl.reduce(input.data(), output.data(), input.size(), data_type_v<T>, root,
+                      stream, op);
+        });
   }
   template <detail::CollectiveElement T>
   void reduce(std::span<T> data, int root = 0, ReduceOp op = ReduceOp::kSum,
@@ -260,6 +425,8 @@ class Communicator {
     reduce(std::span<const T>(data), data, root, op, algorithm);
   }
 
+  // ---- barrier: returns on every rank once all ranks have entered it (over the host backend;
+  // it does not wait for device work: synchronize() does) ----
   // ---- barrier: returns on every rank once all ranks have entered it ----
   void barrier(Algorithm algorithm = Algorithm::kAutomatic) {
     const MessageHeader call =
@@ -272,7 +439,110 @@ class Communicator {
 
  private:
   explicit Communicator(Backend backend)
-      : backend_(backend), cost_model_(default_cost_model(backend)) {}
+      : backend_(backend),
+        host_backend_(backend),
+        cost_model_(default_cost_model(backend)),
+        device_cost_model_(default_cost_model(Backend::kNccl)) {}
+
+#if COLTRAIN_WITH_MPI
+  // MPI_COMM_WORLD, initialising MPI when nobody has, and finalising it with the communicator.
+  static Communicator mpi_world(CommOptions options) {
+    auto session = std::make_shared<detail::MpiSession>();
+    Communicator communicator = mpi(MPI_COMM_WORLD, std::move(options));
+    communicator.mpi_session_ = std::move(session);
+    return communicator;
+  }
+#endif
+
+  // Where a call's buffers live: device when any non-empty one is device memory. Mixed memory is
+  // refused: the host path would read device memory, the device path host memory.
+  template <class T>
+  Memory memory_of_call(Collective collective, std::span<const T> input,
+                        std::span<const T> output) const {
+    if constexpr (!BuildConfig::kWithCuda) return Memory::kHost;
+    const Memory in = input.empty() ? Memory::kHost : detail::memory_of(input.data());
+    const bool same = output.empty() || output.data() == input.data();
+    const Memory out = same ? in : detail::memory_of(output.data());
+    if (!input.empty() && in != out) {
+      ErrorContext context;
+      context.rank = rank();
+      context.operation = std::string(name_of(collective));
+      throw InvalidArgument("input is " + std::string(name_of(in)) + " memory but output is " +
+                                std::string(name_of(out)) +
+                                " memory; a call's buffers must live in the same memory",
+                            context);
+    }
+    return out;
+  }
+
+  // Runs `host()` for host buffers, `staged(StagedCommunicator&)` for device buffers on MPI and
+  // TCP, `nccl(DeviceCollectives&, stream())` for device buffers on NCCL. Without CUDA every
+  // buffer is host.
+  template <class Host, class Staged, class Nccl>
+  void dispatch(Memory memory, Host&& host, [[maybe_unused]] Staged&& staged,
+                [[maybe_unused]] Nccl&& nccl) {
+    if (memory == Memory::kHost) return host();
+#if COLTRAIN_WITH_CUDA
+#if COLTRAIN_WITH_NCCL
+    if (nccl_) return nccl(*nccl_, stream_);
+#endif
+    return staged(staging());
+#endif
+  }
+
+#if COLTRAIN_WITH_CUDA
+  using DeviceStaging = StagedCommunicator<CudaStager, Communicator>;
+
+  // The stager, made at the first staged call on the device current then, and pointed at this
+  // communicator (which may have moved since).
+  DeviceStaging& staging() {
+    if (!staged_) staged_ = std::make_unique<DeviceStaging>(*this, staging_options_, stream_);
+    staged_->rebind(*this);
+    return *staged_;
+  }
+#endif
+
+  // NCCL runs only its own collectives, except allreduce (which has ring and tree too).
+  void require_nccl_native(Collective collective, Algorithm algorithm) const {
+    if (algorithm == Algorithm::kAutomatic || algorithm == Algorithm::kNative) return;
+    ErrorContext context;
+    context.rank = rank();
+    context.operation = std::string(name_of(collective));
+    throw InvalidArgument(std::string(name_of(collective)) + " on NCCL device buffers has no "
+                              "algorithm '" + std::string(name_of(algorithm)) +
+                              "' (it has: native, automatic)",
+                          context);
+  }
+
+  template <detail::CollectiveElement T>
+  void host_broadcast(std::span<T> data, int root, Algorithm algorithm) {
+    const MessageHeader call = start(Collective::kBroadcast, data_type_v<T>, data.size(),
+                                     ReduceOp::kSum, root, algorithm, data.size_bytes());
+    with_transport([&](auto& t) {
+      switch (call.algorithm) {
+        case Algorithm::kRing:
+          return ring_broadcast(t, data.data(), data.size(), root, call, tuning_);
+        case Algorithm::kTree:
+          return tree_broadcast(t, data.data(), data.size(), root, call, tuning_);
+        default:
+          return run_native(
+              t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
+      }
+    });
+  }
+
+  template <detail::CollectiveElement T>
+  void host_allgather(std::span<const T> input, std::span<T> output, Algorithm algorithm) {
+    const MessageHeader call = start(Collective::kAllgather, data_type_v<T>, input.size(),
+                                     ReduceOp::kSum, 0, algorithm, output.size_bytes());
+    with_transport([&](auto& t) {
+      if (call.algorithm == Algorithm::kRing) {
+        return ring_allgather(t, input.data(), output.data(), input.size(), call, tuning_);
+      }
+      run_native(
+          t, [&](auto& mpi) { native_allgather(mpi, input.data(), output.data(), input.size()); });
+    });
+  }
 
   std::size_t group_size() const { return static_cast<std::size_t>(size()); }
 
@@ -298,9 +568,9 @@ class Communicator {
                             std::string(name_of(algorithm)) + "' (it has: " + names +
                             ", automatic)");
     }
-    if (algorithm == Algorithm::kNative && backend_ != Backend::kMpi) {
+    if (algorithm == Algorithm::kNative && host_backend_ != Backend::kMpi) {
       throw InvalidArgument("algorithm 'native' needs the MPI backend; the " +
-                            std::string(name_of(backend_)) +
+                            std::string(name_of(host_backend_)) +
                             " backend has ring, tree and "
                             "halving_doubling");
     }
@@ -418,8 +688,11 @@ class Communicator {
   }
 
   Backend backend_;
+  Backend host_backend_;
   CostModel cost_model_;
+  CostModel device_cost_model_;  // NCCL's, for device buffers
   AlgorithmTuning tuning_;
+  StagingOptions staging_options_;
   std::uint64_t sequence_ = 0;
 #if COLTRAIN_WITH_MPI
   std::shared_ptr<detail::MpiSession> mpi_session_;  // declared first: outlives mpi_
@@ -431,6 +704,14 @@ class Communicator {
       scratch_;
   std::vector<float> widened_input_;
   std::vector<float> widened_output_;
+#if COLTRAIN_WITH_CUDA
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<DeviceStaging> staged_;
+#endif
+#if COLTRAIN_WITH_NCCL
+  std::vector<cudaStream_t> earlier_streams_;  // NCCL calls went there before set_stream
+  std::unique_ptr<DeviceCollectives> nccl_;    // declared last: goes before the host transport
+#endif
 };
 
 }  // namespace coltrain::comm

@@ -2,17 +2,20 @@
 // The alpha-beta-gamma cost model behind Algorithm::kAutomatic. A message of n bytes costs
 // alpha + n beta; reducing n bytes costs n gamma. Each algorithm's time is predicted from its step
 // and byte counts (docs/collectives.md derives them), and automatic picks the cheapest. The
-// constants are per backend, measured on the 2-core development machine with
-// benchmarks/allreduce_bench (see docs/benchmarks.md); other machines can set their own through
+// constants are per backend: MPI and TCP measured on the 2-core development machine with
+// benchmarks/allreduce_bench (see docs/benchmarks.md); NCCL's are set for GPUs linked by NVLink or
+// InfiniBand (see default_cost_model). Other machines can set their own through
 // Communicator::set_cost_model.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 
@@ -24,10 +27,16 @@ struct LinkCosts {
   double gamma_us_per_byte = 0;  // per byte reduced
 };
 
+// How the backend's own allreduce is predicted: MPICH's choice (recursive doubling small,
+// Rabenseifner large) or NCCL's (the cheaper of its ring and its tree; reductions fused into the
+// transfer, so no gamma term).
+enum class NativeShape : std::uint8_t { kMpich, kNccl };
+
 struct CostModel {
   LinkCosts point_to_point;  // coltrain's algorithms over this backend
-  LinkCosts native;          // the backend's own collectives (MPI); unused elsewhere
+  LinkCosts native;          // the backend's own collectives (MPI, NCCL); unused for TCP
   std::size_t chunk_bytes = std::size_t{256} << 10;  // AlgorithmTuning's default
+  NativeShape native_shape = NativeShape::kMpich;
 };
 
 // Fitted to allreduce_bench on the development machine (2 cores, loopback, MPICH 4.0.2, 2 ranks;
@@ -39,6 +48,16 @@ inline CostModel default_cost_model(Backend backend) {
   if (backend == Backend::kMpi) {
     model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
     model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
+  } else if (backend == Backend::kNccl) {
+    // Device buffers on NCCL. Not fitted here (the development machine has no GPU): 40 GB/s per
+    // link, between one H100's NVLink share in an 8-GPU node and 4 x 100 Gb/s InfiniBand; NCCL's
+    // own collectives start in about 10 us. coltrain's ring and tree issue one NCCL group and one
+    // reduction kernel per round, about 25 us; their kernel reduces at HBM speed (1 TB/s of
+    // result). Where NCCL's tuning misses a topology, fitted constants let them win.
+    model.native = {10.0, 1.0 / 40000.0, 0.0};
+    model.point_to_point = {25.0, 1.0 / 40000.0, 1.0 / 1000000.0};
+    model.chunk_bytes = std::size_t{1} << 20;  // the NCCL ring's and tree's chunk
+    model.native_shape = NativeShape::kNccl;
   } else {
     model.point_to_point = {3.5, 1.0 / 1800.0, 1.0 / 6000.0};
   }
@@ -77,8 +96,14 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
           // first and n/2 up in the second.
           return 2 * (lg + chunks) * c.alpha_us + 2 * n * c.beta_us_per_byte +
                  std::min(n / 2, chunk) * c.gamma_us_per_byte;
-        case Algorithm::kHalvingDoubling:
-        case Algorithm::kNative: {
+        case Algorithm::kNative:
+          if (model.native_shape == NativeShape::kNccl) {
+            const double ring = 2 * steps * c.alpha_us + 2 * share * n * c.beta_us_per_byte;
+            const double tree = 2 * lg * c.alpha_us + 2 * n * c.beta_us_per_byte;
+            return std::min(ring, tree) + share * n * c.gamma_us_per_byte;
+          }
+          [[fallthrough]];
+        case Algorithm::kHalvingDoubling: {
           // MPICH's own choice: recursive doubling for small vectors, Rabenseifner for large.
           double rabenseifner = 2 * lg * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
                                 share * n * c.gamma_us_per_byte;
@@ -149,13 +174,12 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
   return {};
 }
 
-// The cheapest algorithm by the model.
-inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
-                                  std::size_t n_bytes, bool native_available) {
-  Algorithm best = Algorithm::kRing;
+// The cheapest of `candidates` by the model (the first of them when none applies).
+inline Algorithm choose_among(const CostModel& model, Collective collective, int p,
+                              std::size_t n_bytes, std::span<const Algorithm> candidates) {
+  Algorithm best = candidates.empty() ? Algorithm::kRing : candidates.front();
   double best_us = std::numeric_limits<double>::infinity();
-  for (Algorithm algorithm : algorithms_for(collective)) {
-    if (algorithm == Algorithm::kNative && !native_available) continue;
+  for (Algorithm algorithm : candidates) {
     const double us = predict_us(model, collective, algorithm, p, n_bytes);
     if (us < best_us) {
       best = algorithm;
@@ -163,6 +187,33 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
     }
   }
   return best;
+}
+
+// The cheapest algorithm by the model on a host backend.
+inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
+                                  std::size_t n_bytes, bool native_available) {
+  std::array<Algorithm, 4> candidates{};
+  std::size_t used = 0;
+  for (Algorithm algorithm : algorithms_for(collective)) {
+    if (algorithm != Algorithm::kNative || native_available) candidates.at(used++) = algorithm;
+  }
+  return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
+}
+
+// The algorithms of `collective` on NCCL device buffers: NCCL's own, and for allreduce coltrain's
+// ring and tree over ncclSend/ncclRecv where their reduction kernel is available.
+inline std::span<const Algorithm> nccl_algorithms_for(Collective collective,
+                                                      bool device_reduction) {
+  static constexpr Algorithm kAll[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree};
+  return collective == Collective::kAllreduce && device_reduction ? std::span<const Algorithm>(kAll)
+                                                                  : std::span(kAll, 1);
+}
+
+// What kAutomatic runs on NCCL device buffers.
+inline Algorithm choose_nccl_algorithm(const CostModel& model, Collective collective, int p,
+                                       std::size_t n_bytes, bool device_reduction) {
+  return choose_among(model, collective, p, n_bytes,
+                      nccl_algorithms_for(collective, device_reduction));
 }
 
 }  // namespace coltrain::comm

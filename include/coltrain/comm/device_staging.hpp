@@ -1,16 +1,16 @@
 #pragma once
-// Collectives on GPU buffers over MPI or TCP: DeviceStagedCommunicator stages them through pinned
-// host memory in pipelined chunks (coltrain/comm/staged_collectives.hpp has the pipeline).
+// The CUDA Stager behind Communicator's collectives on device buffers over MPI and TCP: pinned
+// host slots and copies in pipelined chunks (coltrain/comm/staged_collectives.hpp has the
+// pipeline).
 //
 //   auto comm = coltrain::comm::Communicator::from_env();
-//   coltrain::comm::DeviceStagedCommunicator staged(comm);            // on the current device
-//   staged.allreduce(std::span(device_gradients, n), ReduceOp::kAvg);  // device pointers
+//   comm.allreduce(std::span(device_gradients, n), ReduceOp::kAvg);  // staged: device pointers
 //
-// A call first waits (on the GPU, not the CPU) for the work queued on the stream given at
-// construction (default: the legacy default stream, which waits for every blocking stream), then
-// returns once the result is in device memory. Copies use cudaMemcpyDefault, so any memory that
-// CUDA can address works, though device memory is the point. Runtime API only: plain g++ builds
-// it. Without CUDA (COLTRAIN_WITH_CUDA=0) this header declares nothing.
+// A call first waits (on the GPU, not the CPU) for the work queued on the caller's stream
+// (Communicator::stream(); default: the legacy default stream, which waits for every blocking
+// stream), then returns once the result is in device memory. Copies use cudaMemcpyDefault, so any
+// memory that CUDA can address works, though device memory is the point. Runtime API only: plain
+// g++ builds it. Without CUDA (COLTRAIN_WITH_CUDA=0) this header declares nothing.
 
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/core/config.hpp>
@@ -149,10 +149,6 @@ class CudaStager {
   std::array<void*, kSlots> slots_{};
   std::size_t capacity_ = 0;
 };
-
-// Communicator's collectives on device buffers: `DeviceStagedCommunicator staged(comm, options,
-// stream)`, then staged.allreduce(...) and the rest with device spans.
-using DeviceStagedCommunicator = StagedCommunicator<CudaStager>;
 
 }  // namespace coltrain::comm
 

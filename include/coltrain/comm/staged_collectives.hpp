@@ -7,11 +7,12 @@
 // received data they already hold: a reduction on the device would cost another copy per received
 // chunk, and the host reduces faster than TCP or MPI deliver.
 //
-// The Stager moves the bytes; coltrain/comm/device_staging.hpp has the CUDA one
-// (DeviceStagedCommunicator). Every rank must use the same StagingOptions: each chunk is a
-// collective call of its own, and a different chunking is a MismatchError on the counts.
+// The Stager moves the bytes; coltrain/comm/device_staging.hpp has the CUDA one, which
+// Communicator uses for device buffers on MPI and TCP. Every rank must use the same
+// StagingOptions: each chunk is a collective call of its own, and a different chunking is a
+// MismatchError on the counts.
 
-#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -116,22 +117,29 @@ concept Stager = requires(S stager, std::size_t index, const StagedCopy& copy) {
   requires noexcept(stager.abandon());
 };
 
-// The collectives of Communicator, with the same arguments and rules, on buffers that the Stager
-// copies (for DeviceStagedCommunicator: device memory). Blocking: a call returns when its output
-// is written. Keeps a reference to `host`, which must outlive it; not thread-safe, like
-// Communicator.
-template <Stager S>
+class Communicator;
+
+// The collectives of `Host` (a Communicator), with the same arguments and rules, on buffers that
+// the Stager copies (CudaStager: device memory). Blocking: a call returns when its output is
+// written. Keeps a pointer to `host`, which must outlive it (rebind() after moving the host); not
+// thread-safe, like Communicator.
+template <Stager S, class Host = Communicator>
 class StagedCommunicator {
  public:
   template <class... StagerArgs>
-  explicit StagedCommunicator(Communicator& host, StagingOptions options = {},
+  explicit StagedCommunicator(Host& host, StagingOptions options = {},
                               StagerArgs&&... stager_args)
       : host_(&host), options_(options), stager_(std::forward<StagerArgs>(stager_args)...) {
     plan_chunks(0, 1, 1, options_);  // rejects bad options now, not at the first call
   }
 
-  Communicator& host() { return *host_; }
+  Host& host() { return *host_; }
+  void rebind(Host& host) { host_ = &host; }
   const StagingOptions& options() const { return options_; }
+  void set_options(const StagingOptions& options) {
+    plan_chunks(0, 1, 1, options);
+    options_ = options;
+  }
   S& stager() { return stager_; }
 
   template <detail::CollectiveElement T>
@@ -333,7 +341,7 @@ class StagedCommunicator {
     return context;
   }
 
-  Communicator* host_;
+  Host* host_;
   StagingOptions options_;
   S stager_;
 };

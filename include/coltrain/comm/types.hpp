@@ -1,7 +1,7 @@
 #pragma once
 // The vocabulary of coltrain's collectives: which collective, which reduction, which algorithm,
-// which backend. Each enum has a name for messages and a parser for command lines and environment
-// variables.
+// which backend, which memory. Each enum has a name for messages and a parser for command lines
+// and environment variables.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -34,14 +34,18 @@ enum class ReduceOp : std::uint8_t {
 // How a collective is carried out. The trade-offs, with p ranks, n bytes, latency a, time per byte
 // b and reduction time per byte g (docs/collectives.md derives them):
 enum class Algorithm : std::uint8_t {
-  kNative,           // the backend's own collective (MPI_Allreduce...); MPI backend only
+  kNative,           // the backend's own collective (MPI_Allreduce, ncclAllReduce); MPI and NCCL
   kRing,             // 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng: bandwidth-optimal, latency grows with p
   kTree,             // pipelined double binary tree: about 2(lg p + k) a + 2nb, k chunks: mid sizes
   kHalvingDoubling,  // Rabenseifner: 2 lg(p) a + 2(p-1)/p nb + (p-1)/p ng; extra steps off 2^k
   kAutomatic,        // picks one of the above from the cost model (comm/cost_model.hpp)
 };
 
-enum class Backend : std::uint8_t { kMpi, kTcp };
+// kNccl runs device buffers over NCCL and host buffers over the host backend that bootstrapped it.
+enum class Backend : std::uint8_t { kMpi, kTcp, kNccl };
+
+// Where a collective's buffers live: host memory (pageable or pinned) or CUDA device memory.
+enum class Memory : std::uint8_t { kHost, kDevice };
 
 namespace detail {
 
@@ -93,9 +97,15 @@ inline constexpr std::array<std::pair<std::string_view, Algorithm>, 5> kAlgorith
     {"automatic", Algorithm::kAutomatic},
 }};
 
-inline constexpr std::array<std::pair<std::string_view, Backend>, 2> kBackendNames{{
+inline constexpr std::array<std::pair<std::string_view, Backend>, 3> kBackendNames{{
     {"mpi", Backend::kMpi},
     {"tcp", Backend::kTcp},
+    {"nccl", Backend::kNccl},
+}};
+
+inline constexpr std::array<std::pair<std::string_view, Memory>, 2> kMemoryNames{{
+    {"host", Memory::kHost},
+    {"device", Memory::kDevice},
 }};
 
 }  // namespace detail
@@ -112,6 +122,7 @@ constexpr std::string_view name_of(Algorithm a) {
 constexpr std::string_view name_of(Backend b) {
   return detail::enum_name(b, detail::kBackendNames);
 }
+constexpr std::string_view name_of(Memory m) { return detail::enum_name(m, detail::kMemoryNames); }
 
 inline Collective parse_collective(std::string_view text) {
   return detail::parse_enum(text, detail::kCollectiveNames, "collective");
@@ -124,6 +135,9 @@ inline Algorithm parse_algorithm(std::string_view text) {
 }
 inline Backend parse_backend(std::string_view text) {
   return detail::parse_enum(text, detail::kBackendNames, "backend");
+}
+inline Memory parse_memory(std::string_view text) {
+  return detail::parse_enum(text, detail::kMemoryNames, "memory");
 }
 
 }  // namespace coltrain::comm

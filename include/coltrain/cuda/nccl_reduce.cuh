@@ -1,9 +1,9 @@
 #pragma once
-// The elementwise reduction of coltrain's ring allreduce on NCCL (Algorithm::kRing in
-// comm/nccl_communicator.hpp): output = a op b over one received segment, then, on kAvg's last
-// step, a division by the number of ranks. Hand it to a communicator from a .cu file:
-//
-//   nccl.set_device_reduction(&coltrain::cuda::device_reduce);
+// The elementwise reduction of coltrain's ring and tree allreduce on NCCL (comm/nccl_backend.hpp):
+// output = a op b over one received chunk, then, on kAvg's last step, a division by the number of
+// ranks. Including this header (communicator.hpp does, under nvcc) registers it for the process
+// (comm/device_reduction.hpp), so a program with one nvcc-compiled translation unit that includes
+// the communicator needs no call to enable ring and tree on device buffers.
 //
 // f16 and bf16 are combined in f32 and rounded once per step, as NCCL does; integers wrap on
 // overflow and divide truncating, as the host reductions (comm/reduce_kernels.hpp) do.
@@ -12,6 +12,7 @@
 #error "coltrain/cuda/nccl_reduce.cuh is CUDA code: compile it with nvcc"
 #endif
 
+#include <coltrain/comm/device_reduction.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -105,4 +106,12 @@ inline void device_reduce(void* output, const void* a, const void* b, std::size_
                         " is not a coltrain DataType");
 }
 
+namespace detail {
+
+// Registered while this translation unit is initialised, before main; every unit that includes
+// this header registers the same function.
+[[maybe_unused]] static const bool kDeviceReduceRegistered =
+    (comm::registered_device_reduction() = &device_reduce, true);
+
+}  // namespace detail
 }  // namespace coltrain::cuda

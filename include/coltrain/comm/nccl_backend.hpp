@@ -1,40 +1,38 @@
 #pragma once
-// coltrain's collectives on device buffers through NCCL, one GPU per rank. Bootstrapped from MPI or
-// from coltrain's TCP rendezvous (same launch contract as Communicator): rank 0 draws the
-// ncclUniqueId and broadcasts it over a host Communicator.
+// The NCCL backend of comm::Communicator: collectives on device buffers of one GPU per rank, given
+// as raw pointers with the stream each is enqueued on. Communicator::from_env(Backend::kNccl) (or
+// COLTRAIN_BACKEND=nccl, or Memory::kDevice in a build with NCCL) bootstraps one over MPI or TCP
+// and routes device spans here, through the DeviceCollectives interface; including this header
+// registers the factory it uses (comm/device_collectives.hpp). Communicator::nccl(), cast to
+// NcclBackend, reaches it for what the front door does not wrap (the ncclComm_t, per-call streams,
+// wait with a deadline of one's own). The front door is the one way to build a communicator.
 //
-//   auto nccl = coltrain::comm::NcclCommunicator::from_env();    // mpiexec, srun, torchrun...
-//   nccl.allreduce(std::span<const float>(grad, n), std::span<float>(grad, n), stream,
-//                  ReduceOp::kAvg);                               // enqueued on `stream`
-//   nccl.synchronize(stream);  // polls; on an error or at COLTRAIN_TIMEOUT: abort and throw
-//
-// Collectives are enqueued on the caller's stream and return at once; buffers must stay valid
-// until the stream has run them. The NCCL communicator is non-blocking (ncclConfig_t::blocking =
-// 0), so no call into NCCL waits on a peer: wait() and synchronize() poll cudaStreamQuery and
+// Collectives are enqueued on the given stream and return at once; buffers must stay valid until
+// the stream has run them. The NCCL communicator is non-blocking (ncclConfig_t::blocking = 0), so
+// no call into NCCL waits on a peer: wait() and synchronize() poll cudaStreamQuery and
 // ncclCommGetAsyncError against a deadline, and on an error or at the deadline abort the
 // communicator and throw (TimeoutError, BackendError) naming the rank, the world size and the last
 // operation enqueued. After that the communicator is unusable. NCCL does not check that ranks
 // agree on the collective, count or dtype: a disagreement shows as a timeout (or garbage). Not
 // thread-safe: one thread calls a communicator at a time.
 //
-// Algorithms: kNative (also what kAutomatic picks) is NCCL's own collective, tuned for the
-// topology; allreduce also runs coltrain's ring and pipelined double binary tree over
-// ncclSend/ncclRecv, whose reduction of each received segment is a CUDA kernel. Kernels need nvcc
-// and this header is host code, so the kernel is handed in:
-// set_device_reduction(&coltrain::cuda::device_reduce) from a .cu file that includes
-// <coltrain/cuda/nccl_reduce.cuh>. A function pointer keeps this class one definition in .cpp and
-// .cu translation units alike. (NCCL has no local-reduce primitive that could stand in for the
-// kernel.)
+// Algorithms: kNative is NCCL's own collective, tuned for the topology; allreduce also runs
+// coltrain's ring and pipelined double binary tree over ncclSend/ncclRecv, both cut into chunks
+// of about 1 MiB, whose reduction of each received chunk is a CUDA kernel
+// (comm/device_reduction.hpp says where it comes from; set_device_reduction overrides it). The
+// ring reduces on a second stream of its own, so that a chunk's reduction overlaps the next
+// chunk's transfer. (NCCL has no local-reduce primitive that could stand in for the kernel.)
 
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_NCCL
-#error "coltrain/comm/nccl_communicator.hpp needs NCCL: build with COLTRAIN_WITH_NCCL=1"
+#error "coltrain/comm/nccl_backend.hpp needs NCCL: build with COLTRAIN_WITH_NCCL=1"
 #endif
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
-#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/device_collectives.hpp>
+#include <coltrain/comm/device_reduction.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -45,19 +43,17 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#if COLTRAIN_WITH_MPI
-#include <mpi.h>
-#endif
-
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "coltrain's NCCL backend needs NCCL 2.14 or newer (non-blocking communicators)"
 #endif
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -67,12 +63,6 @@
 #include <vector>
 
 namespace coltrain::comm {
-
-// Enqueues output[i] = a[i] op b[i] for i < count on `stream` (output may equal a), then, when
-// `divisor` > 1, divides output by it (kAvg's last step; integers truncate). kAvg adds. f16 and
-// bf16 are combined in f32. coltrain::cuda::device_reduce (cuda/nccl_reduce.cuh) is one.
-using DeviceReduction = void (*)(void* output, const void* a, const void* b, std::size_t count,
-                                 DataType dtype, ReduceOp op, int divisor, cudaStream_t stream);
 
 namespace detail {
 
@@ -131,38 +121,81 @@ inline ncclUniqueId unique_id_from_words(const UniqueIdWords& words) {
   return id;
 }
 
-// Every rank returns rank 0's `id`; the other ranks' argument is ignored.
-inline ncclUniqueId broadcast_unique_id(Communicator& bootstrap, const ncclUniqueId& id) {
+// Every rank returns rank 0's `id`; the other ranks' argument is ignored. `bootstrap` is a host
+// Communicator.
+template <class Host>
+ncclUniqueId broadcast_unique_id(Host& bootstrap, const ncclUniqueId& id) {
   UniqueIdWords words = unique_id_words(id);
   bootstrap.broadcast(std::span<std::int64_t>(words), 0);
   return unique_id_from_words(words);
 }
 
-// One step of the ring allreduce on rank r of p, over `count` elements cut into p segments
-// (Blocks). Every rank sends to r + 1 and receives from r - 1.
-struct RingStep {
+// One round of the chunked ring allreduce on rank r of p (ring_allreduce_plan): `count` elements
+// cut into p segments (Blocks), each segment into `chunks` chunks (Blocks again); every rank sends
+// one chunk to r + 1 and receives one from r - 1 per round, in one NCCL group.
+struct RingRound {
   int send_segment = 0;
   int receive_segment = 0;
+  int chunk = 0;                   // the same chunk of both segments
   bool send_from_input = false;    // the first step sends this rank's own input
-  bool reduce = false;             // output[seg] = input[seg] op received; else stored as received
-  bool completes_segment = false;  // this reduction finishes segment r: kAvg divides here
+  bool reduce = false;             // received into scratch `slot`; output = input op slot after
+  bool completes_segment = false;  // this reduction finishes segment r's chunk: kAvg divides here
+  int slot = 0;                    // the scratch slot a reduced chunk lands in
+  // Before this round's transfers, the reductions of every round up to this one (-1: none) must
+  // have finished. Reductions run on a stream of their own, so later ones may still be running.
+  int after_reductions = -1;
 };
 
-// Reduce-scatter: step s sends segment r-1-s and receives segment r-2-s, which this rank has not
-// touched yet, so it reduces with its own input; after p-1 steps segment r holds the reduction of
-// all ranks. Allgather: step s sends segment r-s and receives segment r-s-1. Each rank sends
-// 2(p-1)/p of the array; no step needs more scratch than one segment.
-inline std::vector<RingStep> ring_allreduce_schedule(int p, int r) {
-  std::vector<RingStep> steps;
-  if (p < 2) return steps;
-  steps.reserve(2 * static_cast<std::size_t>(p - 1));
-  for (int s = 0; s < p - 1; ++s) {
-    steps.push_back({modulo(r - 1 - s, p), modulo(r - 2 - s, p), s == 0, true, s == p - 2});
+// Reductions run at most this many rounds behind the transfers, and a round receives into one of
+// this many scratch slots: round t's transfer overlaps round t-1's reduction.
+inline constexpr int kRingLag = 2;
+inline constexpr int kRingSlots = 2;
+
+// Reduce-scatter, steps s < p-1: chunk j of segment r-1-s travels right while chunk j of segment
+// r-2-s arrives from the left and is reduced with this rank's input; after p-1 steps segment r
+// holds the reduction of all ranks. Allgather, steps s < p-1: segment r-s travels and r-s-1
+// arrives, stored as received. Round t is step t / chunks, chunk t % chunks, so what a round sends
+// was reduced `chunks` rounds earlier; with a lag of min(kRingLag, chunks) rounds, that reduction
+// and the one that last read the round's scratch slot are done before the round. Each rank sends
+// 2(p-1)/p of the array in 2(p-1) x chunks rounds.
+inline std::vector<RingRound> ring_allreduce_plan(int p, int r, int chunks) {
+  std::vector<RingRound> rounds;
+  if (p < 2 || chunks < 1) return rounds;
+  const int steps = p - 1;
+  const int lag = std::min(kRingLag, chunks);
+  rounds.reserve(2 * static_cast<std::size_t>(steps) * static_cast<std::size_t>(chunks));
+  for (int t = 0; t < 2 * steps * chunks; ++t) {
+    const int step = t / chunks;
+    RingRound round;
+    round.chunk = t % chunks;
+    round.after_reductions = t - lag;
+    if (step < steps) {
+      round.send_segment = modulo(r - 1 - step, p);
+      round.receive_segment = modulo(r - 2 - step, p);
+      round.send_from_input = step == 0;
+      round.reduce = true;
+      round.completes_segment = step == steps - 1;
+      round.slot = t % kRingSlots;
+    } else {
+      round.send_segment = modulo(r - (step - steps), p);
+      round.receive_segment = modulo(r - (step - steps) - 1, p);
+    }
+    rounds.push_back(round);
   }
-  for (int s = 0; s < p - 1; ++s) {
-    steps.push_back({modulo(r - s, p), modulo(r - s - 1, p), false, false, false});
-  }
-  return steps;
+  return rounds;
+}
+
+// The ring's chunks per segment: about a quarter of the segment, within 256 KiB and 1 MiB, so that
+// the pipeline fills and a round's transfer outweighs its group launch and kernel.
+inline constexpr std::size_t kRingChunkBytes = std::size_t{1} << 20;
+inline constexpr std::size_t kRingMinChunkBytes = std::size_t{256} << 10;
+
+inline int ring_chunks(std::size_t segment_elements, std::size_t element_bytes) {
+  const std::size_t bytes = segment_elements * element_bytes;
+  const std::size_t chunk_bytes = std::clamp(bytes / 4, kRingMinChunkBytes, kRingChunkBytes);
+  const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes / element_bytes);
+  return static_cast<int>(
+      std::max<std::size_t>(1, (segment_elements + chunk_elements - 1) / chunk_elements));
 }
 
 // The pipelined double binary tree allreduce (Algorithm::kTree) over ncclSend/ncclRecv: the data's
@@ -284,6 +317,50 @@ class StreamAllocation {
   cudaStream_t stream_;
 };
 
+// The ring's second stream, on which received chunks are reduced while the next ones travel, with
+// its events: `transferred` marks a round's group on the caller's stream, reduced[i] a reduction.
+// Made at the first ring allreduce and kept: creating streams per call would cost more than a
+// small allreduce.
+class ReductionLane {
+ public:
+  static constexpr std::size_t kEvents = kRingLag + 1;
+
+  ReductionLane() {
+    try {
+      COLTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      COLTRAIN_CHECK_CUDA(cudaEventCreateWithFlags(&transferred_, cudaEventDisableTiming));
+      for (cudaEvent_t& event : reduced_) {
+        COLTRAIN_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ReductionLane(const ReductionLane&) = delete;
+  ReductionLane& operator=(const ReductionLane&) = delete;
+  ~ReductionLane() { release(); }
+
+  cudaStream_t stream() const { return stream_; }
+  cudaEvent_t transferred() const { return transferred_; }
+  cudaEvent_t reduced(std::size_t i) const { return reduced_[i % kEvents]; }
+
+ private:
+  // Work still enqueued keeps its stream alive: cudaStreamDestroy returns at once and the stream
+  // goes once it is idle.
+  void release() noexcept {
+    for (cudaEvent_t event : reduced_) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (transferred_ != nullptr) cudaEventDestroy(transferred_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t transferred_ = nullptr;
+  std::array<cudaEvent_t, kEvents> reduced_{};
+};
+
 // Sleeps between polls once a wait has lasted a while: a short collective ends within microseconds,
 // a hung one must not burn a core.
 inline void poll_backoff(unsigned polls) {
@@ -372,53 +449,12 @@ struct NcclCall {
 
 }  // namespace detail
 
-class NcclCommunicator {
+class NcclBackend final : public DeviceCollectives {
  public:
-  // From the launcher's environment: the host communicator that carries the unique id is
-  // Communicator::from_env(bootstrap, options) (MPI under an MPI launcher when built with MPI,
-  // else TCP on MASTER_ADDR:MASTER_PORT), the device is `device`, else LOCAL_RANK.
-  static NcclCommunicator from_env(std::optional<Backend> bootstrap = std::nullopt,
-                                   CommOptions options = comm_options_from_env(),
-                                   std::optional<int> device = std::nullopt) {
-    const LaunchEnv env = detect_launch_env();
-    // `options` is copied twice, not moved: the order in which arguments are built is unspecified.
-    return bootstrapped_by(Communicator::from_env(bootstrap, options),
-                           device.value_or(env.local_rank), options);
-  }
-
-  // Bootstrapped over coltrain's TCP rendezvous: rank 0 hosts it on env.master_addr:master_port.
-  static NcclCommunicator tcp(const LaunchEnv& env, CommOptions options = comm_options_from_env(),
-                              std::optional<int> device = std::nullopt) {
-    return bootstrapped_by(Communicator::tcp(env, options), device.value_or(env.local_rank),
-                           options);
-  }
-
-#if COLTRAIN_WITH_MPI
-  // Over the ranks of an MPI code's communicator (MPI must be initialised).
-  static NcclCommunicator mpi(MPI_Comm comm, CommOptions options = comm_options_from_env(),
-                              std::optional<int> device = std::nullopt) {
-    const int local_rank = device ? *device : detect_launch_env().local_rank;
-    return bootstrapped_by(Communicator::mpi(comm, options), local_rank, options);
-  }
-#endif
-
-  // Over any host communicator, which the NCCL communicator keeps (MPI stays initialised while it
-  // lives): its rank 0 draws the unique id and broadcasts it.
-  static NcclCommunicator bootstrapped_by(Communicator bootstrap, int device,
-                                          CommOptions options = comm_options_from_env()) {
-    ncclUniqueId id{};
-    if (bootstrap.rank() == 0) COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
-    id = detail::broadcast_unique_id(bootstrap, id);
-    NcclCommunicator communicator(bootstrap.rank(), bootstrap.size(), id, device,
-                                  std::move(options));
-    communicator.bootstrap_.emplace(std::move(bootstrap));
-    return communicator;
-  }
-
   // Rank `rank` of `size` ranks that share `id` (from ncclGetUniqueId on one of them), on CUDA
   // device `device`. Waits, up to options.timeout, until all ranks have joined.
-  NcclCommunicator(int rank, int size, const ncclUniqueId& id, int device,
-                   CommOptions options = comm_options_from_env())
+  NcclBackend(int rank, int size, const ncclUniqueId& id, int device,
+              CommOptions options = comm_options_from_env())
       : rank_(rank), size_(size), device_(device), options_(std::move(options)) {
     if (size < 1 || rank < 0 || rank >= size) {
       throw InvalidArgument("rank " + std::to_string(rank) + " is outside a world of " +
@@ -434,36 +470,40 @@ class NcclCommunicator {
     finish_enqueue(ncclCommInitRankConfig(comm_.receive(), size, id, rank, &config));
   }
 
-  NcclCommunicator(NcclCommunicator&&) noexcept = default;
-  NcclCommunicator& operator=(NcclCommunicator&&) noexcept = default;
+  NcclBackend(NcclBackend&&) noexcept = default;
+  NcclBackend& operator=(NcclBackend&&) noexcept = default;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  int device() const { return device_; }
+  int device() const override { return device_; }
   const CommOptions& options() const { return options_; }
   // The NCCL communicator, for calls coltrain does not wrap; null once aborted.
   ncclComm_t nccl_comm() const { return comm_.get(); }
 
-  // The kernel that reduces received chunks in Algorithm::kRing and kTree (see the top of this
-  // header).
+  // The kernel that reduces received chunks in Algorithm::kRing and kTree: the one set here, else
+  // the registered one (comm/device_reduction.hpp); null when there is neither.
   void set_device_reduction(DeviceReduction reduction) { device_reduction_ = reduction; }
+  DeviceReduction device_reduction() const override {
+    return device_reduction_ != nullptr ? device_reduction_ : registered_device_reduction();
+  }
 
   // ---- allreduce: every rank's output is the reduction of all ranks' input (count elements) ----
   void allreduce(const void* input, void* output, std::size_t count, DataType dtype,
                  cudaStream_t stream, ReduceOp op = ReduceOp::kSum,
-                 Algorithm algorithm = Algorithm::kAutomatic) {
+                 Algorithm algorithm = Algorithm::kAutomatic) override {
     start(Collective::kAllreduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     if (algorithm == Algorithm::kHalvingDoubling) {
       throw invalid("has no algorithm '" + std::string(name_of(algorithm)) +
                     "' on NCCL (it has: native, ring, tree, automatic)");
     }
+    if (algorithm == Algorithm::kAutomatic) algorithm = Algorithm::kNative;
     const bool own_algorithm = algorithm == Algorithm::kRing || algorithm == Algorithm::kTree;
-    if (own_algorithm && device_reduction_ == nullptr) {
+    if (own_algorithm && device_reduction() == nullptr) {
       throw invalid("with algorithm '" + std::string(name_of(algorithm)) +
-                    "' reduces on the device with a CUDA kernel: include "
-                    "<coltrain/cuda/nccl_reduce.cuh> in a .cu file and call "
-                    "set_device_reduction(&coltrain::cuda::device_reduce) first");
+                    "' reduces on the device with a CUDA kernel, and this program has none: "
+                    "compile one translation unit that includes <coltrain/comm/communicator.hpp> "
+                    "(or <coltrain/cuda/nccl_reduce.cuh>) with nvcc, or use 'native'");
     }
     require_buffer("input", input, count);
     require_buffer("output", output, count);
@@ -494,7 +534,7 @@ class NcclCommunicator {
 
   // ---- broadcast: root's input to every rank's output (input is read on the root only) ----
   void broadcast(const void* input, void* output, std::size_t count, DataType dtype, int root,
-                 cudaStream_t stream) {
+                 cudaStream_t stream) override {
     start(Collective::kBroadcast, count, dtype);
     require_root(root);
     if (rank_ == root) require_buffer("input", input, count);
@@ -512,7 +552,7 @@ class NcclCommunicator {
 
   // ---- allgather: output[i * count, (i + 1) * count) = rank i's input; output has size() * count
   void allgather(const void* input, void* output, std::size_t count, DataType dtype,
-                 cudaStream_t stream) {
+                 cudaStream_t stream) override {
     start(Collective::kAllgather, count, dtype);
     require_buffer("input", input, count);
     require_buffer("output", output, count * group_size());
@@ -530,7 +570,7 @@ class NcclCommunicator {
   // ---- reduce_scatter: rank i's output (count elements) is block i of the reduction of all
   // ranks' input (size() * count elements) ----
   void reduce_scatter(const void* input, void* output, std::size_t count, DataType dtype,
-                      cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+                      cudaStream_t stream, ReduceOp op = ReduceOp::kSum) override {
     start(Collective::kReduceScatter, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     require_buffer("input", input, count * group_size());
@@ -550,7 +590,7 @@ class NcclCommunicator {
 
   // ---- reduce: the root's output is the reduction (written and checked on the root only) ----
   void reduce(const void* input, void* output, std::size_t count, DataType dtype, int root,
-              cudaStream_t stream, ReduceOp op = ReduceOp::kSum) {
+              cudaStream_t stream, ReduceOp op = ReduceOp::kSum) override {
     start(Collective::kReduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
     require_root(root);
@@ -598,7 +638,7 @@ class NcclCommunicator {
     }
   }
   // wait() with the communicator's timeout (COLTRAIN_TIMEOUT).
-  void synchronize(cudaStream_t stream) { wait(stream, Deadline(options_.timeout)); }
+  void synchronize(cudaStream_t stream) override { wait(stream, Deadline(options_.timeout)); }
 
  private:
   // On one rank every reduction is a copy. NCCL 2.28's one-rank average of floating types left the
@@ -763,46 +803,73 @@ class NcclCommunicator {
     broken_ = std::move(reason) + "; the NCCL communicator was aborted";
   }
 
-  // Algorithm::kRing (see ring_allreduce_schedule), on 2 ranks or more. Each step is one grouped
-  // send/recv of a whole segment, then the reduction kernel, all on `stream`: NCCL pipelines the
-  // transfer itself, and overlapping the kernel with the next transfer would need a second stream
-  // and events.
+  // Algorithm::kRing (see ring_allreduce_plan), on 2 ranks or more. Each round is one NCCL group
+  // on `stream`; its reduction runs on the lane's stream once the group is done, while the next
+  // round's group travels, and a round's group waits only for the reductions its plan names.
+  // `stream` joins the lane at the end, so later work on it sees the result.
   void ring_allreduce(const void* input, void* output, std::size_t count, DataType dtype,
                       ReduceOp op, cudaStream_t stream) {
     const std::size_t element = size_of(dtype);
     const ncclDataType_t type = detail::nccl_data_type(dtype);
     const detail::Blocks segments(count, group_size());
-    const auto offset = [&](int segment) {
-      return segments.begin(static_cast<std::size_t>(segment)) * element;
+    const int chunks = detail::ring_chunks(segments.size(0), element);
+    const auto range = [&](int segment, int chunk) {
+      return detail::chunk_of(segments, static_cast<std::size_t>(segment),
+                              static_cast<std::size_t>(chunks), static_cast<std::size_t>(chunk));
     };
-    const auto length = [&](int segment) {
-      return segments.size(static_cast<std::size_t>(segment));
-    };
+    const std::size_t slot_bytes = (segments.size(0) + chunks - 1) / chunks * element;
+    const DeviceReduction reduction = device_reduction();
     const char* const in = static_cast<const char*>(input);
     char* const out = static_cast<char*>(output);
     const int right = (rank_ + 1) % size_;
     const int left = (rank_ + size_ - 1) % size_;
-    const detail::StreamAllocation received(segments.size(0) * element, stream);
+    if (!lane_) lane_ = std::make_unique<detail::ReductionLane>();
+    const detail::ReductionLane& lane = *lane_;
+    const detail::StreamAllocation scratch(detail::kRingSlots * slot_bytes, stream);
+    const auto slot = [&](int s) {
+      return static_cast<char*>(scratch.get()) + static_cast<std::size_t>(s) * slot_bytes;
+    };
+    std::vector<int> reduced;  // rounds whose reduction was enqueued, in order
+    std::size_t waited = 0;    // reduced[0, waited) are behind `stream` already
     try {
-      for (const detail::RingStep& step : detail::ring_allreduce_schedule(size_, rank_)) {
-        const std::size_t sent = length(step.send_segment);
-        const std::size_t arriving = length(step.receive_segment);
-        if (sent == 0 && arriving == 0) continue;  // every rank skips the same empty segments
-        void* const landing = step.reduce ? received.get() : out + offset(step.receive_segment);
-        finish_enqueue(ncclGroupStart());
-        if (sent > 0) {
-          const char* source = (step.send_from_input ? in : out) + offset(step.send_segment);
-          finish_enqueue(ncclSend(source, sent, type, right, comm_.get(), stream));
+      const std::vector<detail::RingRound> plan = detail::ring_allreduce_plan(size_, rank_, chunks);
+      for (std::size_t t = 0; t < plan.size(); ++t) {
+        const detail::RingRound& round = plan[t];
+        const detail::Range sent = range(round.send_segment, round.chunk);
+        const detail::Range arriving = range(round.receive_segment, round.chunk);
+        if (sent.size == 0 && arriving.size == 0) continue;  // every rank skips the same ones
+        // Waiting on the latest reduction the round needs covers the earlier ones: the lane runs
+        // them in order.
+        std::size_t needed = waited;
+        while (needed < reduced.size() && reduced[needed] <= round.after_reductions) ++needed;
+        if (needed > waited) {
+          COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(stream, lane.reduced(needed - 1), 0));
+          waited = needed;
         }
-        if (arriving > 0) {
-          finish_enqueue(ncclRecv(landing, arriving, type, left, comm_.get(), stream));
+        void* const landing =
+            round.reduce ? slot(round.slot) : out + arriving.begin * element;
+        finish_enqueue(ncclGroupStart());
+        if (sent.size > 0) {
+          const char* source = (round.send_from_input ? in : out) + sent.begin * element;
+          finish_enqueue(ncclSend(source, sent.size, type, right, comm_.get(), stream));
+        }
+        if (arriving.size > 0) {
+          finish_enqueue(ncclRecv(landing, arriving.size, type, left, comm_.get(), stream));
         }
         finish_enqueue(ncclGroupEnd());
-        if (step.reduce && arriving > 0) {
-          const int divisor = op == ReduceOp::kAvg && step.completes_segment ? size_ : 1;
-          device_reduction_(out + offset(step.receive_segment), in + offset(step.receive_segment),
-                            received.get(), arriving, dtype, op, divisor, stream);
+        if (round.reduce && arriving.size > 0) {
+          COLTRAIN_CHECK_CUDA(cudaEventRecord(lane.transferred(), stream));
+          COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(lane.stream(), lane.transferred(), 0));
+          const int divisor = op == ReduceOp::kAvg && round.completes_segment ? size_ : 1;
+          const std::size_t at = arriving.begin * element;
+          reduction(out + at, in + at, slot(round.slot), arriving.size, dtype, op, divisor,
+                    lane.stream());
+          COLTRAIN_CHECK_CUDA(cudaEventRecord(lane.reduced(reduced.size()), lane.stream()));
+          reduced.push_back(static_cast<int>(t));
         }
+      }
+      if (waited < reduced.size()) {
+        COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(stream, lane.reduced(reduced.size() - 1), 0));
       }
     } catch (const Error&) {
       // A failed NCCL call has aborted already; a failed kernel leaves the ring half done.
@@ -839,6 +906,7 @@ class NcclCommunicator {
     };
     const char* const in = static_cast<const char*>(input);
     char* const out = static_cast<char*>(output);
+    const DeviceReduction reduce = device_reduction();
     using Buffer = detail::TreeTransfer::Buffer;
     try {
       for (const detail::TreeRoundPlan& round :
@@ -863,8 +931,8 @@ class NcclCommunicator {
           if (n == 0) continue;
           const std::size_t at = offset(reduction.tree, reduction.chunk);
           const int divisor = op == ReduceOp::kAvg && reduction.completes ? size_ : 1;
-          device_reduction_(out + at, (reduction.first ? in : out) + at,
-                            slot(reduction.tree, reduction.slot), n, dtype, op, divisor, stream);
+          reduce(out + at, (reduction.first ? in : out) + at, slot(reduction.tree, reduction.slot),
+                 n, dtype, op, divisor, stream);
         }
       }
     } catch (const Error&) {
@@ -877,12 +945,33 @@ class NcclCommunicator {
   int size_ = 1;
   int device_ = 0;
   CommOptions options_;
-  std::optional<Communicator> bootstrap_;  // declared before comm_: outlives it (MPI session)
   detail::NcclHandle comm_;
+  std::unique_ptr<detail::ReductionLane> lane_;  // the ring's; made at its first call
   DeviceReduction device_reduction_ = nullptr;
   std::uint64_t sequence_ = 0;
   detail::NcclCall last_call_;
   std::string broken_;  // why the communicator was aborted
 };
 
+namespace detail {
+
+// The NcclFactory that Communicator::nccl calls: rank 0 draws the unique id, `broadcast` hands it
+// to every rank.
+inline std::unique_ptr<DeviceCollectives> make_nccl_backend(int rank, int size,
+                                                            const BroadcastWords& broadcast,
+                                                            const CommOptions& options) {
+  int device = 0;
+  COLTRAIN_CHECK_CUDA(cudaGetDevice(&device));
+  ncclUniqueId id{};
+  if (rank == 0) COLTRAIN_CHECK_NCCL(ncclGetUniqueId(&id));
+  UniqueIdWords words = unique_id_words(id);
+  broadcast(std::span<std::int64_t>(words));
+  return std::make_unique<NcclBackend>(rank, size, unique_id_from_words(words), device, options);
+}
+
+// Registered while this translation unit is initialised, before main.
+[[maybe_unused]] static const bool kNcclBackendRegistered =
+    (registered_nccl_factory() = &make_nccl_backend, true);
+
+}  // namespace detail
 }  // namespace coltrain::comm
