@@ -8,6 +8,8 @@
 //   -> DevicePrecisionOptimizer<Policy, Sgd> (fp32 masters and loss scale on the device)
 //   -> host Loader (background thread) -> DeviceTrainer (pinned copies ahead of each step)
 
+#include "sample_options.hpp"
+
 #include <coltrain/cuda/nn.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
 #include <coltrain/cuda/train/data_parallel.cuh>

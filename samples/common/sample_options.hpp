@@ -64,7 +64,9 @@ inline constexpr bool kBuiltWithCuda = false;
 #endif
 
 struct Options {
-  std::string backend = "auto";    // mpi, tcp, or auto (MPI under an MPI launcher, else TCP)
+  // mpi, tcp, nccl, or auto (on the CPU: MPI under an MPI launcher, else TCP; on the GPU: NCCL
+  // when this build has it, else the same)
+  std::string backend = "auto";
   std::string device;              // cpu or cuda; empty until resolved (COLTRAIN_DEVICE, else cpu)
   std::optional<int> cuda_device;  // this rank's CUDA device, resolved from the launcher
   int epochs = 10;
@@ -86,12 +88,13 @@ struct Options {
   int threads = 1;  // per rank
   std::uint64_t seed = 1;
   bool progress = true;
+  bool cuda_graph = false;  // replay each training step as a CUDA graph (--device cuda)
 };
 
 // The options every sample takes; `o` holds the sample's own recipe as their defaults.
 inline void add_options(CLI::App& app, Options& o) {
-  app.add_option("--backend", o.backend, "mpi, tcp or auto")
-      ->check(CLI::IsMember({"auto", "mpi", "tcp"}))
+  app.add_option("--backend", o.backend, "mpi, tcp, nccl (--device cuda) or auto")
+      ->check(CLI::IsMember({"auto", "mpi", "tcp", "nccl"}))
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -129,6 +132,8 @@ inline void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation, data order and dropout")->capture_default_str();
   app.add_flag("!--no-progress", o.progress, "no progress bar");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
 }
 
 // Fills o.device from COLTRAIN_DEVICE when --device was not given (cpu when that is unset too),
@@ -148,6 +153,9 @@ inline void resolve_and_check(Options& o, const std::string& program) {
         program + ".cpp -lz -lcublas -lcudnn -lnccl -o " + program);
   }
   require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
+  if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
+    throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +
+                          " trains on the GPU: give --device cuda too");
 }
 
 inline nlohmann::ordered_json to_json(const Options& o, const std::string& model, int world_size,
@@ -158,6 +166,7 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
   config["world_size"] = world_size;
   config["device"] = o.device;
   config["cuda_device"] = o.cuda_device ? nlohmann::ordered_json(*o.cuda_device) : nullptr;
+  config["cuda_graph"] = o.cuda_graph;
   config["epochs"] = o.epochs;
   config["batch_size_per_rank"] = o.batch_size;
   config["lr"] = o.lr;

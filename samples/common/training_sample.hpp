@@ -67,7 +67,11 @@ int train_classifier(const Options& options, const std::string& model_name,
 #endif
   std::optional<ct::comm::Backend> backend;
   if (o.backend != "auto") backend = ct::comm::parse_backend(o.backend);
-  ct::comm::Communicator comm = ct::comm::Communicator::from_env(backend);
+  // On the GPU, a communicator for device buffers: NCCL when this build has it (comm::from_env).
+  const ct::comm::Memory memory =
+      o.device == "cuda" ? ct::comm::Memory::kDevice : ct::comm::Memory::kHost;
+  ct::comm::Communicator comm =
+      ct::comm::Communicator::from_env(backend, ct::comm::comm_options_from_env(), memory);
   // Only the compiled precisions are instantiated (sample_options.hpp).
   if constexpr (is_compiled(kCompiledPrecisions, "fp16")) {
     if (o.precision == "fp16")

@@ -109,10 +109,18 @@ class MpiSession {
 
 // Device memory (device or managed allocations) as CUDA sees it; host memory otherwise, and
 // always in a build without CUDA or on a machine without a GPU. Asked afresh on every call:
-// memory is freed and reused, so an answer cannot be kept.
+// memory is freed and reused, so an answer cannot be kept. Whether the machine has a GPU at all is
+// asked once per process, so that host collectives of a CUDA build on a machine without one (CI, a
+// CPU partition) pay nothing for the question.
 inline Memory memory_of(const void* pointer) {
 #if COLTRAIN_WITH_CUDA
-  if (pointer == nullptr) return Memory::kHost;
+  static const bool any_device = [] {
+    int devices = 0;
+    const bool found = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+    cudaGetLastError();  // no driver or no device is an answer, not an error to keep
+    return found;
+  }();
+  if (pointer == nullptr || !any_device) return Memory::kHost;
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
     cudaGetLastError();  // no GPU or driver here: no device memory either
