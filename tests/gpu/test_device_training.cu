@@ -1,6 +1,10 @@
 // The GPU trainer's pieces: device-side metrics against the CPU's, DeviceLoader against the host
 // Loader, DeviceDataParallel over staged TCP against one rank on the whole batch, and
 // DeviceTrainer's resume against an uninterrupted run, bit for bit.
+//
+// Convolutions run as im2col + cuBLAS: cuDNN times its algorithms in each process, so a resumed
+// run may pick others than the uninterrupted one and round differently (docs/gpu.md, known limits).
+#define COLTRAIN_CUDA_CONV_IM2COL 1
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/cuda/nn.cuh>
@@ -48,7 +52,7 @@ data::ImageDataset mnist_subset(std::int64_t images) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("DeviceClassificationCounters counts as ClassificationMetrics", "", float, half) {
+TEMPLATE_TEST_CASE("DeviceClassificationCounters counts as ClassificationMetrics", "", float, coltrain::half) {
   constexpr std::int64_t kBatch = 300, kClasses = 10;
   const auto logits = random_logits<TestType>(kBatch, kClasses, 7);
   tensor::Tensor<std::int32_t> labels(tensor::Shape{kBatch});
@@ -212,7 +216,7 @@ TEST_CASE("DeviceTrainer: a resumed run equals an uninterrupted one bit for bit"
 }
 
 TEST_CASE("DeviceTrainer replays full-size steps from a CUDA graph on one rank") {
-  using Net = nn::Network<models::Mlp, half, tensor::Cuda>;
+  using Net = nn::Network<models::Mlp, coltrain::half, tensor::Cuda>;
   const data::ImageDataset train_set = mnist_subset(1000);
   const auto failures = testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
     Net net({.seed = 4});
@@ -220,10 +224,10 @@ TEST_CASE("DeviceTrainer replays full-size steps from a CUDA graph on one rank")
     optim::DevicePrecisionOptimizer<optim::MixedFp16, optim::Sgd> sgd(
         net, optim::Sgd({.lr = 0.1, .momentum = 0.9}));
     data::DistributedSampler sampler(train_set.size(), {.num_replicas = 1, .rank = 0, .seed = 1});
-    data::Loader<half> train(train_set, sampler, {.batch_size = 128}, data::mnist_transform());
+    data::Loader<coltrain::half> train(train_set, sampler, {.batch_size = 128}, data::mnist_transform());
     std::vector<std::int64_t> order(200);
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
-    data::Loader<half> test(train_set, order, {.batch_size = 100}, data::mnist_transform());
+    data::Loader<coltrain::half> test(train_set, order, {.batch_size = 100}, data::mnist_transform());
     std::ostringstream out;
     train::DeviceTrainer trainer(net, sgd, ddp, [](std::int64_t) { return 0.1; },
                                  {.epochs = 3, .progress = false, .report = false,
