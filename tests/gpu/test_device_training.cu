@@ -137,7 +137,7 @@ TEST_CASE("DeviceDataParallel over staged TCP: 2 ranks average to one rank on th
     sync();
     std::vector<std::vector<float>> grads;
     net.visit_parameters([&](const std::string&, auto& parameter) {
-      const auto host = tensor::to_host(parameter.grad.view(), net.context().stream());
+      const auto host = tensor::to_host(parameter.grad, net.context().stream());
       grads.emplace_back(host.span().begin(), host.span().end());
     });
     return grads;
@@ -195,7 +195,7 @@ TEST_CASE("DeviceTrainer: a resumed run equals an uninterrupted one bit for bit"
                                     .out = &out});
       trainer.fit(train, test);
       net.visit_parameters([&](const std::string&, auto& parameter) {
-        const auto host = tensor::to_host(parameter.value.view(), net.context().stream());
+        const auto host = tensor::to_host(parameter.value, net.context().stream());
         weights.emplace_back(host.span().begin(), host.span().end());
       });
     });

@@ -29,11 +29,18 @@ std::vector<GradientBucket> three_buckets() {
 TEST_CASE("assign_gradient_buckets packs reverse state_dict order with a small first bucket") {
   const std::vector<std::size_t> bytes = {100, 8, 8, 8, 8, 300};
   const auto buckets = train::assign_gradient_buckets(bytes, 16, 120);
-  REQUIRE(buckets.size() == 3);
+  REQUIRE(buckets.size() == 2);
   CHECK(buckets[0].parameters == std::vector<std::size_t>{5});  // larger than the first cap
+  CHECK(buckets[0].bytes == 300);
   CHECK(buckets[1].parameters == std::vector<std::size_t>{4, 3, 2, 1, 0});
   CHECK(buckets[1].bytes == 132);
-  CHECK(buckets[2].parameters.empty() == false);
+  // What is left when the parameters run out is a bucket of its own, however small.
+  const std::vector<std::size_t> more = {8, 100, 8, 8, 8, 300};
+  const auto with_rest = train::assign_gradient_buckets(more, 16, 120);
+  REQUIRE(with_rest.size() == 3);
+  CHECK(with_rest[1].parameters == std::vector<std::size_t>{4, 3, 2, 1});
+  CHECK(with_rest[2].parameters == std::vector<std::size_t>{0});
+  CHECK(with_rest[2].bytes == 8);
 }
 
 TEST_CASE("BucketLaunchTracker launches buckets in order as the backward pass completes them") {
@@ -47,9 +54,9 @@ TEST_CASE("BucketLaunchTracker launches buckets in order as the backward pass co
   CHECK(tracker.report(4) == 1);  // the first bucket is complete
   CHECK(tracker.report(3) == 1);
   CHECK(tracker.report(2) == 1);
-  CHECK(tracker.report(1) == 1);  // the second is complete too, but it is the one before the last
-  CHECK(tracker.launchable() == 1);
-  CHECK(tracker.report(0) == 2);  // all complete: every bucket but the last may go
+  CHECK(tracker.report(1) == 2);  // the second is complete too
+  CHECK(tracker.launchable() == 2);
+  CHECK(tracker.report(0) == 2);  // the last bucket never goes from a report: the caller sends it
 }
 
 TEST_CASE("BucketLaunchTracker holds a complete bucket until the ones before it are complete") {

@@ -6,6 +6,12 @@
 // <coltrain/comm/nccl_backend.hpp> registers when a translation unit includes it (communicator.hpp
 // includes it where nvcc compiles it).
 
+#include <coltrain/core/config.hpp>
+
+#if !COLTRAIN_WITH_CUDA
+#error "coltrain/comm/device_collectives.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
+#endif
+
 #include <coltrain/comm/device_reduction.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>

@@ -6,6 +6,12 @@
 // (communicator.hpp includes it under nvcc). A program built by g++ alone has none: there, ring and
 // tree on NCCL are refused and Algorithm::kAutomatic picks NCCL's own collectives.
 
+#include <coltrain/core/config.hpp>
+
+#if !COLTRAIN_WITH_CUDA
+#error "coltrain/comm/device_reduction.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
+#endif
+
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 

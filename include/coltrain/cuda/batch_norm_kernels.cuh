@@ -440,11 +440,13 @@ void forward(const ForwardArgs<T>& args, bool training, cudaStream_t stream) {
     const int splits = splits_for(args.batch * (kPlane / kVector), args.channels);
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(args.channels));
     if (training) {
-      statistics_kernel<T, kVector, kPlane><<<grid, kThreads, 0, stream>>>(args);
+      statistics_kernel<kernel_t<T>, kVector, kPlane><<<grid, kThreads, 0, stream>>>(args);
       COLTRAIN_CHECK_CUDA_LAUNCH();
-      normalize_kernel<T, kVector, kPlane, kFusedRelu, true><<<grid, kThreads, 0, stream>>>(args);
+      normalize_kernel<kernel_t<T>, kVector, kPlane, kFusedRelu, true>
+          <<<grid, kThreads, 0, stream>>>(args);
     } else {
-      normalize_kernel<T, kVector, kPlane, kFusedRelu, false><<<grid, kThreads, 0, stream>>>(args);
+      normalize_kernel<kernel_t<T>, kVector, kPlane, kFusedRelu, false>
+          <<<grid, kThreads, 0, stream>>>(args);
     }
     COLTRAIN_CHECK_CUDA_LAUNCH();
   });
@@ -456,11 +458,11 @@ void backward(const BackwardArgs<T>& args, cudaStream_t stream) {
     constexpr int kVector = decltype(vector)::value;
     const int splits = splits_for(args.batch * (kPlane / kVector), args.channels);
     const auto channels = static_cast<unsigned>(args.channels);
-    gradient_sums_kernel<T, kVector, kPlane, kFusedRelu>
+    gradient_sums_kernel<kernel_t<T>, kVector, kPlane, kFusedRelu>
         <<<dim3(static_cast<unsigned>(splits), channels), kThreads, 0, stream>>>(args);
     COLTRAIN_CHECK_CUDA_LAUNCH();
     const unsigned dx_splits = args.dx ? static_cast<unsigned>(splits) : 1u;
-    input_gradient_kernel<T, kVector, kPlane, kFusedRelu>
+    input_gradient_kernel<kernel_t<T>, kVector, kPlane, kFusedRelu>
         <<<dim3(dx_splits, channels), kThreads, 0, stream>>>(args, splits);
     COLTRAIN_CHECK_CUDA_LAUNCH();
   });

@@ -204,7 +204,7 @@ void launch_bias_grad(const T* out, const T* grad_out, T* masked, const ChannelS
       using Index = decltype(index);
       const std::int64_t channel_packs = shape.per_channel() / V;
       const std::int64_t per_slice = (channel_packs + slices - 1) / slices;
-      bias_grad_partials_kernel<T, Mask, V, Index>
+      bias_grad_partials_kernel<kernel_t<T>, Mask, V, Index>
           <<<static_cast<unsigned>(shape.channels * slices), kThreadsPerBlock, 0, stream>>>(
               out, grad_out, masked, static_cast<Index>(shape.channels),
               static_cast<Index>(shape.inner / V), static_cast<Index>(channel_packs),
@@ -212,7 +212,7 @@ void launch_bias_grad(const T* out, const T* grad_out, T* masked, const ChannelS
     });
   });
   COLTRAIN_CHECK_CUDA_LAUNCH();
-  add_partials_kernel<T><<<blocks_for(shape.channels), kThreadsPerBlock, 0, stream>>>(
+  add_partials_kernel<kernel_t<T>><<<blocks_for(shape.channels), kThreadsPerBlock, 0, stream>>>(
       partials, slices, shape.channels, grad_bias);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -240,13 +240,13 @@ void add_bias(T* out, const T* bias, ChannelShape shape, bool relu, cudaStream_t
       const auto channels = static_cast<Index>(shape.channels);
       const unsigned blocks = blocks_for(total / V);
       if (bias && relu)
-        detail::add_bias_kernel<T, true, true, V, Index>
+        detail::add_bias_kernel<kernel_t<T>, true, true, V, Index>
             <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
       else if (bias)
-        detail::add_bias_kernel<T, true, false, V, Index>
+        detail::add_bias_kernel<kernel_t<T>, true, false, V, Index>
             <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
       else
-        detail::add_bias_kernel<T, false, true, V, Index>
+        detail::add_bias_kernel<kernel_t<T>, false, true, V, Index>
             <<<blocks, kThreadsPerBlock, 0, stream>>>(out, bias, packs, inner_packs, channels);
     });
   });
@@ -276,7 +276,7 @@ void relu_backward_add_bias_grad(const T* out, const T* grad_out, ChannelShape s
     detail::launch_bias_grad<T, true>(out, grad_out, masked, shape, grad_bias, partials, stream);
     return;
   }
-  detail::relu_mask_kernel<T>
+  detail::relu_mask_kernel<kernel_t<T>>
       <<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(out, grad_out, masked, total);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }

@@ -99,7 +99,7 @@ void im2col(const T* images, std::int64_t count, const ConvGeometry& g, T* col,
             cudaStream_t stream) {
   const std::int64_t total = g.column_rows() * count * g.out_plane();
   if (total == 0) return;
-  detail::im2col_kernel<T>
+  detail::im2col_kernel<kernel_t<T>>
       <<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(images, count, g, col);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -110,7 +110,7 @@ void col2im(const T* col, std::int64_t count, const ConvGeometry& g, T* images,
             cudaStream_t stream) {
   const std::int64_t total = count * g.image_size();
   if (total == 0) return;
-  detail::col2im_kernel<T>
+  detail::col2im_kernel<kernel_t<T>>
       <<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(col, count, g, images);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -121,7 +121,7 @@ void swap_leading_axes(const T* in, std::int64_t a_extent, std::int64_t b_extent
                        std::int64_t inner, T* out, cudaStream_t stream) {
   const std::int64_t total = a_extent * b_extent * inner;
   if (total == 0) return;
-  detail::swap_leading_axes_kernel<T>
+  detail::swap_leading_axes_kernel<kernel_t<T>>
       <<<blocks_for(total), kThreadsPerBlock, 0, stream>>>(in, a_extent, b_extent, inner, out);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }

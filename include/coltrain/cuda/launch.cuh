@@ -19,6 +19,17 @@ namespace coltrain::cuda {
 
 inline constexpr int kThreadsPerBlock = 256;
 
+// Name element types in a kernel's template arguments through kernel_t. nvcc writes each kernel's
+// host stub with the type as first spelled; spelled through a member alias such as
+// DeviceTrainer<Network<Named<"fc1", ...>>>::T, the stub holds a class-type template argument that
+// the host compiler cannot parse. The identity trait gives the stub a plain spelling.
+template <class T>
+struct kernel_type {
+  using type = T;
+};
+template <class T>
+using kernel_t = typename kernel_type<T>::type;
+
 // Blocks for `count` items at `per_thread` items per thread, capped at 8 blocks per multiprocessor
 // of 132 (an H100): more than that only adds scheduling work to a grid-stride loop.
 inline unsigned blocks_for(std::int64_t count, int per_thread = 1, int threads = kThreadsPerBlock) {

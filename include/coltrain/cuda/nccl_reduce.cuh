@@ -74,7 +74,7 @@ template <class T>
 void launch_reduce(void* output, const void* a, const void* b, std::size_t count, comm::ReduceOp op,
                    int divisor, cudaStream_t stream) {
   const auto n = static_cast<std::int64_t>(count);
-  reduce_kernel<T><<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(
+  reduce_kernel<kernel_t<T>><<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(
       static_cast<T*>(output), static_cast<const T*>(a), static_cast<const T*>(b), n, op, divisor);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }

@@ -192,7 +192,7 @@ void max_pool_forward(const T* x, T* y, WindowIndex<G::kKernelSize>* argmax, std
                       cudaStream_t stream) {
   const std::int64_t outputs = planes * G::kOutPlane;
   if (outputs == 0) return;
-  max_pool_forward_kernel<T, G>
+  max_pool_forward_kernel<kernel_t<T>, G>
       <<<blocks_for(outputs), kThreadsPerBlock, 0, stream>>>(x, y, argmax, outputs);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -208,10 +208,11 @@ void max_pool_backward(const T* dy, const WindowIndex<G::kKernelSize>* argmax, T
     // Rows and columns past the last whole window get no gradient.
     if (G::kHeight % G::kKernelSize != 0 || G::kWidth % G::kKernelSize != 0)
       COLTRAIN_CHECK_CUDA(cudaMemsetAsync(dx, 0, inputs * sizeof(T), stream));
-    max_pool_backward_tiled_kernel<T, G><<<blocks_for(outputs), kThreadsPerBlock, 0, stream>>>(
-        dy, argmax, dx, static_cast<std::uint32_t>(outputs));
+    max_pool_backward_tiled_kernel<kernel_t<T>, G>
+        <<<blocks_for(outputs), kThreadsPerBlock, 0, stream>>>(dy, argmax, dx,
+                                                               static_cast<std::uint32_t>(outputs));
   } else {
-    max_pool_backward_kernel<T, G>
+    max_pool_backward_kernel<kernel_t<T>, G>
         <<<blocks_for(inputs), kThreadsPerBlock, 0, stream>>>(dy, argmax, dx, inputs);
   }
   COLTRAIN_CHECK_CUDA_LAUNCH();
@@ -221,7 +222,7 @@ template <class T, class G>
 void avg_pool_forward(const T* x, T* y, std::int64_t planes, cudaStream_t stream) {
   const std::int64_t outputs = planes * G::kOutPlane;
   if (outputs == 0) return;
-  avg_pool_forward_kernel<T, G>
+  avg_pool_forward_kernel<kernel_t<T>, G>
       <<<blocks_for(outputs), kThreadsPerBlock, 0, stream>>>(x, y, outputs);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -230,7 +231,7 @@ template <class T, class G>
 void avg_pool_backward(const T* dy, T* dx, std::int64_t planes, cudaStream_t stream) {
   const std::int64_t inputs = planes * G::kInPlane;
   if (inputs == 0) return;
-  avg_pool_backward_kernel<T, G>
+  avg_pool_backward_kernel<kernel_t<T>, G>
       <<<blocks_for(inputs), kThreadsPerBlock, 0, stream>>>(dy, dx, inputs);
   COLTRAIN_CHECK_CUDA_LAUNCH();
 }
@@ -312,7 +313,7 @@ void global_avg_pool_forward(const T* x, T* y, std::int64_t planes, cudaStream_t
     constexpr int kLanes = lanes_per_plane<kPlane / kVector>();
     const std::int64_t threads = planes * kLanes;
     const auto blocks = static_cast<unsigned>((threads + kGlobalThreads - 1) / kGlobalThreads);
-    global_avg_pool_forward_kernel<T, kVector, kPlane>
+    global_avg_pool_forward_kernel<kernel_t<T>, kVector, kPlane>
         <<<blocks, kGlobalThreads, 0, stream>>>(x, y, planes);
     COLTRAIN_CHECK_CUDA_LAUNCH();
   };
@@ -329,7 +330,7 @@ void global_avg_pool_backward(const T* dy, T* dx, std::int64_t planes, cudaStrea
   const auto launch = [&](auto vector) {
     constexpr int kVector = decltype(vector)::value;
     const std::int64_t vectors = planes * (kPlane / kVector);
-    global_avg_pool_backward_kernel<T, kVector, kPlane>
+    global_avg_pool_backward_kernel<kernel_t<T>, kVector, kPlane>
         <<<blocks_for(vectors), kThreadsPerBlock, 0, stream>>>(dy, dx, vectors);
     COLTRAIN_CHECK_CUDA_LAUNCH();
   };

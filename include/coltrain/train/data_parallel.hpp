@@ -131,15 +131,10 @@ void require_equal_counts(Communicator& comm, std::vector<std::int64_t>& counts,
 
 }  // namespace detail
 
-// What DataParallel needs of a network: nn::Network on the CPU.
+// What DataParallel needs of a network: nn::Network on the CPU. (A requires-expression with lambdas
+// here defeats class template argument deduction under nvcc.)
 template <class Net>
-concept DataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cpu> &&
-    requires(Net& net) {
-  typename Net::value_type;
-  net.context().set_gradient_ready_hook(nullptr);
-  net.visit_parameters([](const std::string&, auto&) {});
-  net.visit_buffers([](const std::string&, auto&) {});
-};
+concept DataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cpu>;
 
 template <DataParallelNetwork Net>
 class DataParallel {

@@ -300,7 +300,7 @@ class DeviceSoftmaxCrossEntropy {
     // One block even for an empty batch, so that the mean (0) is written.
     const auto blocks = static_cast<unsigned>(std::max<std::int64_t>(
         1, (batch + cuda::detail::kRowsPerBlock - 1) / cuda::detail::kRowsPerBlock));
-    cuda::detail::cross_entropy_kernel<T, kLoss, kGrad>
+    cuda::detail::cross_entropy_kernel<cuda::kernel_t<T>, kLoss, kGrad>
         <<<blocks, cuda::kThreadsPerBlock, 0, stream>>>(logits.data(), labels.data(), grad.data(),
                                                         args);
     COLTRAIN_CHECK_CUDA_LAUNCH();

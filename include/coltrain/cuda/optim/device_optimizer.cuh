@@ -34,6 +34,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/cuda/cast.cuh>
 #include <coltrain/cuda/elementwise.cuh>
+#include <coltrain/cuda/launch.cuh>
 #include <coltrain/cuda/optim/multi_tensor.cuh>
 #include <coltrain/optim/adam.hpp>
 #include <coltrain/optim/loss_scaler.hpp>
@@ -353,7 +354,7 @@ class DevicePrecisionOptimizer {
     COLTRAIN_CHECK_CUDA(
         cudaMemsetAsync(&state_.data()->found_inf, 0, sizeof(std::int32_t), stream_));
     if (table_.chunk_count() > 0) {
-      detail::check_finite_kernel<Storage, Precision::kLossScaling>
+      detail::check_finite_kernel<cuda::kernel_t<Storage>, Precision::kLossScaling>
           <<<table_.blocks(), cuda::kThreadsPerBlock, 0, stream_>>>(
               table_.slots(), table_.chunks(), table_.chunk_count(), state_.data());
       COLTRAIN_CHECK_CUDA_LAUNCH();
@@ -379,7 +380,8 @@ class DevicePrecisionOptimizer {
         <<<1, 1, 0, stream_>>>(state_.data(), hyper_);
     COLTRAIN_CHECK_CUDA_LAUNCH();
     if (table_.chunk_count() > 0) {
-      detail::update_kernel<Storage, Precision::kMasterWeights, Precision::kLossScaling, kAlgorithm>
+      detail::update_kernel<cuda::kernel_t<Storage>, Precision::kMasterWeights,
+                            Precision::kLossScaling, kAlgorithm>
           <<<table_.blocks(), cuda::kThreadsPerBlock, 0, stream_>>>(
               table_.slots(), table_.chunks(), table_.chunk_count(), state_.data(), hyper_,
               options_.zero_grads, has_state1_, has_state2_);

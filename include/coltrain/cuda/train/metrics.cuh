@@ -117,7 +117,7 @@ class DeviceClassificationCounters {
     if (batch > 0) {
       const auto blocks = static_cast<unsigned>((batch + cuda::detail::kMetricRowsPerBlock - 1) /
                                                 cuda::detail::kMetricRowsPerBlock);
-      cuda::detail::classification_counts_kernel<T>
+      cuda::detail::classification_counts_kernel<cuda::kernel_t<T>>
           <<<blocks, cuda::kThreadsPerBlock, 0, stream>>>(logits.data(), labels.data(), batch,
                                                           classes_, counters_.data());
       COLTRAIN_CHECK_CUDA_LAUNCH();
