@@ -3,7 +3,7 @@
 // decay 1e-4, learning rate 0.1 for batch 128, pad-4 random crops and horizontal flips. The data
 // is the official binary version (scripts/download-data fetches it):
 //
-//   mpicxx -std=c++20 -O3 -march=native -I include samples/cifar_resnet.cpp -lz -o cifar_resnet
+//   mpicxx -std=c++20 -O3 -march=native -flto=auto -I include samples/cifar_resnet.cpp -lz -o cifar_resnet
 //   mpiexec -n 4 ./cifar_resnet --data data/full/cifar-10-batches-bin --batch-size 32
 //       --target-accuracy 0.80 --log-dir runs/resnet20 --checkpoint-dir runs/resnet20/checkpoints
 // (one command; batch 32 on 4 ranks is the paper's global batch of 128).

@@ -2,7 +2,7 @@
 // data-parallel on every rank the launcher started. Without --data it uses the 8,000 + 2,000 real
 // MNIST digits shipped in data/mnist; with --data, a directory of the official IDX files.
 //
-//   mpicxx -std=c++20 -O3 -march=native -I include samples/mnist_convnet.cpp -lz -o mnist_convnet
+//   mpicxx -std=c++20 -O3 -march=native -flto=auto -I include samples/mnist_convnet.cpp -lz -o mnist_convnet
 //   mpiexec -n 2 ./mnist_convnet --epochs 10 --target-accuracy 0.97 --log-dir runs/convnet
 #include "common/training_sample.hpp"
 

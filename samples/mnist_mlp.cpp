@@ -1,7 +1,7 @@
 // Trains the 784-128-256-10 multilayer perceptron on MNIST, data-parallel on every rank the
 // launcher started. Without --data it uses the MNIST subset shipped in data/mnist.
 //
-//   mpicxx -std=c++20 -O3 -march=native -I include samples/mnist_mlp.cpp -lz -o mnist_mlp
+//   mpicxx -std=c++20 -O3 -march=native -flto=auto -I include samples/mnist_mlp.cpp -lz -o mnist_mlp
 //   mpiexec -n 2 ./mnist_mlp --epochs 20 --lr 0.1
 #include "common/training_sample.hpp"
 
