@@ -6,8 +6,10 @@
 // whole training stack, minutes of compile time for cifar_resnet.cpp's twelve. So the one-line
 // build compiles one precision (fp32 unless -DCOLTRAIN_SAMPLE_PRECISION=fp16 or bf16 says
 // otherwise; =all for every one), and a run-time choice outside it is an error naming the macro to
-// rebuild with. cifar_resnet.cpp chooses its models the same way (COLTRAIN_SAMPLE_MODEL). The CMake
-// build compiles every choice (samples/CMakeLists.txt says why in one translation unit).
+// rebuild with. cifar_resnet.cpp chooses its models the same way (COLTRAIN_SAMPLE_MODEL), and the
+// device likewise (COLTRAIN_SAMPLE_DEVICE: cuda under nvcc, cpu otherwise; =all compiles both into
+// an nvcc build). The CMake build compiles every model and precision (samples/CMakeLists.txt says
+// why in one translation unit).
 
 #include <coltrain/coltrain.hpp>
 
@@ -24,6 +26,13 @@
 
 #ifndef COLTRAIN_SAMPLE_PRECISION
 #define COLTRAIN_SAMPLE_PRECISION fp32
+#endif
+#ifndef COLTRAIN_SAMPLE_DEVICE
+#if defined(__CUDACC__)
+#define COLTRAIN_SAMPLE_DEVICE cuda
+#else
+#define COLTRAIN_SAMPLE_DEVICE cpu
+#endif
 #endif
 #define COLTRAIN_SAMPLE_STRING(x) COLTRAIN_SAMPLE_STRING_IMPL(x)
 #define COLTRAIN_SAMPLE_STRING_IMPL(x) #x
@@ -52,8 +61,7 @@ inline void require_compiled(std::string_view option, std::string_view choice,
   throw ct::ConfigError(std::string(option) + " " + std::string(choice) +
                         ": this binary was compiled for " + std::string(compiled) +
                         " alone; rebuild it with -D" + std::string(macro) + "=" +
-                        std::string(choice) + " (or =all, which compiles longer), or build it " +
-                        "with CMake, which compiles every choice");
+                        std::string(choice) + " (or =all, which compiles longer)");
 }
 
 // Whether the compiler was nvcc, which the CUDA training path needs.
@@ -63,11 +71,18 @@ inline constexpr bool kBuiltWithCuda = true;
 inline constexpr bool kBuiltWithCuda = false;
 #endif
 
+// The device this binary trains on, or "all" (both, under nvcc).
+inline constexpr std::string_view kCompiledDevices = COLTRAIN_SAMPLE_STRING(COLTRAIN_SAMPLE_DEVICE);
+static_assert(kCompiledDevices == "cpu" || kCompiledDevices == "cuda" || kCompiledDevices == "all",
+              "COLTRAIN_SAMPLE_DEVICE must be cpu, cuda or all");
+static_assert(kBuiltWithCuda || kCompiledDevices == "cpu",
+              "COLTRAIN_SAMPLE_DEVICE=cuda or all needs nvcc");
+
 struct Options {
   // mpi, tcp, nccl, or auto (on the CPU: MPI under an MPI launcher, else TCP; on the GPU: NCCL
   // when this build has it, else the same)
   std::string backend = "auto";
-  std::string device;              // cpu or cuda; empty until resolved (COLTRAIN_DEVICE, else cpu)
+  std::string device;  // cpu or cuda; empty until resolved (COLTRAIN_DEVICE, else the compiled one)
   std::optional<int> cuda_device;  // this rank's CUDA device, resolved from the launcher
   int epochs = 10;
   std::int64_t batch_size = 64;  // per rank
@@ -136,22 +151,24 @@ inline void add_options(CLI::App& app, Options& o) {
                "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
 }
 
-// Fills o.device from COLTRAIN_DEVICE when --device was not given (cpu when that is unset too),
-// then checks that this binary can run what the options ask for. `program` is the sample's name,
-// for the nvcc line. Throws ConfigError.
+// Fills o.device from COLTRAIN_DEVICE when --device was not given (when that is unset too: cpu, or
+// cuda in a binary compiled for cuda alone), then checks that this binary can run what the options
+// ask for. `program` is the sample's name, for the nvcc line. Throws ConfigError.
 inline void resolve_and_check(Options& o, const std::string& program) {
   if (o.device.empty()) {
     const char* from_env = std::getenv("COLTRAIN_DEVICE");
-    o.device = from_env != nullptr && *from_env != '\0' ? from_env : "cpu";
+    const bool from_env_set = from_env != nullptr && *from_env != '\0';
+    o.device = from_env_set ? from_env : kCompiledDevices == "cuda" ? "cuda" : "cpu";
     if (o.device != "cpu" && o.device != "cuda")
       throw ct::ConfigError("COLTRAIN_DEVICE=" + o.device + ": must be cpu or cuda");
   }
   if (o.device == "cuda" && !kBuiltWithCuda) {
     throw ct::ConfigError(
         "--device cuda: this binary was compiled without CUDA; compile the sample with nvcc to "
-        "train on GPUs: nvcc -ccbin mpicxx -x cu -std=c++20 -O3 -arch=sm_90 -I include samples/" +
+        "train on GPUs: nvcc -ccbin mpicxx -x cu -std=c++20 -O2 -arch=sm_90 -I include samples/" +
         program + ".cpp -lz -lcublas -lcudnn -lnccl -o " + program);
   }
+  require_compiled("--device", o.device, "COLTRAIN_SAMPLE_DEVICE", kCompiledDevices);
   require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
   if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
     throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +

@@ -44,14 +44,21 @@ template <class Model, class Policy, class TrainTransform, class EvalTransform>
 int train_on_device(const Options& o, const std::string& model_name, ct::comm::Communicator& comm,
                     const ct::data::ImageDataset& train, const ct::data::ImageDataset& test,
                     TrainTransform train_transform, EvalTransform eval_transform) {
+  // Only the compiled devices are instantiated (COLTRAIN_SAMPLE_DEVICE, sample_options.hpp).
 #if defined(__CUDACC__)
-  if (o.cuda_device) {
-    return train_classifier_on_cuda<Model, Policy>(o, model_name, comm, *o.cuda_device, train, test,
-                                                   train_transform, eval_transform);
+  if constexpr (is_compiled(kCompiledDevices, "cuda")) {
+    if (o.cuda_device) {
+      return train_classifier_on_cuda<Model, Policy>(o, model_name, comm, *o.cuda_device, train,
+                                                     test, train_transform, eval_transform);
+    }
   }
 #endif
-  return train_with_policy<Model, Policy>(o, model_name, comm, train, test, train_transform,
-                                          eval_transform);
+  if constexpr (is_compiled(kCompiledDevices, "cpu")) {
+    return train_with_policy<Model, Policy>(o, model_name, comm, train, test, train_transform,
+                                            eval_transform);
+  }
+  require_compiled("--device", o.device, "COLTRAIN_SAMPLE_DEVICE", kCompiledDevices);
+  throw ct::InvalidArgument("--device " + o.device + ": not cpu or cuda");
 }
 
 // Trains Model on `train`, validating on `test`, across the ranks the launcher started, on
