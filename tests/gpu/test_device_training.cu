@@ -1,6 +1,7 @@
 // The GPU trainer's pieces: device-side metrics against the CPU's, DeviceLoader against the host
 // Loader, DeviceDataParallel over staged TCP against one rank on the whole batch, and
-// DeviceTrainer's resume against an uninterrupted run, bit for bit.
+// DeviceTrainer's resume against an uninterrupted run, bit for bit, and its CUDA-graph steps
+// against eager ones, also when evaluation grows device memory under the recorded step.
 //
 // Convolutions run as im2col + cuBLAS: cuDNN times its algorithms in each process, so a resumed
 // run may pick others than the uninterrupted one and round differently (docs/gpu.md, known limits).
@@ -238,4 +239,62 @@ TEST_CASE("DeviceTrainer replays full-size steps from a CUDA graph on one rank")
     testing::expect(result.validation.top1() > 0.5, "it learns: " + out.str());
   });
   REQUIRE(testing::joined(failures).empty());
+}
+
+TEST_CASE("DeviceTrainer records the graph again when evaluation grows device memory") {
+  // Evaluation batches of 200 against training batches of 64: the first evaluation grows the
+  // activations and the im2col workspace, which the step recorded before it pointed into.
+  using Net = nn::Network<models::MnistConvNet, float, tensor::Cuda>;
+  const data::ImageDataset train_set = mnist_subset(512);
+  const data::ImageDataset test_set = mnist_subset(200);
+  struct Run {
+    std::vector<std::vector<float>> weights;
+    double top1 = 0;
+    std::int64_t replays = 0, recordings = 0;
+  };
+  const auto run = [&](bool cuda_graph) {
+    Run result;
+    const auto failures = testing::run_thread_ranks(1, [&](comm::Communicator& comm) {
+      Net net({.seed = 5});
+      train::DeviceDataParallel ddp(net, comm);
+      optim::DevicePrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(
+          net, optim::Sgd({.lr = 0.05, .momentum = 0.9}));
+      data::DistributedSampler sampler(train_set.size(), {.num_replicas = 1, .rank = 0, .seed = 3});
+      data::Loader<float> train(train_set, sampler, {.batch_size = 64}, data::mnist_transform());
+      std::vector<std::int64_t> order(static_cast<std::size_t>(test_set.size()));
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+      data::Loader<float> test(test_set, order, {.batch_size = 256}, data::mnist_transform());
+      std::ostringstream out;
+      train::DeviceTrainer trainer(
+          net, sgd, ddp, [](std::int64_t) { return 0.05; },
+          {.epochs = 3, .progress = false, .report = false, .cuda_graph = cuda_graph, .out = &out});
+      result.top1 = trainer.fit(train, test).validation.top1();
+      result.replays = trainer.graph_replays();
+      result.recordings = trainer.graph_recordings();
+      net.visit_parameters([&](const std::string&, auto& parameter) {
+        const auto host = tensor::to_host(parameter.value, net.context().stream());
+        result.weights.emplace_back(host.span().begin(), host.span().end());
+      });
+    });
+    REQUIRE(testing::joined(failures).empty());
+    return result;
+  };
+  const Run eager = run(false);
+  const Run graph = run(true);
+  // 8 batches an epoch, all full: the first step eager, every later one replayed.
+  CHECK(graph.replays == 3 * 8 - 1);
+  // Recorded after the first step and once more after the first evaluation, not per epoch.
+  CHECK(graph.recordings == 2);
+  CHECK(eager.recordings == 0);
+  CHECK(std::abs(graph.top1 - eager.top1) <= 0.011);
+  REQUIRE(graph.weights.size() == eager.weights.size());
+  for (std::size_t p = 0; p < eager.weights.size(); ++p) {
+    INFO("parameter " << p);
+    double difference = 0, norm = 0;
+    for (std::size_t i = 0; i < eager.weights[p].size(); ++i) {
+      difference += std::pow(double(graph.weights[p][i]) - eager.weights[p][i], 2);
+      norm += std::pow(double(eager.weights[p][i]), 2);
+    }
+    CHECK(std::sqrt(difference) <= 1e-5 * std::sqrt(norm) + 1e-7);
+  }
 }

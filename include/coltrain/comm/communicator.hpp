@@ -463,11 +463,15 @@ class Communicator {
 #endif
 
   // Where a call's buffers live: device when any non-empty one is device memory. Mixed memory is
-  // refused: the host path would read device memory, the device path host memory.
+  // refused: the host path would read device memory, the device path host memory. Empty buffers
+  // live nowhere: on NCCL they take the device path (a no-op there, and the algorithms a device
+  // call may name, 'native' among them), elsewhere the host path.
   template <class T>
   Memory memory_of_call(Collective collective, std::span<const T> input,
                         std::span<const T> output) const {
     if constexpr (!BuildConfig::kWithCuda) return Memory::kHost;
+    if (input.empty() && output.empty())
+      return backend_ == Backend::kNccl ? Memory::kDevice : Memory::kHost;
     const Memory in = input.empty() ? Memory::kHost : detail::memory_of(input.data());
     const bool same = output.empty() || output.data() == input.data();
     const Memory out = same ? in : detail::memory_of(output.data());

@@ -11,6 +11,7 @@
 #error "coltrain/nn/cuda_context.hpp needs CUDA (COLTRAIN_WITH_CUDA=1)"
 #endif
 
+#include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/nn/context.hpp>
 #include <coltrain/tensor/device.hpp>
@@ -74,7 +75,7 @@ class Context<tensor::Cuda> {
       COLTRAIN_CHECK_CUBLAS(cublasSetStream(handle, stream()));
       // A workspace of our own, so that cuBLAS allocates nothing while a step is captured as a
       // graph (it would otherwise take memory per stream on first use).
-      cublas_workspace_ = workspace_allocation(kCublasWorkspaceBytes);
+      cublas_workspace_ = device_block(kCublasWorkspaceBytes);
       COLTRAIN_CHECK_CUBLAS(
           cublasSetWorkspace(handle, cublas_workspace_.get(), kCublasWorkspaceBytes));
     }
@@ -94,11 +95,11 @@ class Context<tensor::Cuda> {
 #endif
 
   // Scratch memory of at least `bytes`, valid until the next call (layers use it within one call).
-  // It only grows, so after a first step at full batch a captured graph never sees it reallocate.
+  // It only grows; a graph recorded before it grew is stale (core/device_memory.hpp tells).
   void* workspace(std::size_t bytes) {
     if (bytes > workspace_bytes_) {
       synchronize();  // kernels queued earlier may still read the old block
-      workspace_ = workspace_allocation(bytes);
+      workspace_ = device_block(bytes);
       workspace_bytes_ = bytes;
     }
     return workspace_.get();
@@ -123,23 +124,13 @@ class Context<tensor::Cuda> {
   struct StreamDestroy {
     void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
   };
-  struct DeviceFree {
-    void operator()(void* data) const { cudaFree(data); }
-  };
   using StreamHandle = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroy>;
-  using DeviceBlock = std::unique_ptr<void, DeviceFree>;
   using CublasHandle =
       std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, void (*)(cublasHandle_t)>;
 #if COLTRAIN_WITH_CUDNN
   using CudnnHandle =
       std::unique_ptr<std::remove_pointer_t<cudnnHandle_t>, void (*)(cudnnHandle_t)>;
 #endif
-
-  static DeviceBlock workspace_allocation(std::size_t bytes) {
-    void* data = nullptr;
-    COLTRAIN_CHECK_CUDA(cudaMalloc(&data, bytes));
-    return DeviceBlock(data);
-  }
 
   int device_ = 0;
   std::uint64_t seed_ = 0;

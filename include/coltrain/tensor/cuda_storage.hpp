@@ -10,6 +10,7 @@
 #error "coltrain/tensor/cuda_storage.hpp needs CUDA (COLTRAIN_WITH_CUDA=1)"
 #endif
 
+#include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/tensor/device.hpp>
 
@@ -53,8 +54,7 @@ class Storage<T, Cuda> {
     swap(moved);
     return *this;
   }
-  // A failed free cannot be reported from a destructor; it shows in the next checked call.
-  ~Storage() { cudaFree(data_); }
+  ~Storage() { device_free(data_); }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -70,9 +70,7 @@ class Storage<T, Cuda> {
     if (count == 0) return;
     if (count > SIZE_MAX / sizeof(T))
       throw InvalidArgument("device tensor of " + std::to_string(count) + " elements is too large");
-    void* data = nullptr;
-    COLTRAIN_CHECK_CUDA(cudaMalloc(&data, count * sizeof(T)));
-    data_ = static_cast<T*>(data);
+    data_ = static_cast<T*>(device_allocate(count * sizeof(T)));
     size_ = count;
     // Synchronous on purpose: a new tensor must read as zeros on every stream.
     COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0, count * sizeof(T)));

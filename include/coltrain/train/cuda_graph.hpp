@@ -3,7 +3,8 @@
 // CUDA graph and then replayed with one launch, so that a small model's step costs one host call
 // instead of hundreds of kernel launches. Everything the recorded work touches must stay where it
 // was (same tensors, same batch size): run the step once eagerly first, so that every tensor, cuDNN
-// plan and workspace has its final size before recording.
+// plan and workspace has its final size before recording, and record again when
+// device_memory_generation() (core/device_memory.hpp) has moved since.
 //
 //   step();                                                          // eager: sizes everything
 //   auto graph = CudaGraph::capture(ctx.stream(), [&] { step(); });  // records, runs nothing

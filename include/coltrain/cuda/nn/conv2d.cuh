@@ -24,6 +24,7 @@
 #endif
 
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/cuda/bias.cuh>
@@ -188,17 +189,6 @@ using CudnnFilter = std::unique_ptr<std::remove_pointer_t<cudnnFilterDescriptor_
 using CudnnConvolutionDescriptor =
     std::unique_ptr<std::remove_pointer_t<cudnnConvolutionDescriptor_t>,
                     CudnnDestroy<&cudnnDestroyConvolutionDescriptor>>;
-
-struct DeviceFree {
-  void operator()(void* data) const { cudaFree(data); }
-};
-using DeviceBlock = std::unique_ptr<void, DeviceFree>;
-
-inline DeviceBlock device_block(std::size_t bytes) {
-  void* data = nullptr;
-  if (bytes > 0) COLTRAIN_CHECK_CUDA(cudaMalloc(&data, bytes));
-  return DeviceBlock(data);
-}
 
 template <class T>
 constexpr cudnnDataType_t cudnn_data_type() {

@@ -15,7 +15,9 @@
 // device (DeviceClassificationCounters) and read once per epoch. With `cuda_graph`, the first
 // full-size step runs eagerly (sizing every tensor and choosing cuDNN's algorithms), the step is
 // then captured, and each later full-size batch is copied into the graph's input and the graph
-// replayed; a smaller last batch runs eagerly.
+// replayed; a smaller last batch runs eagerly. When device memory has been allocated or freed since
+// the recording (an evaluation batch larger than the training batch grows the activations), the
+// step is recorded again before its next replay.
 //
 // Before every evaluation (and so before every checkpoint, which follows it) BatchNorm's running
 // statistics are averaged across ranks. Rank 0 writes checkpoints in the CPU's format
@@ -26,6 +28,7 @@
 #endif
 
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/cuda/nn/loss.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
@@ -261,6 +264,9 @@ class DeviceTrainer {
   std::int64_t global_step() const { return global_step_; }
   // Training steps replayed from the CUDA graph so far (0 without cuda_graph).
   std::int64_t graph_replays() const { return graph_replays_; }
+  // Times the step was recorded: once, and again after device memory moved (a larger evaluation
+  // batch's first pass, say).
+  std::int64_t graph_recordings() const { return graph_recordings_; }
 
  private:
   bool rank0() const { return ddp_.rank() == 0; }
@@ -288,6 +294,9 @@ class DeviceTrainer {
     if (options_.cuda_graph && full && graph_) {
       {
         auto timed = phases.time(Phase::kData);
+        // An evaluation batch larger than the training batch grows activations and workspaces:
+        // the recorded step would touch freed memory, so it is recorded again.
+        if (device_memory_generation() != graph_generation_) record_graph();
         copy_into_graph_input(batch);
       }
       auto timed = phases.time(Phase::kForward);
@@ -330,15 +339,23 @@ class DeviceTrainer {
     train_counts_.add_batch<T>(logits, labels, loss_.mean_loss(), stream());
   }
 
-  // After the first full-size eager step: the step recorded once, reading the graph's own input.
+  // After the first full-size eager step: the step recorded, reading the graph's own input.
   void capture_graph(const data::DeviceBatch<T>& batch) {
     full_batch_ = batch.size();
     graph_images_.resize(batch.images.shape());
     graph_labels_.resize(batch.labels.shape());
+    record_graph();
+  }
+
+  // Every tensor already has its size for the training batch, so recording allocates nothing.
+  void record_graph() {
     PhaseTracker ignored;
+    graph_.reset();
     graph_.emplace(CudaGraph::capture(stream(), [&] {
       enqueue_step(graph_images_.view(), graph_labels_.view(), ignored);
     }));
+    graph_generation_ = device_memory_generation();
+    ++graph_recordings_;
   }
 
   void copy_into_graph_input(const data::DeviceBatch<T>& batch) {
@@ -376,7 +393,9 @@ class DeviceTrainer {
   tensor::Tensor<T, tensor::Cuda> graph_images_;
   tensor::Tensor<std::int32_t, tensor::Cuda> graph_labels_;
   std::optional<CudaGraph> graph_;
+  std::uint64_t graph_generation_ = 0;  // device_memory_generation() when graph_ was recorded
   std::int64_t graph_replays_ = 0;
+  std::int64_t graph_recordings_ = 0;
 };
 
 }  // namespace coltrain::train
