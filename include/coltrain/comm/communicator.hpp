@@ -34,6 +34,7 @@
 #include <coltrain/comm/backend_choice.hpp>
 #include <coltrain/comm/cost_model.hpp>
 #include <coltrain/comm/elements.hpp>
+#include <coltrain/comm/flight_recorder.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/tcp_transport.hpp>
@@ -185,6 +186,7 @@ class Communicator {
   static Communicator tcp(const LaunchEnv& env, CommOptions options = comm_options_from_env()) {
     Communicator communicator(Backend::kTcp);
     communicator.tcp_ = std::make_unique<TcpTransport>(env, options);
+    communicator.start_recording(options);
     return communicator;
   }
 
@@ -193,7 +195,8 @@ class Communicator {
   // duplicate of it, so its messages never meet the application's.
   static Communicator mpi(MPI_Comm comm, CommOptions options = comm_options_from_env()) {
     Communicator communicator(Backend::kMpi);
-    communicator.mpi_ = std::make_unique<MpiTransport>(comm, std::move(options));
+    communicator.mpi_ = std::make_unique<MpiTransport>(comm, options);
+    communicator.start_recording(options);
     return communicator;
   }
 #endif
@@ -220,6 +223,7 @@ class Communicator {
     };
     host.nccl_ = factory(host.rank(), host.size(), broadcast, options);
     host.backend_ = Backend::kNccl;
+    host.start_recording(options);
     return host;
   }
 
@@ -250,6 +254,14 @@ class Communicator {
   // True when device collectives are enqueued on stream() and return before they run (NCCL);
   // false when they return with the result in device memory (MPI and TCP, staged).
   bool stream_ordered() const { return backend_ == Backend::kNccl; }
+
+  // The last calls on the host path (comm/flight_recorder.hpp), written to trace_dir() when one
+  // fails and on SIGUSR1. NCCL's own device calls are not in it.
+  const FlightRecorder& flight_recorder() const { return *recorder_; }
+  // CommOptions::trace_dir (COLTRAIN_TRACE_DIR) unless changed here; the samples point it at their
+  // run directory when the variable is unset.
+  std::filesystem::path trace_dir() const { return recorder_->trace_dir(); }
+  void set_trace_dir(std::filesystem::path dir) { recorder_->set_trace_dir(std::move(dir)); }
 
   // The model kAutomatic uses for `memory`'s buffers: the host backend's, and for device buffers
   // on NCCL the NCCL one (staged device buffers run host collectives per chunk).
@@ -435,13 +447,14 @@ class Communicator {
 
   // ---- barrier: returns on every rank once all ranks have entered it (over the host backend;
   // it does not wait for device work: synchronize() does) ----
-  // ---- barrier: returns on every rank once all ranks have entered it ----
   void barrier(Algorithm algorithm = Algorithm::kAutomatic) {
     const MessageHeader call =
         start(Collective::kBarrier, DataType::kUInt8, 0, ReduceOp::kSum, 0, algorithm, 0);
-    with_transport([&](auto& t) {
-      if (call.algorithm == Algorithm::kHalvingDoubling) return dissemination_barrier(t, call);
-      run_native(t, [](auto& mpi) { native_barrier(mpi); });
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        if (call.algorithm == Algorithm::kHalvingDoubling) return dissemination_barrier(t, call);
+        run_native(t, [](auto& mpi) { native_barrier(mpi); });
+      });
     });
   }
 
@@ -530,16 +543,18 @@ class Communicator {
   void host_broadcast(std::span<T> data, int root, Algorithm algorithm) {
     const MessageHeader call = start(Collective::kBroadcast, data_type_v<T>, data.size(),
                                      ReduceOp::kSum, root, algorithm, data.size_bytes());
-    with_transport([&](auto& t) {
-      switch (call.algorithm) {
-        case Algorithm::kRing:
-          return ring_broadcast(t, data.data(), data.size(), root, call, tuning_);
-        case Algorithm::kTree:
-          return tree_broadcast(t, data.data(), data.size(), root, call, tuning_);
-        default:
-          return run_native(
-              t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
-      }
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        switch (call.algorithm) {
+          case Algorithm::kRing:
+            return ring_broadcast(t, data.data(), data.size(), root, call, tuning_);
+          case Algorithm::kTree:
+            return tree_broadcast(t, data.data(), data.size(), root, call, tuning_);
+          default:
+            return run_native(
+                t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
+        }
+      });
     });
   }
 
@@ -547,12 +562,15 @@ class Communicator {
   void host_allgather(std::span<const T> input, std::span<T> output, Algorithm algorithm) {
     const MessageHeader call = start(Collective::kAllgather, data_type_v<T>, input.size(),
                                      ReduceOp::kSum, 0, algorithm, output.size_bytes());
-    with_transport([&](auto& t) {
-      if (call.algorithm == Algorithm::kRing) {
-        return ring_allgather(t, input.data(), output.data(), input.size(), call, tuning_);
-      }
-      run_native(
-          t, [&](auto& mpi) { native_allgather(mpi, input.data(), output.data(), input.size()); });
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        if (call.algorithm == Algorithm::kRing) {
+          return ring_allgather(t, input.data(), output.data(), input.size(), call, tuning_);
+        }
+        run_native(t, [&](auto& mpi) {
+          native_allgather(mpi, input.data(), output.data(), input.size());
+        });
+      });
     });
   }
 
@@ -565,6 +583,26 @@ class Communicator {
 #if COLTRAIN_WITH_MPI
     if constexpr (std::is_same_v<Tr, MpiTransport>) f(transport);
 #endif
+  }
+
+  void start_recording(const CommOptions& options) {
+    recorder_->set_identity(rank(), size(), name_of(backend_));
+    if (!options.trace_dir.empty()) recorder_->set_trace_dir(options.trace_dir);
+  }
+
+  // Runs a numbered call's communication, recorded in the flight recorder; a failure is recorded
+  // with its message and the recorder written out before the error goes on to the caller.
+  template <class F>
+  void recorded(const MessageHeader& call, F&& communicate) {
+    recorder_->started(call);
+    try {
+      std::forward<F>(communicate)();
+    } catch (const std::exception& error) {
+      recorder_->failed(call.sequence, error.what());
+      recorder_->dump("error in " + detail::describe_call(call));
+      throw;
+    }
+    recorder_->done(call.sequence);
   }
 
   // Validates the algorithm, resolves kAutomatic, and numbers the call.
@@ -639,14 +677,16 @@ class Communicator {
       for (std::size_t i = 0; i < input.size(); ++i) wide_input[i] = static_cast<float>(input[i]);
       const MessageHeader call = start(collective, data_type_v<T>, count, op, root, algorithm,
                                        input.size() * sizeof(float));
-      run_reduction(call, std::span<const float>(wide_input), std::span<float>(wide_output));
+      recorded(call, [&] {
+        run_reduction(call, std::span<const float>(wide_input), std::span<float>(wide_output));
+      });
       if (collective != Collective::kReduce || rank() == root) {
         for (std::size_t i = 0; i < output.size(); ++i) output[i] = T(wide_output[i]);
       }
     } else {
       const MessageHeader call =
           start(collective, data_type_v<T>, count, op, root, algorithm, input.size_bytes());
-      run_reduction(call, input, output);
+      recorded(call, [&] { run_reduction(call, input, output); });
     }
   }
 
@@ -706,6 +746,8 @@ class Communicator {
   AlgorithmTuning tuning_;
   StagingOptions staging_options_;
   std::uint64_t sequence_ = 0;
+  // On the heap: SIGUSR1's thread holds its address while the communicator moves.
+  std::unique_ptr<FlightRecorder> recorder_ = std::make_unique<FlightRecorder>();
 #if COLTRAIN_WITH_MPI
   std::shared_ptr<detail::MpiSession> mpi_session_;  // declared first: outlives mpi_
   std::unique_ptr<MpiTransport> mpi_;

@@ -1,6 +1,6 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
-// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID.
+// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace coltrain::comm {
@@ -22,6 +23,9 @@ struct CommOptions {
   // turned away. The same on every rank: COLTRAIN_JOB_ID, else SLURM_JOB_ID, else
   // TORCHELASTIC_RUN_ID.
   std::string job_id;
+  // Where the flight recorder writes its file when a call fails or SIGUSR1 arrives
+  // (comm/flight_recorder.hpp); empty: nowhere. COLTRAIN_TRACE_DIR.
+  std::filesystem::path trace_dir;
 };
 
 namespace detail {
@@ -56,6 +60,7 @@ inline CommOptions comm_options_from_env() {
   if (const char* ifname = detail::nonempty_env("COLTRAIN_SOCKET_IFNAME")) {
     options.socket_ifname = ifname;
   }
+  if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
   for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
     if (const char* id = detail::nonempty_env(name)) {
       options.job_id = id;
