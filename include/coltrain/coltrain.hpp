@@ -12,6 +12,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>
 #include <coltrain/core/thread_pool.hpp>
+#include <coltrain/core/timeline.hpp>
 #include <coltrain/core/timer.hpp>
 #include <coltrain/data.hpp>
 #include <coltrain/models.hpp>

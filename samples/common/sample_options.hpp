@@ -96,6 +96,7 @@ struct Options {
   std::string precision{kCompiledPrecisions == "all" ? "fp32" : kCompiledPrecisions};
   std::string data;  // dataset directory; MNIST defaults to the subset shipped in data/mnist
   std::string log_dir;
+  std::string trace;  // Chrome trace file (core/timeline.hpp); COLTRAIN_TRACE does the same
   std::optional<double> target_accuracy;
   std::string checkpoint_dir;
   int checkpoint_every = 1;
@@ -135,6 +136,9 @@ inline void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--data", o.data, "dataset directory");
   app.add_option("--log-dir", o.log_dir, "write config.json, metrics.jsonl and result.json here");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome trace (Perfetto) of collectives and training phases to this file "
+                 "(several ranks: FILE.rank<R>.json)");
   app.add_option("--target-accuracy", o.target_accuracy,
                  "stop when validation accuracy reaches this (exit status 2 if never)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints here");

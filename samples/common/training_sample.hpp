@@ -77,6 +77,7 @@ int train_classifier(const Options& options, const std::string& model_name,
   // On the GPU, a communicator for device buffers: NCCL when this build has it (comm::from_env).
   const ct::comm::Memory memory =
       o.device == "cuda" ? ct::comm::Memory::kDevice : ct::comm::Memory::kHost;
+  if (!o.trace.empty()) ct::Timeline::instance().enable(o.trace);
   ct::comm::CommOptions comm_options = ct::comm::comm_options_from_env();
   // The flight recorder writes into the run directory unless COLTRAIN_TRACE_DIR says elsewhere.
   if (comm_options.trace_dir.empty() && !o.log_dir.empty()) comm_options.trace_dir = o.log_dir;

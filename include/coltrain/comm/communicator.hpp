@@ -43,6 +43,8 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/timeline.hpp>
+#include <coltrain/core/timer.hpp>
 
 #if COLTRAIN_WITH_MPI
 #include <mpi.h>
@@ -586,23 +588,38 @@ class Communicator {
   }
 
   void start_recording(const CommOptions& options) {
+    Timeline::instance().set_process(rank(), size());
     recorder_->set_identity(rank(), size(), name_of(backend_));
     if (!options.trace_dir.empty()) recorder_->set_trace_dir(options.trace_dir);
   }
 
   // Runs a numbered call's communication, recorded in the flight recorder; a failure is recorded
   // with its message and the recorder written out before the error goes on to the caller.
+  // With the timeline on (core/timeline.hpp), the call is also a span of it.
   template <class F>
   void recorded(const MessageHeader& call, F&& communicate) {
+    Timeline& timeline = Timeline::instance();
+    const bool timed = timeline.enabled();
+    const Clock::time_point begin = timed ? Clock::now() : Clock::time_point{};
+    const auto span = [&] {
+      timeline.complete(name_of(call.collective), "collective", begin, Clock::now(),
+                        "\"sequence\": " + std::to_string(call.sequence) + ", \"algorithm\": \"" +
+                            std::string(name_of(call.algorithm)) + "\", \"dtype\": \"" +
+                            std::string(name_of(call.dtype)) +
+                            "\", \"count\": " + std::to_string(call.count),
+                        rank());
+    };
     recorder_->started(call);
     try {
       std::forward<F>(communicate)();
     } catch (const std::exception& error) {
       recorder_->failed(call.sequence, error.what());
       recorder_->dump("error in " + detail::describe_call(call));
+      if (timed) span();
       throw;
     }
     recorder_->done(call.sequence);
+    if (timed) span();
   }
 
   // Validates the algorithm, resolves kAutomatic, and numbers the call.

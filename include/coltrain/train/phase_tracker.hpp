@@ -15,9 +15,11 @@
 // Total time (s) | Percentage %), with the percentage of the run's wall time. Phases should not
 // nest, or their time is counted twice. add() may be called from another thread than time()'s
 // (the totals are atomic); the totals cover this process, so after a resume they start again.
+// Each timed scope is also a span of the timeline (core/timeline.hpp) when that is on.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/timeline.hpp>
 #include <coltrain/core/timer.hpp>
 
 #include <algorithm>
@@ -101,8 +103,11 @@ class PhaseTracker {
     // Ends the measurement early; later calls and the destructor add nothing.
     void stop() {
       if (tracker_ == nullptr) return;
-      tracker_->add(phase_, Clock::now() - start_);
+      const Clock::time_point end = Clock::now();
+      tracker_->add(phase_, end - start_);
       tracker_ = nullptr;
+      Timeline& timeline = Timeline::instance();
+      if (timeline.enabled()) timeline.complete(phase_name(phase_), "trainer", start_, end);
     }
 
    private:

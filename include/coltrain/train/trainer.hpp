@@ -26,6 +26,7 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/timeline.hpp>
 #include <coltrain/data/loader.hpp>
 #include <coltrain/nn/loss.hpp>
 #include <coltrain/optim/precision.hpp>
@@ -319,6 +320,7 @@ class Trainer {
     if (rank0())
       detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
                          last_train_accuracy);
+    Timeline::instance().write();  // every rank's spans so far, when the timeline is on
     return result;
   }
 

@@ -30,6 +30,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/timeline.hpp>
 #include <coltrain/cuda/nn/loss.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
 #include <coltrain/cuda/train/checkpoint.cuh>
@@ -236,6 +237,7 @@ class DeviceTrainer {
     if (rank0())
       detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
                          last_train_accuracy);
+    Timeline::instance().write();  // every rank's spans so far, when the timeline is on
     return result;
   }
 
