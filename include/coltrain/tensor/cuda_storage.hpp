@@ -72,8 +72,12 @@ class Storage<T, Cuda> {
       throw InvalidArgument("device tensor of " + std::to_string(count) + " elements is too large");
     data_ = static_cast<T*>(device_allocate(count * sizeof(T)));
     size_ = count;
-    // Synchronous on purpose: a new tensor must read as zeros on every stream.
+    // A new tensor must read as zeros on every stream. cudaMemset on device memory returns before
+    // it runs, on the legacy stream, which the non-blocking streams coltrain computes on do not
+    // wait for: without the wait, the zeros could land after a kernel or copy on another stream
+    // had written the tensor (seen under compute-sanitizer, whose timing delays the memset).
     COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0, count * sizeof(T)));
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));
   }
 
   T* data_ = nullptr;

@@ -5,7 +5,8 @@
 // Two engines compute the three products (output, weight gradient, input gradient):
 // - cuDNN (the default where COLTRAIN_WITH_CUDNN): the legacy convolution API on NCHW tensor
 //   descriptors, built once per batch size with the fastest algorithm of a timed cudnnFind*Ex
-//   (the first call at each batch size runs them all; later calls only launch). 16-bit data run on
+//   (the first call at each batch size runs them all; later calls only launch; with
+//   COLTRAIN_CUDNN_BENCHMARK=0, cuDNN's heuristic choice instead). 16-bit data run on
 //   tensor cores with fp32 accumulation; fp32 uses CUDNN_FMA_MATH (no TF32) and skips the FFT and
 //   large-tile Winograd algorithms, whose rounding error is well above the direct products', so
 //   fp32 results stay within about 1e-6 of the CPU layer's.
@@ -47,9 +48,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -216,6 +219,24 @@ inline bool coarse_algorithm(cudnnConvolutionBwdFilterAlgo_t algo) {
          algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
+// COLTRAIN_CUDNN_BENCHMARK=0 takes cuDNN's heuristic choice instead of timing every algorithm at
+// each new batch size (as torch.backends.cudnn.benchmark = False): a faster start, and the way to
+// run the convolution suites under compute-sanitizer, whose instrumentation makes the timing
+// search take many minutes. Unset or 1: the search.
+inline bool cudnn_search_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("COLTRAIN_CUDNN_BENCHMARK");
+    if (value == nullptr || std::string_view(value) == "1") return true;
+    if (std::string_view(value) == "0") return false;
+    ErrorContext context;
+    context.operation = "cuDNN algorithm choice";
+    throw ConfigError("COLTRAIN_CUDNN_BENCHMARK is \"" + std::string(value) +
+                          "\", expected 0 (heuristics) or 1 (time the algorithms)",
+                      context);
+  }();
+  return enabled;
+}
+
 template <class Algo>
 struct CudnnChoice {
   Algo algo;
@@ -256,13 +277,19 @@ class CudnnConvolution {
                               Context<tensor::Cuda>& ctx) {
     CudnnPlan& p = plan(batch);
     if (!p.forward) {
-      const std::size_t bytes = find_workspace_bytes();
-      DeviceBlock scratch = device_block(bytes);
       cudnnConvolutionFwdAlgoPerf_t results[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int count = 0;
-      COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
-          ctx.cudnn(), p.x.get(), x, filter_.get(), w, p.forward_convolution.get(), p.y.get(), y,
-          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results, scratch.get(), bytes));
+      if (cudnn_search_enabled()) {
+        const std::size_t bytes = find_workspace_bytes();
+        DeviceBlock scratch = device_block(bytes);
+        COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionForwardAlgorithmEx(
+            ctx.cudnn(), p.x.get(), x, filter_.get(), w, p.forward_convolution.get(), p.y.get(), y,
+            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results, scratch.get(), bytes));
+      } else {
+        COLTRAIN_CHECK_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(
+            ctx.cudnn(), p.x.get(), filter_.get(), p.forward_convolution.get(), p.y.get(),
+            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results));
+      }
       p.forward = choose(results, count, p.forward_convolution.get(), "forward", batch);
     }
     return p.forward->workspace_bytes;
@@ -283,27 +310,39 @@ class CudnnConvolution {
                                Context<tensor::Cuda>& ctx) {
     CudnnPlan& p = plan(batch);
     if (!p.backward_filter) {
-      const std::size_t bytes = find_workspace_bytes();
-      DeviceBlock scratch = device_block(bytes);
-      DeviceBlock weight_scratch = device_block(static_cast<std::size_t>(
-          out_channels_ * geometry_.column_rows() * static_cast<std::int64_t>(sizeof(T))));
       cudnnConvolutionBwdFilterAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       int count = 0;
-      COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-          ctx.cudnn(), p.x.get(), x, p.y.get(), dy, p.filter_convolution.get(), filter_.get(),
-          weight_scratch.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results,
-          scratch.get(), bytes));
+      if (cudnn_search_enabled()) {
+        const std::size_t bytes = find_workspace_bytes();
+        DeviceBlock scratch = device_block(bytes);
+        DeviceBlock weight_scratch = device_block(static_cast<std::size_t>(
+            out_channels_ * geometry_.column_rows() * static_cast<std::int64_t>(sizeof(T))));
+        COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            ctx.cudnn(), p.x.get(), x, p.y.get(), dy, p.filter_convolution.get(), filter_.get(),
+            weight_scratch.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results,
+            scratch.get(), bytes));
+      } else {
+        COLTRAIN_CHECK_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            ctx.cudnn(), p.x.get(), p.y.get(), p.filter_convolution.get(), filter_.get(),
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, results));
+      }
       p.backward_filter =
           choose(results, count, p.filter_convolution.get(), "weight-gradient", batch);
     }
     if (dx != nullptr && !p.backward_data) {
-      const std::size_t bytes = find_workspace_bytes();
-      DeviceBlock scratch = device_block(bytes);
       cudnnConvolutionBwdDataAlgoPerf_t results[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       int count = 0;
-      COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          ctx.cudnn(), filter_.get(), w, p.y.get(), dy, p.data_convolution.get(), p.x.get(), dx,
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results, scratch.get(), bytes));
+      if (cudnn_search_enabled()) {
+        const std::size_t bytes = find_workspace_bytes();
+        DeviceBlock scratch = device_block(bytes);
+        COLTRAIN_CHECK_CUDNN(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            ctx.cudnn(), filter_.get(), w, p.y.get(), dy, p.data_convolution.get(), p.x.get(), dx,
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results, scratch.get(), bytes));
+      } else {
+        COLTRAIN_CHECK_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            ctx.cudnn(), filter_.get(), p.y.get(), p.data_convolution.get(), p.x.get(),
+            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, results));
+      }
       p.backward_data = choose(results, count, p.data_convolution.get(), "input-gradient", batch);
     }
     const std::size_t data_bytes = dx != nullptr ? p.backward_data->workspace_bytes : 0;
@@ -381,15 +420,16 @@ class CudnnConvolution {
     return plans_.back();
   }
 
-  // The fastest algorithm that ran (the results come sorted by time) and suits the data type; for
-  // 16-bit data the descriptor takes the math type the algorithm was timed with.
+  // The fastest algorithm that ran (the results come sorted by time, or by the heuristics' guess)
+  // and suits the data type; for 16-bit data the descriptor takes the math type of that result.
   template <class Perf>
   auto choose(const Perf* results, int count, cudnnConvolutionDescriptor_t convolution,
               const char* product, std::int64_t batch) const
       -> CudnnChoice<decltype(Perf::algo)> {
     for (int i = 0; i < count; ++i) {
       const Perf& result = results[i];
-      if (result.status != CUDNN_STATUS_SUCCESS) continue;
+      // The heuristics list algorithms that need more scratch than the search would allow.
+      if (result.status != CUDNN_STATUS_SUCCESS || result.memory > kFindWorkspaceLimit) continue;
       if constexpr (kFp32) {
         if (coarse_algorithm(result.algo)) continue;
       } else {
