@@ -13,6 +13,7 @@
 #include <coltrain/optim.hpp>
 #include <coltrain/train/trainer.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -179,5 +180,30 @@ TEST_CASE("a run resumed from its checkpoint ends bit for bit where an uninterru
     CHECK(second_half.weights == whole.weights);
     CHECK(first_half.weights != whole.weights);
     if (comm.rank() == 0) CHECK_THAT(second_half.output, Catch::Contains("resuming after epoch 2"));
+  }
+}
+
+TEST_CASE("a log directory refused on rank 0 stops every rank before training", "[trainer]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const coltrain::testing::TempDir temp;
+    const std::filesystem::path dir = shared_dir(comm, temp) / "run";
+    fit(comm, {.epochs = 1, .log_dir = dir});  // leaves an epoch in metrics.jsonl
+    // A fresh run into the same directory: rank 0's run log refuses it. The other ranks must
+    // fail too, at once, rather than wait in the first allreduce for COLTRAIN_TIMEOUT.
+    const auto started = std::chrono::steady_clock::now();
+    if (comm.rank() == 0) {
+      CHECK_THROWS_WITH(fit(comm, {.epochs = 1, .log_dir = dir}),
+                        Catch::Contains("already holds 1 epochs"));
+    } else {
+      CHECK_THROWS_WITH(fit(comm, {.epochs = 1, .log_dir = dir}),
+                        Catch::Contains("rank 0 could not open the run log"));
+    }
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(30));
+    // The communicator is still usable: every rank stopped at the same point.
+    std::int64_t one = 1;
+    comm.allreduce(std::span<std::int64_t>(&one, 1), comm::ReduceOp::kSum);
+    CHECK(one == comm.size());
   }
 }

@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -118,6 +119,35 @@ inline std::string progress_bar(std::int64_t epoch, std::int64_t epochs, std::in
       << std::fixed << std::setprecision(4) << "  loss " << loss << std::setprecision(0) << "  "
       << images_per_second << " img/s ";
   return bar.str();
+}
+
+// Rank 0 opens the run log (and writes the configuration); every rank learns whether that worked
+// before training's first collective, so a refused log directory stops all ranks at once instead
+// of leaving the others in an allreduce until COLTRAIN_TIMEOUT. `all_ok(ok)` is the ranks'
+// agreement: true when every rank passed true.
+template <class Agreement>
+std::optional<RunLog> open_run_log(const TrainerOptions& options, std::int64_t first_epoch,
+                                   bool rank0, Agreement&& all_ok) {
+  std::optional<RunLog> log;
+  std::exception_ptr failure;
+  if (rank0 && !options.log_dir.empty()) {
+    try {
+      RunLogOptions log_options;
+      if (first_epoch > 0) log_options.resume_after_epoch = first_epoch;
+      log.emplace(options.log_dir, log_options);
+      log->write_config(options.config);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (all_ok(failure == nullptr)) return log;
+  if (failure) std::rethrow_exception(failure);
+  ErrorContext context;
+  context.operation = "Trainer::fit";
+  context.rank = 0;
+  throw Error("rank 0 could not open the run log in " + options.log_dir.string() +
+                  "; its own error says why",
+              context);
 }
 
 // Rank 0's end of fit(): the time to target, throughput, profile, confusion matrix and result.json.
@@ -210,13 +240,11 @@ class Trainer {
                       << "; starting from scratch\n";
       }
     }
-    std::optional<RunLog> log;
-    if (rank0() && !options_.log_dir.empty()) {
-      RunLogOptions log_options;
-      if (first_epoch > 0) log_options.resume_after_epoch = first_epoch;
-      log.emplace(options_.log_dir, log_options);
-      log->write_config(options_.config);
-    }
+    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), [&](bool ok) {
+      double flag = ok ? 1.0 : 0.0;
+      ddp_.allreduce(std::span<double>(&flag, 1), comm::ReduceOp::kMin);
+      return flag == 1.0;
+    });
 
     double train_seconds = train_seconds_before;
     double last_train_loss = 0, last_train_accuracy = 0;

@@ -114,13 +114,11 @@ class DeviceTrainer {
     }
     context_step_at_start_ = network_.context().step();
     steps_this_fit_ = 0;
-    std::optional<RunLog> log;
-    if (rank0() && !options_.log_dir.empty()) {
-      RunLogOptions log_options;
-      if (first_epoch > 0) log_options.resume_after_epoch = first_epoch;
-      log.emplace(options_.log_dir, log_options);
-      log->write_config(options_.config);
-    }
+    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), [&](bool ok) {
+      double flag = ok ? 1.0 : 0.0;
+      ddp_.allreduce(std::span<double>(&flag, 1), comm::ReduceOp::kMin);
+      return flag == 1.0;
+    });
 
     data::DeviceLoader<T, Transform> train_batches(train, stream());
     data::DeviceLoader<T, Transform> validation_batches(validation, stream());
