@@ -1,69 +1,102 @@
 #!/usr/bin/env bash
-# Kills (SIGKILL) or stops (SIGSTOP) one rank of a 4-rank TCP job in the middle of its allreduce
-# loop, for several victims (rank 0, the rendezvous host, included), and checks that
-#  - every survivor fails (exit status 1) within COLTRAIN_TIMEOUT (2 s) plus a margin,
+# Breaks TCP jobs of 2 to 5 ranks in the middle of their allreduce loop, every rank in turn as the
+# victim (rank 0, the rendezvous host, included), three ways: SIGKILL, SIGSTOP, and a mismatch (the
+# victim passes one more element at a call after the loop is running). The strike comes at a random
+# point of the loop, and the message size alternates between 4 KiB (halving-doubling) and 1 MiB
+# (ring). For each of the 42 trials it checks that
+#  - every survivor fails (exit status 1) within COLTRAIN_TIMEOUT (2 s) plus its inquiry (0.5 s)
+#    plus a margin,
+#  - every survivor's error names the victim (died, made no progress, or the count it passed), not
+#    its own neighbour,
 #  - every survivor wrote its flight record, and
-#  - scripts/diagnose names the victim as the rank that wrote none.
+#  - scripts/diagnose names the victim.
 #   usage: fault_injection.sh WORKER PYTHON DIAGNOSE WORKDIR
 set -uo pipefail
 worker=$1 python=$2 diagnose=$3 work=$4
-ranks=4
 timeout_s=2
 margin_s=4  # a loaded CI machine; the times are printed
+RANDOM=17   # the strike points vary from trial to trial, the same in every run
 failed=0
-for signal in KILL STOP; do
-  for victim in 0 2 3; do
-    dir="$work/$signal-rank$victim"
-    rm -rf "$dir" && mkdir -p "$dir"
-    port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    pids=()
-    for ((rank = 0; rank < ranks; rank++)); do
-      MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
-        LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
-        "$worker" "$dir/ready.$rank" > "$dir/output.$rank" 2>&1 &
-      pids+=($!)
-    done
-    for ((i = 0; i < 200; i++)); do  # at most 20 s for the rendezvous and 20 calls
-      [ "$(ls "$dir" | grep -c '^ready\.')" -eq $ranks ] && break
-      sleep 0.1
-    done
-    kill -$signal "${pids[$victim]}"
-    struck=$(date +%s%N)
-    # Every survivor must exit by the deadline; poll, then stop everything that is left.
-    limit=$((timeout_s + margin_s))
-    for ((i = 0; i < limit * 20; i++)); do
-      alive=0
+trials=0
+for ranks in 2 3 4 5; do
+  for ((victim = 0; victim < ranks; victim++)); do
+    for fault in KILL STOP MISMATCH; do
+      trials=$((trials + 1))
+      count=$((trials % 2 ? 1024 : 262144))
+      dir="$work/$ranks-ranks-$fault-rank$victim"
+      rm -rf "$dir" && mkdir -p "$dir"
+      port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+      odd=()
+      [ $fault = MISMATCH ] && odd=($victim $((30 + RANDOM % 40)))
+      pids=()
       for ((rank = 0; rank < ranks; rank++)); do
-        [ $rank -eq $victim ] && continue
-        kill -0 "${pids[$rank]}" 2>/dev/null && alive=1
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
+          LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
+          "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
+        pids+=($!)
       done
-      [ $alive -eq 0 ] && break
-      sleep 0.05
-    done
-    milliseconds=$((($(date +%s%N) - struck) / 1000000))
-    kill -KILL "${pids[@]}" 2>/dev/null
-    statuses=()
-    for ((rank = 0; rank < ranks; rank++)); do
-      wait "${pids[$rank]}"
-      statuses+=($?)
-    done
-    verdict=$("$python" "$diagnose" "$dir" 2>&1 | head -1)
-    echo "SIG$signal rank $victim: survivors out after ${milliseconds} ms; statuses ${statuses[*]}; $verdict"
-    for ((rank = 0; rank < ranks; rank++)); do
-      [ $rank -eq $victim ] && continue
-      if [ "${statuses[$rank]}" -ne 1 ]; then
-        echo "  FAILED: survivor rank $rank exited with ${statuses[$rank]}, not 1:"
-        sed 's/^/    /' "$dir/output.$rank"
-        failed=1
-      elif [ ! -s "$dir/flight_rank$rank.json" ]; then
-        echo "  FAILED: survivor rank $rank wrote no flight record"
+      for ((i = 0; i < 200; i++)); do  # at most 20 s for the rendezvous and 20 calls
+        [ "$(ls "$dir" | grep -c '^ready\.')" -eq $ranks ] && break
+        sleep 0.1
+      done
+      survivors=()
+      for ((rank = 0; rank < ranks; rank++)); do
+        [ $fault = MISMATCH ] || [ $rank -ne $victim ] && survivors+=($rank)
+      done
+      if [ $fault != MISMATCH ]; then
+        sleep "0.$(printf '%03d' $((RANDOM % 200)))"  # somewhere in the loop
+        kill -$fault "${pids[$victim]}"
+      fi
+      struck=$(date +%s%N)
+      # Every survivor must exit by the deadline; poll, then stop everything that is left.
+      limit=$((timeout_s + 1 + margin_s))
+      for ((i = 0; i < limit * 20; i++)); do
+        alive=0
+        for rank in "${survivors[@]}"; do
+          kill -0 "${pids[$rank]}" 2>/dev/null && alive=1
+        done
+        [ $alive -eq 0 ] && break
+        sleep 0.05
+      done
+      milliseconds=$((($(date +%s%N) - struck) / 1000000))
+      kill -KILL "${pids[@]}" 2>/dev/null
+      statuses=()
+      for ((rank = 0; rank < ranks; rank++)); do
+        wait "${pids[$rank]}"
+        statuses+=($?)
+      done
+      # The victim as each survivor's error and diagnose's verdict must name it.
+      case $fault in
+        KILL) named="rank $victim died|lost its connection to rank $victim"
+              verdict_names="rank $victim wrote no flight record" ;;
+        STOP) named="rank $victim made no progress"
+              verdict_names="rank $victim wrote no flight record" ;;
+        MISMATCH) named="rank $victim has $((count + 1))"
+                  verdict_names="mismatch at call #[0-9]+: rank $victim called" ;;
+      esac
+      verdict=$("$python" "$diagnose" "$dir" 2>&1 | head -1)
+      echo "$ranks ranks, $fault rank $victim ($count floats): survivors out after ${milliseconds} ms; statuses ${statuses[*]}; $verdict"
+      for rank in "${survivors[@]}"; do
+        if [ "${statuses[$rank]}" -ne 1 ]; then
+          echo "  FAILED: survivor rank $rank exited with ${statuses[$rank]}, not 1:"
+          sed 's/^/    /' "$dir/output.$rank"
+          failed=1
+        elif ! grep -q -E "$named" "$dir/output.$rank"; then
+          echo "  FAILED: survivor rank $rank does not name rank $victim as the cause:"
+          sed 's/^/    /' "$dir/output.$rank"
+          failed=1
+        elif [ ! -s "$dir/flight_rank$rank.json" ]; then
+          echo "  FAILED: survivor rank $rank wrote no flight record"
+          failed=1
+        fi
+      done
+      # With two ranks a mismatch has no minority: diagnose names both sides.
+      if ! [[ "$verdict" =~ $verdict_names ]] && ! { [ $fault = MISMATCH ] && [ $ranks -eq 2 ]; }; then
+        echo "  FAILED: diagnose does not name rank $victim"
         failed=1
       fi
     done
-    if [[ "$verdict" != "rank $victim wrote no flight record"* ]]; then
-      echo "  FAILED: diagnose does not name rank $victim"
-      failed=1
-    fi
   done
 done
+echo "$trials trials"
 exit $failed

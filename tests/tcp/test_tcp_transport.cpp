@@ -164,9 +164,9 @@ TEST_CASE("a count that differs between ranks is a MismatchError naming both", "
     std::vector<std::byte> buffer(40);
     if (rank == 1) {
       transport.wait(transport.isend(0, header, buffer));
-      // Rank 0 breaks on the mismatch and closes its connections: this rank hears of it at once.
+      // Rank 0 breaks on the mismatch and tells this rank why: it hears of it at once.
       const auto start = std::chrono::steady_clock::now();
-      const std::string lost = expect_throws<coltrain::PeerLostError>(
+      const std::string lost = expect_throws<coltrain::MismatchError>(
           [&] { transport.wait(transport.irecv(0, header, buffer)); }, "waiting on rank 0");
       std::cerr << "rank 1 saw: " << lost << std::endl;
       expect(seconds_since(start) < 5, "rank 1 learned of the failure before its timeout");
@@ -186,7 +186,9 @@ TEST_CASE("a count that differs between ranks is a MismatchError naming both", "
                                      Contains("allreduce #7"));
   CHECK_THAT(outcomes[0].output, Contains("rank 0 then saw") &&
                                      Contains("unusable after an earlier error: count differs"));
-  CHECK_THAT(outcomes[1].output, Contains("rank 1 lost its connection to rank 0"));
+  CHECK_THAT(outcomes[1].output,
+             Contains("ranks called different collectives during allreduce #7; seen first by "
+                      "rank 0: count differs between ranks: rank 0 has 12, rank 1 has 10"));
 }
 
 TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it", "[tcp]") {
@@ -268,8 +270,8 @@ TEST_CASE("a receive that never gets its message times out, and the peer hears o
              "timed out after about 1 s, took " + std::to_string(elapsed) + " s");
       return;
     }
-    // Rank 0 gives up after 1 s and closes its connections; this rank must not wait out its 10 s.
-    const std::string lost = expect_throws<coltrain::PeerLostError>(
+    // Rank 0 gives up after 1 s and says why; this rank must not wait out its 10 s.
+    const std::string lost = expect_throws<coltrain::TimeoutError>(
         [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
     std::cerr << "rank 1 saw: " << lost << std::endl;
     expect(seconds_since(start) < 4, "heard of rank 0's failure well before its own timeout");
@@ -279,7 +281,89 @@ TEST_CASE("a receive that never gets its message times out, and the peer hears o
                                           "receive allgather #3") &&
                                      Contains("from rank 1") &&
                                      Contains("its header has not arrived"));
-  CHECK_THAT(outcomes[1].output, Contains("rank 1 lost its connection to rank 0"));
+  // Both ranks are alive and each waits to receive from the other: rank 0's inquiry finds the
+  // cycle, and rank 1 hears rank 0's verdict.
+  CHECK_THAT(outcomes[0].output, Contains("alive ranks wait on each other (rank 0 waits on rank 1, "
+                                          "which waits on rank 0)"));
+  CHECK_THAT(outcomes[1].output,
+             Contains("seen first by rank 0") && Contains("alive ranks wait on each other"));
+}
+
+TEST_CASE("a rank that stops taking part is named by every rank along the chain waiting on it",
+          "[tcp]") {
+  // A one-way ring: rank r receives from r - 1 and sends to r + 1. Rank 2 stops calling in (as a
+  // stopped or busy process would): rank 3 waits on it, rank 0 on rank 3, rank 1 on rank 0. Each
+  // would blame its own neighbour; the inquiry names rank 2 on every rank.
+  constexpr int kRanks = 4, kStopped = 2;
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "1";
+  const auto outcomes = launch_ranks(
+      kRanks,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        std::vector<std::byte> outgoing(64), incoming(64);
+        const int next = (rank + 1) % kRanks, previous = (rank + kRanks - 1) % kRanks;
+        const auto start = std::chrono::steady_clock::now();
+        const std::string error = expect_throws<coltrain::TimeoutError>(
+            [&] {
+              for (std::uint64_t round = 0; round < 1000; ++round) {
+                if (rank == kStopped && round == 5) {
+                  std::this_thread::sleep_for(4s);  // outside the transport: no answers
+                  ::_exit(0);
+                }
+                const auto receive = transport.irecv(previous, header_of(round, 64), incoming);
+                transport.wait(transport.isend(next, header_of(round, 64), outgoing));
+                transport.wait(receive);
+              }
+            },
+            "the ring with a silent rank");
+        std::cerr << "rank " << rank << " saw: " << error << std::endl;
+        expect(seconds_since(start) < 3, "failed within the timeout and the inquiry");
+      },
+      options);
+  require_all_passed(outcomes);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    if (rank == kStopped) continue;
+    INFO("rank " << rank);
+    CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output,
+               Contains("rank 2 made no progress"));
+  }
+}
+
+TEST_CASE("an error in the code of one rank between calls reaches the ranks waiting on it",
+          "[tcp]") {
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "20";
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        std::vector<std::byte> buffer(16);
+        if (rank == 1) {
+          try {
+            TcpTransport transport = connect_from_env();
+            transport.wait(transport.isend(0, header_of(0, 16), buffer));
+            throw std::runtime_error("the caller's own code failed");
+          } catch (const std::runtime_error&) {
+            return;  // the transport went while the exception propagated
+          }
+        }
+        TcpTransport transport = connect_from_env();
+        if (rank == 0) transport.wait(transport.irecv(1, header_of(0, 16), buffer));
+        const auto start = std::chrono::steady_clock::now();
+        const std::string error = expect_throws<coltrain::CommError>(
+            [&] { transport.wait(transport.irecv(1, header_of(1, 16), buffer)); },
+            "waiting on the rank that failed");
+        std::cerr << "rank " << rank << " saw: " << error << std::endl;
+        expect(seconds_since(start) < 5, "heard of it long before COLTRAIN_TIMEOUT=20");
+      },
+      options);
+  require_all_passed(outcomes);
+  for (const int rank : {0, 2}) {
+    INFO("rank " << rank);
+    CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output,
+               Contains("rank 1 stopped with an error at or after allgather #0") &&
+                   Contains("the process left while an exception was propagating"));
+  }
 }
 
 TEST_CASE("strangers at the rendezvous port are turned away and the job goes on", "[tcp]") {

@@ -15,12 +15,17 @@
 // - Waiting: non-blocking attempts catch a reply that is about to arrive (a loopback round trip is
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
-// - Errors: a lost peer is a PeerLostError naming it, no progress for CommOptions::timeout is a
-//   TimeoutError naming what was awaited from whom, a wrong header a MismatchError. Any error
-//   breaks the transport: it shuts all its connections at once, so peers blocked on this rank fail
-//   fast with PeerLostError instead of waiting out their timeouts, and every later call throws
-//   CommError.
+// - Errors: a lost peer is a PeerLostError naming it, a wrong header a MismatchError. No progress
+//   for CommOptions::timeout starts an inquiry (comm/failure_notice.hpp): every rank is asked
+//   whether it is alive and whom it waits on, and the rank at the end of that chain that does not
+//   answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError. Any error
+//   breaks the transport: it sends its root cause as a failure notice to every rank it can still
+//   reach, then shuts all its connections, so peers blocked on this rank fail fast, and with the
+//   first detector's verdict, instead of blaming their neighbour; every later call throws
+//   CommError. A transport destroyed while an exception unwinds (an error in the caller's code
+//   between collectives) tells its peers the same way.
 
+#include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/socket.hpp>
@@ -45,6 +50,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -97,6 +103,16 @@ struct PendingReceive {
   std::size_t received = 0;  // payload bytes in place
 };
 
+// A message read ahead of its receive while this rank looked for notices behind it (a rank that
+// has waited a while parks what blocks its streams, so that a notice can reach it).
+struct ParkedMessage {
+  MessageHeader header;
+  std::vector<std::byte> payload;
+  std::size_t received = 0;  // payload bytes read so far
+
+  bool complete() const { return received == payload.size(); }
+};
+
 // One peer's connection and its queues. Tickets count posted and completed operations per
 // direction; ticket t is complete once t < completed.
 struct PeerChannel {
@@ -111,6 +127,12 @@ struct PeerChannel {
   std::size_t inbox_begin = 0;
   std::size_t inbox_end = 0;
   bool active = false;  // listed in TcpTransport::active_
+  bool gone = false;    // the peer closed the connection while nothing was awaited from it
+  // A message header that no posted receive awaits yet sits in the inbox: the socket is left
+  // alone (not polled for notices) until a receive is posted.
+  bool data_waiting = false;
+  std::deque<ParkedMessage> parked;  // read ahead; served before the inbox. Only while no receive
+                                     // is posted: a posted receive takes them first
 
   bool idle() const { return sends.empty() && receives.empty(); }
   std::size_t inbox_size() const { return inbox_end - inbox_begin; }
@@ -152,7 +174,15 @@ class TcpTransport {
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
   // Closing the sockets is the whole shutdown: data already written still reaches the peers.
-  ~TcpTransport() = default;
+  // While an exception unwinds (the caller's code failed between collectives), the peers are told
+  // first, so that they name this rank instead of waiting on it or blaming a neighbour.
+  ~TcpTransport() {
+    if (peers_.empty() || !broken_.empty() || std::uncaught_exceptions() == 0) return;
+    FailureNotice verdict = notice(NoticeKind::kFailure);
+    verdict.cause = FailureCause::kError;
+    verdict.failed_rank = rank_;
+    send_verdict(verdict, "the process left while an exception was propagating");
+  }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -161,6 +191,7 @@ class TcpTransport {
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     detail::PeerChannel& channel = post_check(peer, header, payload.size(), "isend");
     channel.sends.push_back({header, payload, 0});
+    last_call_ = header;
     activate(peer);
     return {peer, true, channel.sends_posted++};
   }
@@ -169,6 +200,8 @@ class TcpTransport {
     detail::PeerChannel& channel = post_check(peer, expected, payload.size(), "irecv");
     if (!channel.inbox) channel.inbox = std::make_unique<std::byte[]>(detail::kInboxBytes);
     channel.receives.push_back({expected, payload, false, 0});
+    channel.data_waiting = false;
+    last_call_ = expected;
     activate(peer);
     return {peer, false, channel.receives_posted++};
   }
@@ -179,6 +212,17 @@ class TcpTransport {
     try {
       progress_until(request);
     } catch (const std::exception& e) {
+      // A lost connection is often a peer that broke down after an earlier failure: its notice
+      // may be waiting on a socket this rank was not reading (it was sending there). That
+      // verdict, not the lost connection, is the root cause.
+      if (dynamic_cast<const PeerLostError*>(&e) != nullptr) {
+        try {
+          look_for_verdict();
+        } catch (const std::exception& verdict) {
+          break_down(verdict);
+          throw;
+        }
+      }
       break_down(e);
       throw;
     }
@@ -241,6 +285,8 @@ class TcpTransport {
   }
 
   void progress_until(const Request& request) {
+    throw_verdict_if_any();  // a peer's verdict came after the last call had done its part
+    awaited_ = request;
     Clock::time_point last_progress = Clock::now();
     while (true) {
       bool progressed = false;
@@ -258,28 +304,63 @@ class TcpTransport {
       }
       if (complete(request)) return;
       const Clock::time_point now = Clock::now();
+      const Clock::duration waited = now - last_progress;
       if (progressed) {
         last_progress = now;
-      } else if (now - last_progress >= options_.timeout) {
-        throw timeout_error(request);
-      } else if (now - last_progress >= spin_before_sleep_) {
-        sleep_until_ready(Deadline(options_.timeout - (now - last_progress)));
+        parking_ = false;
+      } else if (waited >= options_.timeout) {
+        if (inquire(request)) return;  // what was awaited came during the inquiry
+        last_progress = Clock::now();
+      } else if (waited >= spin_before_sleep_) {
+        // After a while without progress, messages that wait for later receives are parked, so
+        // that a notice behind them can be read (a peer's inquiry must get its answer).
+        const Clock::duration park_after =
+            std::min<Clock::duration>(std::chrono::milliseconds(100), options_.timeout / 4);
+        Clock::duration sleep = options_.timeout - waited;
+        if (waited >= park_after) {
+          throw_verdict_if_any();  // this call is stuck too
+          parking_ = true;
+        } else {
+          sleep = std::min(sleep, park_after - waited);
+        }
+        sleep_until_ready(Deadline(sleep));
       }
     }
   }
 
-  // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`.
+  // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`. The
+  // other peers' sockets are watched too: a notice (comm/failure_notice.hpp) may come from any
+  // rank, and is read here.
   void sleep_until_ready(const Deadline& deadline) {
-    ready_.clear();
-    for (const int peer : active_) {
+    // A notice may already sit in an idle peer's inbox, read there with the previous message.
+    for (int peer = 0; peer < size_; ++peer) {
       const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      if (peer != rank_ && channel.receives.empty() && !channel.gone &&
+          (!channel.data_waiting || parking_) && channel.inbox &&
+          channel.inbox_size() >= detail::kHeaderBytes)
+        read_idle_peer(peer);
+    }
+    ready_.clear();
+    ready_peers_.clear();
+    for (int peer = 0; peer < size_; ++peer) {
+      const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      if (peer == rank_ || !channel.socket) continue;
+      const bool watch =
+          channel.receives.empty() && !channel.gone && (!channel.data_waiting || parking_);
       const short events = static_cast<short>((channel.sends.empty() ? 0 : POLLOUT) |
-                                              (channel.receives.empty() ? 0 : POLLIN));
+                                              (!channel.receives.empty() || watch ? POLLIN : 0));
+      if (events == 0) continue;
       ready_.push_back({channel.socket.get(), events, 0});
+      ready_peers_.push_back(peer);
     }
     if (::poll(ready_.data(), ready_.size(), detail::poll_timeout_ms(deadline)) < 0 &&
         errno != EINTR) {
       detail::throw_system_error("poll the peer connections", errno, context("wait"));
+    }
+    for (std::size_t i = 0; i < ready_.size(); ++i) {
+      const PeerChannel& channel = peers_[static_cast<std::size_t>(ready_peers_[i])];
+      if ((ready_[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && channel.receives.empty())
+        read_idle_peer(ready_peers_[i]);
     }
   }
 
@@ -375,11 +456,18 @@ class TcpTransport {
   // Completes queued receives from the inbox: checks each header, copies payload bytes. Returns
   // whether any header or payload byte was consumed.
   bool drain_inbox(int peer, PeerChannel& channel) {
-    bool progressed = false;
+    bool progressed = serve_parked(peer, channel);
+    if (!channel.parked.empty()) return progressed;  // the inbox holds what came after them
     while (!channel.receives.empty()) {
       detail::PendingReceive& front = channel.receives.front();
       if (!front.header_checked) {
         if (channel.inbox_size() < detail::kHeaderBytes) return progressed;
+        if (starts_with_notice(channel)) {
+          // In place of the data awaited from this peer: it broke down, so this call cannot end.
+          if (!take_notice(peer, channel, false)) return progressed;  // its text is on the way
+          progressed = true;
+          continue;
+        }
         MessageHeader header;
         std::memcpy(&header, channel.inbox.get() + channel.inbox_begin, detail::kHeaderBytes);
         channel.inbox_begin += detail::kHeaderBytes;
@@ -455,19 +543,325 @@ class TcpTransport {
                         context(request.peer, header));
   }
 
-  // Marks the transport unusable and closes every connection, so that peers see this rank leave.
+  // Marks the transport unusable, tells every peer it can still reach the root cause, and shuts
+  // every connection, so that peers see this rank leave.
   void break_down(const std::exception& cause) {
-    if (const auto* error = dynamic_cast<const Error*>(&cause)) {
+    const auto* error = dynamic_cast<const Error*>(&cause);
+    if (error != nullptr) {
       const std::string where = coltrain::detail::describe(error->context());
       broken_ = error->message() + (where.empty() ? "" : " [" + where + "]");
     } else {
       broken_ = cause.what();
     }
-    for (PeerChannel& channel : peers_) {
-      if (channel.socket) ::shutdown(channel.socket.get(), SHUT_RDWR);
+    if (verdict_) {  // a notice's verdict: passed on as it came
+      send_verdict(*verdict_, verdict_text_);
+      return;
+    }
+    FailureNotice verdict = notice(NoticeKind::kFailure);
+    verdict.failed_rank = rank_;
+    const int peer = error != nullptr ? error->context().peer.value_or(-1) : -1;
+    if (peer >= 0) {
+      if (dynamic_cast<const PeerLostError*>(&cause) != nullptr) {
+        verdict.cause = FailureCause::kDied;
+        verdict.failed_rank = peer;
+      } else if (dynamic_cast<const TimeoutError*>(&cause) != nullptr) {
+        verdict.cause = FailureCause::kHung;
+        verdict.failed_rank = peer;
+      } else if (dynamic_cast<const MismatchError*>(&cause) != nullptr) {
+        verdict.cause = FailureCause::kMismatch;
+        verdict.failed_rank = peer;
+      }
+    }
+    send_verdict(verdict, error != nullptr ? error->message() : broken_);
+  }
+
+  // Marks the transport broken and sends `verdict` (with `text`) to every peer that can take it:
+  // one non-blocking write per peer, skipped where a message is half sent (the notice would land
+  // inside its payload) or the peer is the one that died. Then shuts every connection; the
+  // sockets stay open until destruction, so that nothing unread turns the close into a reset.
+  void send_verdict(const FailureNotice& verdict, std::string text) {
+    if (broken_.empty()) broken_ = describe_failure(verdict, text);
+    text.resize(std::min(text.size(), kMaxNoticeText));
+    FailureNotice head = verdict;
+    head.text_bytes = text.size();
+    std::string bytes(sizeof head, '\0');
+    std::memcpy(bytes.data(), &head, sizeof head);
+    bytes += text;
+    for (int peer = 0; peer < size_; ++peer) {
+      PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      if (peer == rank_ || !channel.socket) continue;
+      const bool half_sent = !channel.sends.empty() && channel.sends.front().sent > 0;
+      const bool dead = verdict.cause == FailureCause::kDied && peer == verdict.failed_rank;
+      if (!half_sent && !dead && !channel.gone) {
+        [[maybe_unused]] const ssize_t ignored =
+            ::send(channel.socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      ::shutdown(channel.socket.get(), SHUT_RDWR);
+      detail::FileDescriptor socket = std::move(channel.socket);
       channel = PeerChannel{};
+      channel.socket = std::move(socket);
     }
     active_.clear();
+  }
+
+  // A notice from this rank about its current call.
+  FailureNotice notice(NoticeKind kind) const {
+    FailureNotice n;
+    n.kind = kind;
+    n.seen_by = rank_;
+    n.collective = last_call_ ? last_call_->collective : Collective::kAllreduce;
+    n.sequence = last_call_ ? last_call_->sequence : kNoCall;
+    return n;
+  }
+
+  // Queues a notice behind the messages already queued to `peer` (never inside one).
+  void queue_notice(int peer, const FailureNotice& n) {
+    PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+    MessageHeader as_header;
+    static_assert(sizeof as_header == sizeof n);
+    std::memcpy(static_cast<void*>(&as_header), &n, sizeof n);
+    channel.sends.push_back({as_header, {}, 0});
+    ++channel.sends_posted;
+    activate(peer);
+  }
+
+  bool starts_with_notice(const PeerChannel& channel) const {
+    std::uint32_t magic = 0;
+    std::memcpy(&magic, channel.inbox.get() + channel.inbox_begin, sizeof magic);
+    return magic == kNoticeMagic;
+  }
+
+  // The inbox starts with a notice: acts on it once its text is there too (false until then).
+  // A verdict becomes this rank's error: at once, or with `defer` (it came from a peer this call
+  // does not wait on) once the call stops making progress or the next one begins, so that a call
+  // whose data still flows completes first.
+  bool take_notice(int peer, PeerChannel& channel, bool defer) {
+    FailureNotice n;
+    std::memcpy(&n, channel.inbox.get() + channel.inbox_begin, sizeof n);
+    if (n.text_bytes > kMaxNoticeText) {
+      throw MismatchError("rank " + std::to_string(peer) + " sent a failure notice with " +
+                              std::to_string(n.text_bytes) + " bytes of text (at most " +
+                              std::to_string(kMaxNoticeText) + "): the stream lost its framing",
+                          context(peer, last_call_.value_or(MessageHeader{})));
+    }
+    if (channel.inbox_size() < sizeof n + n.text_bytes) return false;
+    const char* text = reinterpret_cast<const char*>(channel.inbox.get() + channel.inbox_begin);
+    std::string account(text + sizeof n, static_cast<std::size_t>(n.text_bytes));
+    channel.inbox_begin += sizeof n + static_cast<std::size_t>(n.text_bytes);
+    switch (n.kind) {
+      case NoticeKind::kFailure:
+        if (!verdict_) {
+          verdict_ = n;
+          verdict_text_ = account;
+        }
+        if (!defer) throw_verdict_if_any();
+        break;
+      case NoticeKind::kSuspect: {
+        FailureNotice answer = notice(NoticeKind::kAlive);
+        answer.waiting_on = awaited_.peer;
+        queue_notice(peer, answer);
+        break;
+      }
+      case NoticeKind::kAlive:
+        if (!answers_.empty()) answers_[static_cast<std::size_t>(peer)] = n.waiting_on;
+        break;
+    }
+    return true;
+  }
+
+  // A peer nothing is awaited from has bytes (or closed): reads one header's worth at a time into
+  // its inbox. A notice is acted on; a message header waits for its receive, or, while parking_, is
+  // read whole into `parked` and the stream read on; an end of stream marks the peer gone (an error
+  // only once something is awaited from it).
+  void read_idle_peer(int peer) {
+    PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+    if (!channel.inbox) channel.inbox = std::make_unique<std::byte[]>(detail::kInboxBytes);
+    if (parking_) channel.data_waiting = false;
+    while (!channel.gone && !channel.data_waiting) {
+      if (channel.inbox_begin > 0) {
+        std::memmove(channel.inbox.get(), channel.inbox.get() + channel.inbox_begin,
+                     channel.inbox_size());
+        channel.inbox_end -= channel.inbox_begin;
+        channel.inbox_begin = 0;
+      }
+      std::byte* into = channel.inbox.get() + channel.inbox_end;
+      std::size_t want =
+          detail::kHeaderBytes - std::min(channel.inbox_size(), detail::kHeaderBytes);
+      if (!channel.parked.empty() && !channel.parked.back().complete()) {
+        // The rest of a parked payload: from the inbox first, then straight from the socket.
+        detail::ParkedMessage& message = channel.parked.back();
+        const std::size_t take =
+            std::min(channel.inbox_size(), message.payload.size() - message.received);
+        std::memcpy(message.payload.data() + message.received,
+                    channel.inbox.get() + channel.inbox_begin, take);
+        message.received += take;
+        channel.inbox_begin += take;
+        if (message.complete()) continue;
+        into = message.payload.data() + message.received;
+        want = message.payload.size() - message.received;
+      } else if (channel.inbox_size() >= detail::kHeaderBytes) {
+        if (!starts_with_notice(channel)) {
+          MessageHeader header;
+          std::memcpy(&header, channel.inbox.get() + channel.inbox_begin, sizeof header);
+          // Not ours, or no parking yet: the receive that comes for it deals with it.
+          if (!parking_ || header.magic != kMessageMagic) {
+            channel.data_waiting = true;
+            return;
+          }
+          channel.inbox_begin += sizeof header;
+          channel.parked.push_back({header, std::vector<std::byte>(header.bytes), 0});
+          continue;
+        }
+        FailureNotice n;
+        std::memcpy(&n, channel.inbox.get() + channel.inbox_begin, sizeof n);
+        const std::size_t whole = sizeof n + static_cast<std::size_t>(std::min<std::uint64_t>(
+                                                 n.text_bytes, kMaxNoticeText));
+        if (channel.inbox_size() >= whole) {
+          take_notice(peer, channel, true);
+          continue;
+        }
+        want = whole - channel.inbox_size();
+      }
+      const ssize_t got = ::recv(channel.socket.get(), into, want, MSG_DONTWAIT);
+      if (got == 0) {
+        channel.gone = true;
+      } else if (got < 0) {
+        const int error = errno;
+        if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return;
+        channel.gone = true;
+      } else if (into == channel.inbox.get() + channel.inbox_end) {
+        channel.inbox_end += static_cast<std::size_t>(got);
+      } else {
+        channel.parked.back().received += static_cast<std::size_t>(got);
+      }
+    }
+  }
+
+  // Hands parked messages to the posted receives, in order: checks each header, copies the
+  // payload; a parked message still arriving becomes the receive's, which reads the rest from the
+  // socket. Returns whether any was handed over.
+  bool serve_parked(int peer, PeerChannel& channel) {
+    bool served = false;
+    while (!channel.parked.empty() && !channel.receives.empty()) {
+      detail::ParkedMessage& message = channel.parked.front();
+      detail::PendingReceive& receive = channel.receives.front();
+      check_header(receive.expected, message.header, rank_, peer);
+      std::memcpy(receive.payload.data(), message.payload.data(), message.received);
+      receive.header_checked = true;
+      receive.received = message.received;
+      served = true;
+      const bool whole = message.complete();
+      channel.parked.pop_front();
+      if (!whole) break;
+      channel.receives.pop_front();
+      ++channel.receives_completed;
+    }
+    return served;
+  }
+
+  void throw_verdict_if_any() const {
+    if (verdict_) throw_failure(*verdict_, verdict_text_, rank_);
+  }
+
+  // Reads, from every peer whose stream is at a message boundary, what has arrived: throws the
+  // first failure notice found there.
+  void look_for_verdict() {
+    parking_ = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      const bool at_boundary = channel.receives.empty() || !channel.receives.front().header_checked;
+      if (peer != rank_ && channel.socket && !channel.gone && !channel.data_waiting && at_boundary)
+        read_idle_peer(peer);
+    }
+    throw_verdict_if_any();
+  }
+
+  // No progress for the timeout on `request`: asks every rank whether it is alive and whom it
+  // waits on, for a short while (a quarter of the timeout, at most 1 s), then names the first rank
+  // along the chain of waiting from the awaited peer that did not answer (or died). Returns true if
+  // the request completed meanwhile; otherwise throws TimeoutError (or PeerLostError) naming that
+  // rank, which break_down passes on.
+  bool inquire(const Request& request) {
+    throw_verdict_if_any();
+    const TimeoutError account = timeout_error(request);
+    const int suspect = request.peer;
+    answers_.assign(static_cast<std::size_t>(size_), std::nullopt);
+    parking_ = true;
+    {
+      FailureNotice ask = notice(NoticeKind::kSuspect);
+      ask.failed_rank = suspect;
+      for (int peer = 0; peer < size_; ++peer)
+        if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone) queue_notice(peer, ask);
+      const Deadline grace(
+          std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
+      while (!grace.expired()) {
+        for (std::size_t i = 0; i < active_.size(); ++i) {
+          const int peer = active_[i];
+          PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+          try {
+            if (!channel.sends.empty()) progress_sends(peer, channel);
+            if (!channel.receives.empty()) progress_receives(peer, channel);
+          } catch (const PeerLostError&) {
+            if (verdict_) throw;  // a verdict that came in, not this peer's end
+            channel.gone = true;
+            channel.sends.clear();
+            channel.receives.clear();
+          }
+        }
+        if (complete(request)) return true;
+        bool all_answered = true;
+        for (int peer = 0; peer < size_; ++peer) {
+          const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+          if (peer != rank_ && !channel.gone && !answers_[static_cast<std::size_t>(peer)])
+            all_answered = false;
+        }
+        if (all_answered) break;
+        sleep_until_ready(
+            Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
+      }
+    }
+    // Along the chain of waiting: a rank that died, or the first that did not answer.
+    int culprit = suspect;
+    FailureCause cause = FailureCause::kHung;
+    std::string chain =
+        "rank " + std::to_string(rank_) + " waits on rank " + std::to_string(suspect);
+    std::vector<bool> visited(static_cast<std::size_t>(size_), false);
+    bool cycle = false;
+    for (int current = suspect;;) {
+      const auto index = static_cast<std::size_t>(current);
+      if (current == rank_ || visited[index]) {  // alive ranks waiting on each other
+        culprit = suspect;
+        cycle = true;
+        break;
+      }
+      visited[index] = true;
+      culprit = current;
+      if (peers_[index].gone) {
+        cause = FailureCause::kDied;
+        break;
+      }
+      if (!answers_[index] || *answers_[index] < 0) break;
+      current = *answers_[index];
+      chain += ", which waits on rank " + std::to_string(current);
+    }
+    ErrorContext where = account.context();
+    where.peer = culprit;
+    if (cause == FailureCause::kDied) {
+      throw PeerLostError("rank " + std::to_string(culprit) + " closed its connections (" + chain +
+                              "); " + account.message(),
+                          where);
+    }
+    std::string message = account.message();
+    if (cycle) {
+      message = "alive ranks wait on each other (" + chain +
+                "): their calls do not match (collectives called in different orders, or a "
+                "receive without its send); " +
+                message;
+    } else {
+      message = "rank " + std::to_string(culprit) + " made no progress and did not answer (" +
+                chain + "); " + message;
+    }
+    throw TimeoutError(message, where);
   }
 
   CommOptions options_;
@@ -477,7 +871,15 @@ class TcpTransport {
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
   std::vector<int> active_;         // peers with pending sends or receives
   std::vector<pollfd> ready_;       // poll() set, kept to avoid an allocation per sleep
+  std::vector<int> ready_peers_;    // the peer of each ready_ entry
   std::string broken_;              // the first error; non-empty once the transport is broken
+  std::optional<MessageHeader> last_call_;  // the last message posted: the call in progress
+  Request awaited_;                         // what wait() waits for now
+  std::optional<FailureNotice> verdict_;    // a peer's verdict this rank failed with
+  std::string verdict_text_;
+  std::vector<std::optional<int>> answers_;  // during an inquiry: whom each rank waits on
+  bool parking_ =
+      false;  // read ahead of the receives (parked) to find notices: no progress a while
 };
 
 static_assert(Transport<TcpTransport>);
