@@ -19,7 +19,9 @@
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/dtype.hpp>
+#include <coltrain/core/env_count.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json_string.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -69,52 +71,12 @@ inline double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-inline void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
-inline std::size_t records_from_env() {
-  const char* text = std::getenv("COLTRAIN_TRACE_RECORDS");
-  if (text == nullptr || *text == '\0') return 1000;
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  if (*end != '\0' || value < 1 || value > 10'000'000) {
-    throw ConfigError(std::string("COLTRAIN_TRACE_RECORDS=") + text +
-                      ": expected a number of records from 1 to 10000000");
-  }
-  return static_cast<std::size_t>(value);
-}
-
 }  // namespace detail
 
 class FlightRecorder {
  public:
-  explicit FlightRecorder(std::size_t capacity = detail::records_from_env())
+  explicit FlightRecorder(std::size_t capacity = coltrain::detail::count_from_env(
+                              "COLTRAIN_TRACE_RECORDS", 1000, 10'000'000, "records"))
       : capacity_(std::max<std::size_t>(capacity, 1)) {
     records_.reserve(std::min<std::size_t>(capacity_, 4096));
   }
@@ -171,14 +133,14 @@ class FlightRecorder {
       const std::lock_guard lock(mutex_);
       out +=
           std::to_string(rank_) + ", \"world_size\": " + std::to_string(size_) + ", \"backend\": ";
-      detail::append_json_string(out, backend_);
+      coltrain::detail::append_json_string(out, backend_);
     }
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     out += ", \"host\": ";
-    detail::append_json_string(out, host);
+    coltrain::detail::append_json_string(out, host);
     out += ", \"pid\": " + std::to_string(getpid()) + ", \"reason\": ";
-    detail::append_json_string(out, reason);
+    coltrain::detail::append_json_string(out, reason);
     out += ", \"written\": " + seconds_text(detail::unix_seconds()) + ", \"records\": [";
     for (std::size_t i = 0; i < all.size(); ++i) {
       const CollectiveRecord& r = all[i];
@@ -193,7 +155,7 @@ class FlightRecorder {
              ", \"end\": " + (r.end_seconds > 0 ? seconds_text(r.end_seconds) : "null");
       if (!r.error.empty()) {
         out += ", \"error\": ";
-        detail::append_json_string(out, r.error);
+        coltrain::detail::append_json_string(out, r.error);
       }
       out += '}';
     }

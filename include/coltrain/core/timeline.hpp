@@ -15,7 +15,9 @@
 // kept (default 1,000,000); later ones are counted, not kept.
 
 #include <coltrain/core/atomic_file.hpp>
+#include <coltrain/core/env_count.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json_string.hpp>
 #include <coltrain/core/timer.hpp>
 
 #include <algorithm>
@@ -132,20 +134,11 @@ class Timeline {
     std::string args;
   };
 
-  Timeline() : capacity_(capacity_from_env()) {
+  Timeline()
+      : capacity_(
+            detail::count_from_env("COLTRAIN_TRACE_EVENTS", 1'000'000, 100'000'000, "events")) {
     const char* file = std::getenv("COLTRAIN_TRACE");
     if (file != nullptr && *file != '\0') enable(file);
-  }
-
-  static std::size_t capacity_from_env() {
-    const char* text = std::getenv("COLTRAIN_TRACE_EVENTS");
-    if (text == nullptr || *text == '\0') return 1'000'000;
-    char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    if (*end != '\0' || value < 1 || value > 100'000'000)
-      throw ConfigError(std::string("COLTRAIN_TRACE_EVENTS=") + text +
-                        ": expected a number of events from 1 to 100000000");
-    return static_cast<std::size_t>(value);
   }
 
   // Microseconds since the Unix epoch, read off the steady clock: monotonic here, comparable
@@ -169,19 +162,6 @@ class Timeline {
     return ranked;
   }
 
-  static void append_escaped(std::string& out, std::string_view text) {
-    for (const char c : text) {
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        out += ' ';
-      } else {
-        out += c;
-      }
-    }
-  }
-
   std::string to_json() const {
     const int own = rank_ < 0 ? 0 : rank_;
     std::string out = "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"dropped_events\": " +
@@ -201,11 +181,11 @@ class Timeline {
     }
     char numbers[96];
     for (const Event& e : events_) {
-      out += ",\n{\"name\": \"";
-      append_escaped(out, e.name);
-      out += "\", \"cat\": \"";
-      append_escaped(out, e.category);
-      std::snprintf(numbers, sizeof numbers, "\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f",
+      out += ",\n{\"name\": ";
+      detail::append_json_string(out, e.name);
+      out += ", \"cat\": ";
+      detail::append_json_string(out, e.category);
+      std::snprintf(numbers, sizeof numbers, ", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f",
                     e.start_us, e.duration_us);
       out += numbers;
       out += ", \"pid\": " + std::to_string(e.process < 0 ? own : e.process) +
