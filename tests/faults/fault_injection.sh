@@ -10,6 +10,7 @@
 #    its own neighbour,
 #  - every survivor wrote its flight record, and
 #  - scripts/diagnose names the victim.
+# Then a rank sent SIGTERM writes its flight record and ends with status 143.
 #   usage: fault_injection.sh WORKER PYTHON DIAGNOSE WORKDIR
 set -uo pipefail
 worker=$1 python=$2 diagnose=$3 work=$4
@@ -98,5 +99,29 @@ for ranks in 2 3 4 5; do
     done
   done
 done
-echo "$trials trials"
+# SIGTERM (what launchers send the other ranks when one fails): the rank writes its flight record,
+# then ends as SIGTERM ends a process (status 143).
+dir="$work/sigterm"
+rm -rf "$dir" && mkdir -p "$dir"
+port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+pids=()
+for rank in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=$rank COLTRAIN_TIMEOUT=$timeout_s \
+    COLTRAIN_TRACE_DIR="$dir" "$worker" "$dir/ready.$rank" 1024 > "$dir/output.$rank" 2>&1 &
+  pids+=($!)
+done
+for ((i = 0; i < 200; i++)); do
+  [ "$(ls "$dir" | grep -c '^ready\.')" -eq 2 ] && break
+  sleep 0.1
+done
+kill -TERM "${pids[0]}"
+wait "${pids[0]}"
+status=$?
+wait "${pids[1]}"
+echo "SIGTERM rank 0: status $status; $(grep -o '"reason": "[^"]*"' "$dir/flight_rank0.json" 2>/dev/null)"
+if [ $status -ne 143 ] || ! grep -q '"reason": "SIGTERM"' "$dir/flight_rank0.json" 2>/dev/null; then
+  echo "  FAILED: SIGTERM did not write rank 0's flight record and end it with status 143"
+  failed=1
+fi
+echo "$trials trials and SIGTERM"
 exit $failed

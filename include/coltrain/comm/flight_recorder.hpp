@@ -1,9 +1,11 @@
 #pragma once
 // The flight recorder: every communicator keeps its last N collective calls (number, collective,
 // algorithm, dtype, count, op, root, state, start and end times, the error that ended one), and
-// writes them as JSON when a call fails (an error, a timeout, a mismatch, a lost peer) and, for a
-// job that hangs, on SIGUSR1. scripts/diagnose merges the ranks' files into one verdict: which rank
-// is behind, which wrote nothing, where the calls first differ.
+// writes them as JSON when a call fails (an error, a timeout, a mismatch, a lost peer), for a
+// job that hangs on SIGUSR1, and on SIGTERM (what mpiexec, srun and torchrun send the other ranks
+// when one fails) before the process ends as SIGTERM would end it. scripts/diagnose merges the
+// ranks' files into one verdict: which rank is behind, which wrote nothing, where the calls first
+// differ.
 //
 //   COLTRAIN_TRACE_DIR=runs/flight mpiexec -n 4 ./trainer     # a rank fails or hangs...
 //   kill -USR1 <pids>                                          # (hung: ask every rank to write)
@@ -11,9 +13,9 @@
 //
 // Files: DIR/flight_rank<R>.json, replaced atomically at each dump. COLTRAIN_TRACE_RECORDS sets N
 // (default 1000). Recording costs a mutex and a clock read per call; writing happens only on
-// failure or on request. The SIGUSR1 handler is installed by the first communicator that has a
-// trace directory, and only where the program has none of its own; a thread of ours does the
-// writing, since a signal handler may not.
+// failure or on request. The SIGUSR1 and SIGTERM handlers are installed by the first communicator
+// that has a trace directory, each only where the program has none of its own; a thread of ours
+// does the writing, since a signal handler may not.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/types.hpp>
@@ -218,7 +220,9 @@ class FlightRecorder {
 
 namespace detail {
 
-// SIGUSR1 -> a pipe -> a thread of ours that asks every registered recorder to dump.
+// SIGUSR1 or SIGTERM -> a pipe (the signal's number as one byte) -> a thread of ours that asks
+// every registered recorder to dump; after SIGTERM it restores the default action and raises the
+// signal again, so that the process ends as it would have.
 class FlightRecorderSignal {
  public:
   static FlightRecorderSignal& instance() {
@@ -241,15 +245,20 @@ class FlightRecorderSignal {
     const std::lock_guard lock(mutex_);
     return installed_;
   }
+  // Whether SIGTERM makes them write before the process ends.
+  bool answers_sigterm() const {
+    const std::lock_guard lock(mutex_);
+    return answers_sigterm_;
+  }
 
  private:
   static int& write_end() {
     static int fd = -1;
     return fd;
   }
-  static void on_signal(int) {
+  static void on_signal(int number) {
     const int saved = errno;
-    const char byte = 1;
+    const char byte = static_cast<char>(number);
     [[maybe_unused]] const ssize_t written = ::write(write_end(), &byte, 1);
     errno = saved;
   }
@@ -257,18 +266,23 @@ class FlightRecorderSignal {
   void install() {
     if (tried_) return;
     tried_ = true;
-    struct sigaction previous {};
-    if (sigaction(SIGUSR1, nullptr, &previous) != 0 || previous.sa_handler != SIG_DFL) return;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return;
     write_end() = fds[1];
+    installed_ = take_over(SIGUSR1);
+    answers_sigterm_ = take_over(SIGTERM);
+    std::thread([this, read_end = fds[0]] { serve(read_end); }).detach();
+  }
+
+  // Installs on_signal for `number` if the program left it at the default action.
+  static bool take_over(int number) {
+    struct sigaction previous {};
+    if (sigaction(number, nullptr, &previous) != 0 || previous.sa_handler != SIG_DFL) return false;
     struct sigaction action {};
     action.sa_handler = &FlightRecorderSignal::on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    if (sigaction(SIGUSR1, &action, nullptr) != 0) return;
-    installed_ = true;
-    std::thread([this, read_end = fds[0]] { serve(read_end); }).detach();
+    return sigaction(number, &action, nullptr) == 0;
   }
 
   void serve(int read_end) {
@@ -276,9 +290,19 @@ class FlightRecorderSignal {
       pollfd p{read_end, POLLIN, 0};
       if (poll(&p, 1, -1) < 0 && errno != EINTR) return;
       char bytes[64];
-      if (::read(read_end, bytes, sizeof bytes) <= 0) continue;
-      const std::lock_guard lock(mutex_);
-      for (const FlightRecorder* recorder : recorders_) recorder->dump("SIGUSR1");
+      const ssize_t count = ::read(read_end, bytes, sizeof bytes);
+      if (count <= 0) continue;
+      const bool terminate =
+          std::find(bytes, bytes + count, static_cast<char>(SIGTERM)) != bytes + count;
+      {
+        const std::lock_guard lock(mutex_);
+        for (const FlightRecorder* recorder : recorders_)
+          recorder->dump(terminate ? "SIGTERM" : "SIGUSR1");
+      }
+      if (terminate) {
+        ::signal(SIGTERM, SIG_DFL);
+        ::raise(SIGTERM);
+      }
     }
   }
 
@@ -286,6 +310,7 @@ class FlightRecorderSignal {
   std::vector<const FlightRecorder*> recorders_;
   bool tried_ = false;
   bool installed_ = false;
+  bool answers_sigterm_ = false;
 };
 
 }  // namespace detail
@@ -294,6 +319,10 @@ class FlightRecorderSignal {
 // the first one has a directory, and where the program had a SIGUSR1 handler of its own.
 inline bool flight_recorder_answers_sigusr1() {
   return detail::FlightRecorderSignal::instance().installed();
+}
+// The same for SIGTERM, after which the process ends.
+inline bool flight_recorder_answers_sigterm() {
+  return detail::FlightRecorderSignal::instance().answers_sigterm();
 }
 
 inline void FlightRecorder::set_trace_dir(std::filesystem::path dir) {
