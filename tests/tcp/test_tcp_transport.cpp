@@ -154,6 +154,44 @@ TEST_CASE("many small messages arrive intact and in posting order", "[tcp]") {
   require_all_passed(outcomes);
 }
 
+TEST_CASE("messages that arrive while their receiver waits long on another rank stay intact",
+          "[tcp]") {
+  // Rank 1 waits on rank 2, which is slow to send (a straggler). Meanwhile rank 0's messages for
+  // rank 1's later receives arrive: small ones, and large ones still on the way. A rank that waits
+  // over 100 ms reads such messages ahead (parks them, to find failure notices behind them); its
+  // later receives must get every byte, in order.
+  constexpr std::uint64_t kMessages = 12;
+  auto size_of = [](std::uint64_t sequence) {
+    return sequence % 3 == 2 ? std::size_t{3} << 20 : static_cast<std::size_t>(sequence * 100);
+  };
+  const auto outcomes = launch_ranks(3, [&](int rank) {
+    TcpTransport transport = connect_from_env();
+    std::vector<std::byte> token(8);
+    if (rank == 0) {
+      std::vector<std::vector<std::byte>> outgoing;
+      std::vector<TcpTransport::Request> sends;
+      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+        outgoing.push_back(payload_of(0, sequence, size_of(sequence)));
+        sends.push_back(
+            transport.isend(1, header_of(sequence, size_of(sequence)), outgoing.back()));
+      }
+      for (const auto& send : sends) transport.wait(send);
+    } else if (rank == 2) {
+      std::this_thread::sleep_for(600ms);
+      transport.wait(transport.isend(1, header_of(0, 8), token));
+    } else {
+      transport.wait(transport.irecv(2, header_of(0, 8), token));
+      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+        std::vector<std::byte> incoming(size_of(sequence));
+        transport.wait(transport.irecv(0, header_of(sequence, incoming.size()), incoming));
+        expect(incoming == payload_of(0, sequence, incoming.size()),
+               "message #" + std::to_string(sequence) + " from rank 0");
+      }
+    }
+  });
+  require_all_passed(outcomes);
+}
+
 TEST_CASE("a count that differs between ranks is a MismatchError naming both", "[tcp]") {
   const auto outcomes = launch_ranks(2, [](int rank) {
     TcpTransport transport = connect_from_env();
