@@ -19,6 +19,17 @@ margin_s=4  # a loaded CI machine; the times are printed
 RANDOM=17   # the strike points vary from trial to trial, the same in every run
 failed=0
 trials=0
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# wait_ready DIR RANKS: until every rank has written DIR/ready.<rank>, at most 20 s (the rendezvous
+# and 20 calls).
+wait_ready() {
+  for ((i = 0; i < 200; i++)); do
+    [ "$(ls "$1" | grep -c '^ready\.')" -eq "$2" ] && return
+    sleep 0.1
+  done
+}
 for ranks in 2 3 4 5; do
   for ((victim = 0; victim < ranks; victim++)); do
     for fault in KILL STOP MISMATCH; do
@@ -26,7 +37,7 @@ for ranks in 2 3 4 5; do
       count=$((trials % 2 ? 1024 : 262144))
       dir="$work/$ranks-ranks-$fault-rank$victim"
       rm -rf "$dir" && mkdir -p "$dir"
-      port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+      port=$(free_port)
       odd=()
       [ $fault = MISMATCH ] && odd=($victim $((30 + RANDOM % 40)))
       pids=()
@@ -36,10 +47,7 @@ for ranks in 2 3 4 5; do
           "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
         pids+=($!)
       done
-      for ((i = 0; i < 200; i++)); do  # at most 20 s for the rendezvous and 20 calls
-        [ "$(ls "$dir" | grep -c '^ready\.')" -eq $ranks ] && break
-        sleep 0.1
-      done
+      wait_ready "$dir" $ranks
       survivors=()
       for ((rank = 0; rank < ranks; rank++)); do
         [ $fault = MISMATCH ] || [ $rank -ne $victim ] && survivors+=($rank)
@@ -103,17 +111,14 @@ done
 # then ends as SIGTERM ends a process (status 143).
 dir="$work/sigterm"
 rm -rf "$dir" && mkdir -p "$dir"
-port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 pids=()
 for rank in 0 1; do
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=$rank COLTRAIN_TIMEOUT=$timeout_s \
     COLTRAIN_TRACE_DIR="$dir" "$worker" "$dir/ready.$rank" 1024 > "$dir/output.$rank" 2>&1 &
   pids+=($!)
 done
-for ((i = 0; i < 200; i++)); do
-  [ "$(ls "$dir" | grep -c '^ready\.')" -eq 2 ] && break
-  sleep 0.1
-done
+wait_ready "$dir" 2
 kill -TERM "${pids[0]}"
 wait "${pids[0]}"
 status=$?

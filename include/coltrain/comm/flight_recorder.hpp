@@ -241,9 +241,9 @@ class FlightRecorderSignal {
     std::erase(recorders_, recorder);
   }
   // Whether SIGUSR1 reaches the recorders (false where the program had a handler of its own).
-  bool installed() const {
+  bool answers_sigusr1() const {
     const std::lock_guard lock(mutex_);
-    return installed_;
+    return answers_sigusr1_;
   }
   // Whether SIGTERM makes them write before the process ends.
   bool answers_sigterm() const {
@@ -269,7 +269,7 @@ class FlightRecorderSignal {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return;
     write_end() = fds[1];
-    installed_ = take_over(SIGUSR1);
+    answers_sigusr1_ = take_over(SIGUSR1);
     answers_sigterm_ = take_over(SIGTERM);
     std::thread([this, read_end = fds[0]] { serve(read_end); }).detach();
   }
@@ -309,7 +309,7 @@ class FlightRecorderSignal {
   mutable std::mutex mutex_;
   std::vector<const FlightRecorder*> recorders_;
   bool tried_ = false;
-  bool installed_ = false;
+  bool answers_sigusr1_ = false;
   bool answers_sigterm_ = false;
 };
 
@@ -318,7 +318,7 @@ class FlightRecorderSignal {
 // Whether SIGUSR1 makes the recorders that have a trace directory write their files: false before
 // the first one has a directory, and where the program had a SIGUSR1 handler of its own.
 inline bool flight_recorder_answers_sigusr1() {
-  return detail::FlightRecorderSignal::instance().installed();
+  return detail::FlightRecorderSignal::instance().answers_sigusr1();
 }
 // The same for SIGTERM, after which the process ends.
 inline bool flight_recorder_answers_sigterm() {

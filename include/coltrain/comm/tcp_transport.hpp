@@ -136,6 +136,13 @@ struct PeerChannel {
 
   bool idle() const { return sends.empty() && receives.empty(); }
   std::size_t inbox_size() const { return inbox_end - inbox_begin; }
+  // Moves what the inbox holds (a partial header, or a notice's start) to its front, to make room.
+  void compact_inbox() {
+    if (inbox_begin == 0) return;
+    std::memmove(inbox.get(), inbox.get() + inbox_begin, inbox_size());
+    inbox_end -= inbox_begin;
+    inbox_begin = 0;
+  }
 };
 
 }  // namespace detail
@@ -335,8 +342,7 @@ class TcpTransport {
     // A notice may already sit in an idle peer's inbox, read there with the previous message.
     for (int peer = 0; peer < size_; ++peer) {
       const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
-      if (peer != rank_ && channel.receives.empty() && !channel.gone &&
-          (!channel.data_waiting || parking_) && channel.inbox &&
+      if (peer != rank_ && watched_for_notices(channel) && channel.inbox &&
           channel.inbox_size() >= detail::kHeaderBytes)
         read_idle_peer(peer);
     }
@@ -345,10 +351,9 @@ class TcpTransport {
     for (int peer = 0; peer < size_; ++peer) {
       const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
       if (peer == rank_ || !channel.socket) continue;
-      const bool watch =
-          channel.receives.empty() && !channel.gone && (!channel.data_waiting || parking_);
-      const short events = static_cast<short>((channel.sends.empty() ? 0 : POLLOUT) |
-                                              (!channel.receives.empty() || watch ? POLLIN : 0));
+      const bool read = !channel.receives.empty() || watched_for_notices(channel);
+      const short events =
+          static_cast<short>((channel.sends.empty() ? 0 : POLLOUT) | (read ? POLLIN : 0));
       if (events == 0) continue;
       ready_.push_back({channel.socket.get(), events, 0});
       ready_peers_.push_back(peer);
@@ -362,6 +367,12 @@ class TcpTransport {
       if ((ready_[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && channel.receives.empty())
         read_idle_peer(ready_peers_[i]);
     }
+  }
+
+  // A peer nothing is awaited from, whose stream may bring a notice this rank can read: not gone,
+  // and no message waiting for a receive in front of it (unless parking reads past it).
+  bool watched_for_notices(const PeerChannel& channel) const {
+    return channel.receives.empty() && !channel.gone && (!channel.data_waiting || parking_);
   }
 
   // One sendmsg() of the queued messages that kGatherBytes admits. Returns whether bytes moved.
@@ -413,13 +424,8 @@ class TcpTransport {
     bool progressed = drain_inbox(peer, channel);
     while (!channel.receives.empty()) {
       detail::PendingReceive& front = channel.receives.front();
-      // Whatever is left in the inbox is a partial header; move it to the front to make room.
-      if (channel.inbox_begin > 0) {
-        std::memmove(channel.inbox.get(), channel.inbox.get() + channel.inbox_begin,
-                     channel.inbox_size());
-        channel.inbox_end -= channel.inbox_begin;
-        channel.inbox_begin = 0;
-      }
+      // Whatever is left in the inbox is a partial header.
+      channel.compact_inbox();
       std::array<iovec, 2> iov;
       std::size_t count = 0;
       std::size_t direct = 0;
@@ -678,12 +684,7 @@ class TcpTransport {
     if (!channel.inbox) channel.inbox = std::make_unique<std::byte[]>(detail::kInboxBytes);
     if (parking_) channel.data_waiting = false;
     while (!channel.gone && !channel.data_waiting) {
-      if (channel.inbox_begin > 0) {
-        std::memmove(channel.inbox.get(), channel.inbox.get() + channel.inbox_begin,
-                     channel.inbox_size());
-        channel.inbox_end -= channel.inbox_begin;
-        channel.inbox_begin = 0;
-      }
+      channel.compact_inbox();
       std::byte* into = channel.inbox.get() + channel.inbox_end;
       std::size_t want =
           detail::kHeaderBytes - std::min(channel.inbox_size(), detail::kHeaderBytes);
@@ -787,38 +788,35 @@ class TcpTransport {
     const int suspect = request.peer;
     answers_.assign(static_cast<std::size_t>(size_), std::nullopt);
     parking_ = true;
-    {
-      FailureNotice ask = notice(NoticeKind::kSuspect);
-      ask.failed_rank = suspect;
-      for (int peer = 0; peer < size_; ++peer)
-        if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone) queue_notice(peer, ask);
-      const Deadline grace(
-          std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
-      while (!grace.expired()) {
-        for (std::size_t i = 0; i < active_.size(); ++i) {
-          const int peer = active_[i];
-          PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
-          try {
-            if (!channel.sends.empty()) progress_sends(peer, channel);
-            if (!channel.receives.empty()) progress_receives(peer, channel);
-          } catch (const PeerLostError&) {
-            if (verdict_) throw;  // a verdict that came in, not this peer's end
-            channel.gone = true;
-            channel.sends.clear();
-            channel.receives.clear();
-          }
+    FailureNotice ask = notice(NoticeKind::kSuspect);
+    ask.failed_rank = suspect;
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone) queue_notice(peer, ask);
+    const Deadline grace(std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
+    while (!grace.expired()) {
+      for (std::size_t i = 0; i < active_.size(); ++i) {
+        const int peer = active_[i];
+        PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+        try {
+          if (!channel.sends.empty()) progress_sends(peer, channel);
+          if (!channel.receives.empty()) progress_receives(peer, channel);
+        } catch (const PeerLostError&) {
+          if (verdict_) throw;  // a verdict that came in, not this peer's end
+          channel.gone = true;
+          channel.sends.clear();
+          channel.receives.clear();
         }
-        if (complete(request)) return true;
-        bool all_answered = true;
-        for (int peer = 0; peer < size_; ++peer) {
-          const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
-          if (peer != rank_ && !channel.gone && !answers_[static_cast<std::size_t>(peer)])
-            all_answered = false;
-        }
-        if (all_answered) break;
-        sleep_until_ready(
-            Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
       }
+      if (complete(request)) return true;
+      bool all_answered = true;
+      for (int peer = 0; peer < size_; ++peer) {
+        const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+        if (peer != rank_ && !channel.gone && !answers_[static_cast<std::size_t>(peer)])
+          all_answered = false;
+      }
+      if (all_answered) break;
+      sleep_until_ready(
+          Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
     }
     // Along the chain of waiting: a rank that died, or the first that did not answer.
     int culprit = suspect;
@@ -878,8 +876,8 @@ class TcpTransport {
   std::optional<FailureNotice> verdict_;    // a peer's verdict this rank failed with
   std::string verdict_text_;
   std::vector<std::optional<int>> answers_;  // during an inquiry: whom each rank waits on
-  bool parking_ =
-      false;  // read ahead of the receives (parked) to find notices: no progress a while
+  // Read ahead of the receives (parked) to find notices: set after a while without progress.
+  bool parking_ = false;
 };
 
 static_assert(Transport<TcpTransport>);

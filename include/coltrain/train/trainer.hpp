@@ -49,6 +49,7 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -121,13 +122,13 @@ inline std::string progress_bar(std::int64_t epoch, std::int64_t epochs, std::in
   return bar.str();
 }
 
-// Rank 0 opens the run log (and writes the configuration); every rank learns whether that worked
-// before training's first collective, so a refused log directory stops all ranks at once instead
-// of leaving the others in an allreduce until COLTRAIN_TIMEOUT. `all_ok(ok)` is the ranks'
-// agreement: true when every rank passed true.
-template <class Agreement>
+// Rank 0 opens the run log (and writes the configuration); every rank learns whether that worked,
+// through `ddp` (a DataParallel or DeviceDataParallel) before training's first collective, so a
+// refused log directory stops all ranks at once instead of leaving the others in an allreduce
+// until COLTRAIN_TIMEOUT.
+template <class Ddp>
 std::optional<RunLog> open_run_log(const TrainerOptions& options, std::int64_t first_epoch,
-                                   bool rank0, Agreement&& all_ok) {
+                                   bool rank0, Ddp& ddp) {
   std::optional<RunLog> log;
   std::exception_ptr failure;
   if (rank0 && !options.log_dir.empty()) {
@@ -140,7 +141,9 @@ std::optional<RunLog> open_run_log(const TrainerOptions& options, std::int64_t f
       failure = std::current_exception();
     }
   }
-  if (all_ok(failure == nullptr)) return log;
+  double ok = failure == nullptr ? 1.0 : 0.0;
+  ddp.allreduce(std::span<double>(&ok, 1), comm::ReduceOp::kMin);
+  if (ok == 1.0) return log;
   if (failure) std::rethrow_exception(failure);
   ErrorContext context;
   context.operation = "Trainer::fit";
@@ -240,11 +243,7 @@ class Trainer {
                       << "; starting from scratch\n";
       }
     }
-    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), [&](bool ok) {
-      double flag = ok ? 1.0 : 0.0;
-      ddp_.allreduce(std::span<double>(&flag, 1), comm::ReduceOp::kMin);
-      return flag == 1.0;
-    });
+    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), ddp_);
 
     double train_seconds = train_seconds_before;
     double last_train_loss = 0, last_train_accuracy = 0;

@@ -114,11 +114,7 @@ class DeviceTrainer {
     }
     context_step_at_start_ = network_.context().step();
     steps_this_fit_ = 0;
-    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), [&](bool ok) {
-      double flag = ok ? 1.0 : 0.0;
-      ddp_.allreduce(std::span<double>(&flag, 1), comm::ReduceOp::kMin);
-      return flag == 1.0;
-    });
+    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), ddp_);
 
     data::DeviceLoader<T, Transform> train_batches(train, stream());
     data::DeviceLoader<T, Transform> validation_batches(validation, stream());
