@@ -5,6 +5,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/data/cifar10.hpp>
 #include <coltrain/data/dataset.hpp>
+#include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/file_io.hpp>
 #include <coltrain/data/idx.hpp>
 #include <coltrain/data/loader.hpp>

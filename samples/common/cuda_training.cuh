@@ -53,20 +53,11 @@ int train_classifier_on_cuda(const Options& o, const std::string& model_name,
   ct::data::Loader<T, EvalTransform> test_loader(test, shard, {.batch_size = 1024},
                                                  eval_transform);
 
-  nlohmann::ordered_json config =
-      to_json(o, model_name, world, std::string(ct::comm::name_of(comm.backend())));
+  ct::train::TrainerOptions options =
+      trainer_options(o, model_name, world, std::string(ct::comm::name_of(comm.backend())));
+  options.cuda_graph = o.cuda_graph;
   ct::train::DeviceTrainer trainer(
-      net, sgd, ddp, make_schedule(o, train_loader.batches_per_epoch()),
-      {.epochs = o.epochs,
-       .target_accuracy = o.target_accuracy,
-       .log_dir = o.log_dir,
-       .checkpoint_dir = o.checkpoint_dir,
-       .checkpoint_every = o.checkpoint_every,
-       .model_name = model_name,
-       .resume = o.resume,
-       .progress = o.progress ? std::nullopt : std::optional<bool>(false),
-       .cuda_graph = o.cuda_graph,
-       .config = std::move(config)});
+      net, sgd, ddp, make_schedule(o, train_loader.batches_per_epoch()), std::move(options));
   if (rank == 0) {
     cudaDeviceProp properties{};
     COLTRAIN_CHECK_CUDA(cudaGetDeviceProperties(&properties, cuda_device));

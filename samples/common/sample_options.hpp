@@ -105,6 +105,11 @@ struct Options {
   std::uint64_t seed = 1;
   bool progress = true;
   bool cuda_graph = false;  // replay each training step as a CUDA graph (--device cuda)
+  // Elastic training over TCP (comm/elastic_group.hpp): go on with the survivors when ranks die,
+  // down to min_ranks; `join` enters a running elastic job at its next epoch.
+  bool elastic = false;
+  int min_ranks = 1;
+  bool join = false;
 };
 
 // The options every sample takes; `o` holds the sample's own recipe as their defaults.
@@ -153,6 +158,13 @@ inline void add_options(CLI::App& app, Options& o) {
   app.add_flag("!--no-progress", o.progress, "no progress bar");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
+  app.add_flag("--elastic", o.elastic,
+               "keep training on the surviving ranks when ranks die (TCP backend, CPU)");
+  app.add_option("--min-ranks", o.min_ranks, "--elastic: stop when fewer ranks are left")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--join", o.join,
+               "--elastic: join the running job at MASTER_ADDR:MASTER_PORT at its next epoch");
 }
 
 // Fills o.device from COLTRAIN_DEVICE when --device was not given (when that is unset too: cpu, or
@@ -174,6 +186,12 @@ inline void resolve_and_check(Options& o, const std::string& program) {
   }
   require_compiled("--device", o.device, "COLTRAIN_SAMPLE_DEVICE", kCompiledDevices);
   require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
+  if (o.join) o.elastic = true;
+  if (o.elastic && (o.device != "cpu" || (o.backend != "auto" && o.backend != "tcp")))
+    throw ct::ConfigError(
+        "--elastic trains on the CPU over the TCP backend (--device cpu, "
+        "--backend tcp); MPI aborts and NCCL cannot shrink in this build "
+        "(docs/fault-tolerance.md)");
   if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
     throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +
                           " trains on the GPU: give --device cuda too");
@@ -202,7 +220,23 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
       o.target_accuracy ? nlohmann::ordered_json(*o.target_accuracy) : nullptr;
   config["threads_per_rank"] = o.threads;
   config["seed"] = o.seed;
+  config["elastic"] = o.elastic;
+  if (o.elastic) config["min_ranks"] = o.min_ranks;
   return config;
+}
+
+// The trainer's options the command line gives (the GPU trainer adds --cuda-graph).
+inline ct::train::TrainerOptions trainer_options(const Options& o, const std::string& model,
+                                                 int world_size, const std::string& backend) {
+  return {.epochs = o.epochs,
+          .target_accuracy = o.target_accuracy,
+          .log_dir = o.log_dir,
+          .checkpoint_dir = o.checkpoint_dir,
+          .checkpoint_every = o.checkpoint_every,
+          .model_name = model,
+          .resume = o.resume,
+          .progress = o.progress ? std::nullopt : std::optional<bool>(false),
+          .config = to_json(o, model, world_size, backend)};
 }
 
 // The learning rate at each global step: warm-up, then cosine, step or constant.

@@ -19,21 +19,27 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace sample {
 
 // Trains Model on `train`, validating on `test`, across the ranks the launcher started. Returns the
 // process exit status: 0, or 2 when a target accuracy was given and not reached.
-template <class Model, class Policy, class TrainTransform, class EvalTransform>
-int train_with_policy(const Options& o, const std::string& model_name, ct::comm::Communicator& comm,
+// `comm` is a Communicator, or an ElasticGroup (--elastic): then the trainer keeps its own
+// DataParallel, rebuilt whenever the ranks change.
+template <class Model, class Policy, class Group, class TrainTransform, class EvalTransform>
+int train_with_policy(const Options& o, const std::string& model_name, Group& comm,
                       const ct::data::ImageDataset& train, const ct::data::ImageDataset& test,
                       TrainTransform train_transform, EvalTransform eval_transform) {
   using T = typename Policy::Storage;
   const int rank = comm.rank(), world = comm.size();
 
+  constexpr bool kElastic = std::is_same_v<Group, ct::comm::ElasticGroup>;
   ct::nn::Network<Model, T> net({.threads = o.threads, .seed = o.seed});
-  ct::train::DataParallel ddp(net, comm);  // every rank now holds rank 0's weights
+  // Every rank now holds rank 0's weights (elastic: once the trainer is built).
+  std::optional<ct::train::DataParallel<decltype(net)>> ddp;
+  if constexpr (!kElastic) ddp.emplace(net, comm);
   ct::optim::PrecisionOptimizer<Policy, ct::optim::Sgd> sgd(
       ct::optim::parameters_of(net), ct::optim::Sgd({.lr = o.lr,
                                                      .momentum = o.momentum,
@@ -49,24 +55,22 @@ int train_with_policy(const Options& o, const std::string& model_name, ct::comm:
   for (std::int64_t i = rank; i < test.size(); i += world) shard.push_back(i);
   ct::data::Loader<T, EvalTransform> test_loader(test, shard, {.batch_size = 256}, eval_transform);
 
-  ct::train::Trainer trainer(
-      net, sgd, ddp, make_schedule(o, train_loader.batches_per_epoch()),
-      {.epochs = o.epochs,
-       .target_accuracy = o.target_accuracy,
-       .log_dir = o.log_dir,
-       .checkpoint_dir = o.checkpoint_dir,
-       .checkpoint_every = o.checkpoint_every,
-       .model_name = model_name,
-       .resume = o.resume,
-       .progress = o.progress ? std::nullopt : std::optional<bool>(false),
-       .config = to_json(o, model_name, world, std::string(ct::comm::name_of(comm.backend())))});
+  std::string backend = "tcp (elastic)";
+  if constexpr (!kElastic) backend = ct::comm::name_of(comm.backend());
+  ct::train::TrainerOptions options = trainer_options(o, model_name, world, backend);
+  auto schedule = make_schedule(o, train_loader.batches_per_epoch());
+  using Trainer = ct::train::Trainer<decltype(net), Policy, ct::optim::Sgd>;
+  std::optional<Trainer> trainer;
+  if constexpr (kElastic)
+    trainer.emplace(net, sgd, comm, std::move(schedule), std::move(options));
+  else
+    trainer.emplace(net, sgd, *ddp, std::move(schedule), std::move(options));
   if (rank == 0)
     std::cout << model_name << ": " << decltype(net)::kParameterCount << " parameters, " << world
-              << (world == 1 ? " rank" : " ranks") << " (" << ct::comm::name_of(comm.backend())
-              << ") x " << o.threads << (o.threads == 1 ? " thread" : " threads") << ", "
-              << train.size() << " training and " << test.size() << " validation images, "
-              << Policy::kName << "\n";
-  const ct::train::FitResult result = trainer.fit(train_loader, test_loader);
+              << (world == 1 ? " rank" : " ranks") << " (" << backend << ") x " << o.threads
+              << (o.threads == 1 ? " thread" : " threads") << ", " << train.size()
+              << " training and " << test.size() << " validation images, " << Policy::kName << "\n";
+  const ct::train::FitResult result = trainer->fit(train_loader, test_loader);
   return o.target_accuracy && !result.time_to_target ? 2 : 0;
 }
 

@@ -20,6 +20,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace sample {
@@ -40,13 +41,14 @@ inline int use_cuda_device_of_this_rank() {
 #endif
 
 // Trains Model at o.precision on o.device (see train_classifier).
-template <class Model, class Policy, class TrainTransform, class EvalTransform>
-int train_on_device(const Options& o, const std::string& model_name, ct::comm::Communicator& comm,
+template <class Model, class Policy, class Group, class TrainTransform, class EvalTransform>
+int train_on_device(const Options& o, const std::string& model_name, Group& comm,
                     const ct::data::ImageDataset& train, const ct::data::ImageDataset& test,
                     TrainTransform train_transform, EvalTransform eval_transform) {
   // Only the compiled devices are instantiated (COLTRAIN_SAMPLE_DEVICE, sample_options.hpp).
 #if defined(__CUDACC__)
-  if constexpr (is_compiled(kCompiledDevices, "cuda")) {
+  if constexpr (is_compiled(kCompiledDevices, "cuda") &&
+                std::is_same_v<Group, ct::comm::Communicator>) {
     if (o.cuda_device) {
       return train_classifier_on_cuda<Model, Policy>(o, model_name, comm, *o.cuda_device, train,
                                                      test, train_transform, eval_transform);
@@ -59,6 +61,32 @@ int train_on_device(const Options& o, const std::string& model_name, ct::comm::C
   }
   // resolve_and_check already refused a device this binary was not compiled for.
   throw ct::InvalidArgument("--device " + o.device + ": not compiled into this binary");
+}
+
+// Trains Model at o.precision (see train_classifier) over `comm`: a Communicator, or an
+// ElasticGroup under --elastic.
+template <class Model, class Group, class TrainTransform, class EvalTransform>
+int train_at_precision(const Options& o, const std::string& model_name, Group& comm,
+                       const ct::data::ImageDataset& train, const ct::data::ImageDataset& test,
+                       TrainTransform train_transform, EvalTransform eval_transform) {
+  // Only the compiled precisions are instantiated (sample_options.hpp).
+  if constexpr (is_compiled(kCompiledPrecisions, "fp16")) {
+    if (o.precision == "fp16")
+      return train_on_device<Model, ct::optim::MixedFp16>(o, model_name, comm, train, test,
+                                                          train_transform, eval_transform);
+  }
+  if constexpr (is_compiled(kCompiledPrecisions, "bf16")) {
+    if (o.precision == "bf16")
+      return train_on_device<Model, ct::optim::MixedBf16>(o, model_name, comm, train, test,
+                                                          train_transform, eval_transform);
+  }
+  if constexpr (is_compiled(kCompiledPrecisions, "fp32")) {
+    if (o.precision == "fp32")
+      return train_on_device<Model, ct::optim::Fp32>(o, model_name, comm, train, test,
+                                                     train_transform, eval_transform);
+  }
+  require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
+  throw ct::InvalidArgument("--precision " + o.precision + ": not fp32, fp16 or bf16");
 }
 
 // Trains Model on `train`, validating on `test`, across the ranks the launcher started, on
@@ -81,25 +109,15 @@ int train_classifier(const Options& options, const std::string& model_name,
   ct::comm::CommOptions comm_options = ct::comm::comm_options_from_env();
   // The flight recorder writes into the run directory unless COLTRAIN_TRACE_DIR says elsewhere.
   if (comm_options.trace_dir.empty() && !o.log_dir.empty()) comm_options.trace_dir = o.log_dir;
+  if (o.elastic) {
+    ct::comm::ElasticGroup group(ct::detect_launch_env(), comm_options,
+                                 {.min_ranks = o.min_ranks, .join = o.join});
+    return train_at_precision<Model>(o, model_name, group, train, test, train_transform,
+                                     eval_transform);
+  }
   ct::comm::Communicator comm = ct::comm::Communicator::from_env(backend, comm_options, memory);
-  // Only the compiled precisions are instantiated (sample_options.hpp).
-  if constexpr (is_compiled(kCompiledPrecisions, "fp16")) {
-    if (o.precision == "fp16")
-      return train_on_device<Model, ct::optim::MixedFp16>(o, model_name, comm, train, test,
-                                                          train_transform, eval_transform);
-  }
-  if constexpr (is_compiled(kCompiledPrecisions, "bf16")) {
-    if (o.precision == "bf16")
-      return train_on_device<Model, ct::optim::MixedBf16>(o, model_name, comm, train, test,
-                                                          train_transform, eval_transform);
-  }
-  if constexpr (is_compiled(kCompiledPrecisions, "fp32")) {
-    if (o.precision == "fp32")
-      return train_on_device<Model, ct::optim::Fp32>(o, model_name, comm, train, test,
-                                                     train_transform, eval_transform);
-  }
-  require_compiled("--precision", o.precision, "COLTRAIN_SAMPLE_PRECISION", kCompiledPrecisions);
-  throw ct::InvalidArgument("--precision " + o.precision + ": not fp32, fp16 or bf16");
+  return train_at_precision<Model>(o, model_name, comm, train, test, train_transform,
+                                   eval_transform);
 }
 
 // The training and test sets of MNIST in o.data, or, when none is given, of the subset shipped

@@ -217,3 +217,33 @@ TEST_CASE("an empty epoch yields no batches", "[loader]") {
 }
 
 }  // namespace
+
+TEST_CASE("an epoch over a given order, and a fixed order replaced", "[loader]") {
+  using Catch::Matchers::Contains;
+  const data::ImageDataset set = synthetic_dataset(30, kShape);
+  const data::ImageTransform transform;
+  const int prefetch = GENERATE(0, 2);
+  // Elastic training's rest of an epoch: the given order for this epoch, the sampler's after it.
+  Loader<float> loader(set, DistributedSampler(set.size(), {.seed = 5}),
+                       {.batch_size = 4, .prefetch = prefetch}, transform);
+  loader.start_epoch(2, {7, 3, 29, 0, 11});
+  CHECK(loader.batches_this_epoch() == 2);
+  std::vector<std::int64_t> seen;
+  while (const Batch<float>* batch = loader.next())
+    seen.insert(seen.end(), batch->indices.begin(), batch->indices.end());
+  CHECK(seen == std::vector<std::int64_t>{7, 3, 29, 0, 11});
+  loader.start_epoch(3);
+  CHECK(loader.batches_this_epoch() == 8);  // the sampler's 30 samples again
+  CHECK_THROWS_WITH(loader.start_epoch(4, {30}), Contains("index 30"));
+  CHECK_THROWS_WITH(loader.set_order({1}), Contains("its sampler's"));
+
+  // A validation shard replaced after the ranks changed.
+  Loader<float> fixed(set, std::vector<std::int64_t>{0, 2, 4}, {.batch_size = 2}, transform);
+  fixed.set_order({1, 4, 7, 10});
+  CHECK_THROWS_WITH(fixed.next(), Contains("before start_epoch()"));
+  fixed.start_epoch(0);
+  std::vector<std::int64_t> shard;
+  while (const Batch<float>* batch = fixed.next())
+    shard.insert(shard.end(), batch->indices.begin(), batch->indices.end());
+  CHECK(shard == std::vector<std::int64_t>{1, 4, 7, 10});
+}

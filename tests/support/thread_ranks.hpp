@@ -22,6 +22,18 @@
 
 namespace coltrain::testing {
 
+// Rank `rank` of a job of `world_size` ranks on this host, with its rendezvous at 127.0.0.1:port.
+inline LaunchEnv loopback_env(int rank, int world_size, int port) {
+  LaunchEnv env;
+  env.rank = rank;
+  env.world_size = world_size;
+  env.local_rank = rank;
+  env.local_world_size = world_size;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  return env;
+}
+
 inline std::vector<std::string> run_thread_ranks(
     int world_size, const std::function<void(comm::Communicator&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
@@ -32,13 +44,7 @@ inline std::vector<std::string> run_thread_ranks(
     ranks.emplace_back([&, rank] {
       std::string& failure = failures[static_cast<std::size_t>(rank)];
       try {
-        LaunchEnv env;
-        env.rank = rank;
-        env.world_size = world_size;
-        env.local_rank = rank;
-        env.local_world_size = world_size;
-        env.master_addr = "127.0.0.1";
-        env.master_port = port;
+        const LaunchEnv env = loopback_env(rank, world_size, port);
         comm::CommOptions options;
         options.timeout = timeout;  // a rank that failed early makes the others fail, not hang
         options.job_id = "thread-ranks-" + std::to_string(port);

@@ -192,6 +192,16 @@ class Communicator {
     return communicator;
   }
 
+  // Over an established TCP mesh (one connected socket per other rank), as an elastic regroup
+  // (comm/elastic_group.hpp) builds it.
+  static Communicator tcp(int rank, std::vector<detail::FileDescriptor> sockets,
+                          const LaunchEnv& env, CommOptions options) {
+    Communicator communicator(Backend::kTcp);
+    communicator.tcp_ = std::make_unique<TcpTransport>(rank, std::move(sockets), env, options);
+    communicator.start_recording(options);
+    return communicator;
+  }
+
 #if COLTRAIN_WITH_MPI
   // An MPI code hands over its own communicator (MPI must be initialised); coltrain works on a
   // duplicate of it, so its messages never meet the application's.

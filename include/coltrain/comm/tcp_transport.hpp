@@ -164,11 +164,16 @@ class TcpTransport {
 
   // As above, logging the rendezvous (strangers turned away, timings) through `logger`.
   TcpTransport(const LaunchEnv& env, const CommOptions& options, const Logger& logger)
+      : TcpTransport(env.rank, detail::bootstrap_tcp_mesh(env, options, logger), env, options) {}
+
+  // Over sockets already connected to every other rank (one per rank, empty at `rank`), as an
+  // elastic regroup (comm/elastic_group.hpp) builds them; `env` sizes the spin before sleeping.
+  TcpTransport(int rank, std::vector<detail::FileDescriptor> sockets, const LaunchEnv& env,
+               const CommOptions& options)
       : options_(options),
-        rank_(env.rank),
-        size_(env.world_size),
+        rank_(rank),
+        size_(static_cast<int>(sockets.size())),
         spin_before_sleep_(detail::spin_before_sleep(env)) {
-    std::vector<detail::FileDescriptor> sockets = detail::bootstrap_tcp_mesh(env, options_, logger);
     peers_.resize(sockets.size());
     for (std::size_t peer = 0; peer < sockets.size(); ++peer) {
       peers_[peer].socket = std::move(sockets[peer]);

@@ -86,26 +86,37 @@ class Loader {
   // Starts (or restarts) an epoch; a batch still held from the previous one becomes invalid.
   void start_epoch(std::uint64_t epoch) {
     stop();
-    epoch_ = epoch;
     if (sampler_) {
       sampler_->set_epoch(epoch);
       order_ = sampler_->indices();
     }
-    const auto n = static_cast<std::int64_t>(order_.size());
-    batches_ = options_.drop_last ? n / options_.batch_size
-                                  : (n + options_.batch_size - 1) / options_.batch_size;
-    taken_ = 0;
-    held_.reset();
-    error_ = nullptr;
-    ready_.clear();
-    free_.clear();
-    for (std::size_t i = 0; i < slots_.size(); ++i) free_.push_back(i);
-    started_ = true;
-    if (options_.prefetch > 0 && batches_ > 0) {
-      stopping_ = false;
-      worker_ = std::thread([this] { produce(); });
-    }
+    begin(epoch);
   }
+
+  // Starts an epoch over `order` instead of the sampler's share: elastic training shares the rest
+  // of an epoch among the ranks left (data/epoch_plan.hpp). The sampler, if any, keeps its
+  // settings for the epochs after. Throws InvalidArgument for an index outside the dataset.
+  void start_epoch(std::uint64_t epoch, std::vector<std::int64_t> order) {
+    stop();
+    check_order(order);
+    order_ = std::move(order);
+    begin(epoch);
+  }
+
+  // A loader over a fixed order (no sampler) takes `order` from its next epoch on: a validation
+  // shard after the ranks changed. Throws InvalidArgument for a loader with a sampler, or an index
+  // outside the dataset.
+  void set_order(std::vector<std::int64_t> order) {
+    if (sampler_) throw InvalidArgument("Loader::set_order: this loader's order is its sampler's");
+    stop();
+    check_order(order);
+    order_ = std::move(order);
+    started_ = false;
+  }
+
+  const std::optional<DistributedSampler>& sampler() const { return sampler_; }
+  // Batches in the epoch started last.
+  std::int64_t batches_this_epoch() const { return batches_; }
 
   // The next batch of the epoch, or nullptr at its end. The batch stays valid until the next call
   // to next() or start_epoch().
@@ -146,6 +157,37 @@ class Loader {
   const ImageDataset& dataset() const { return *dataset_; }
 
  private:
+  void begin(std::uint64_t epoch) {
+    epoch_ = epoch;
+    const auto n = static_cast<std::int64_t>(order_.size());
+    batches_ = options_.drop_last ? n / options_.batch_size
+                                  : (n + options_.batch_size - 1) / options_.batch_size;
+    taken_ = 0;
+    held_.reset();
+    error_ = nullptr;
+    ready_.clear();
+    free_.clear();
+    for (std::size_t i = 0; i < slots_.size(); ++i) free_.push_back(i);
+    started_ = true;
+    if (options_.prefetch > 0 && batches_ > 0) {
+      stopping_ = false;
+      worker_ = std::thread([this] { produce(); });
+    }
+  }
+
+  void check_order(const std::vector<std::int64_t>& order) const {
+    for (const std::int64_t index : order) {
+      if (index < 0 || index >= dataset_->size()) {
+        ErrorContext c;
+        c.operation = "Loader";
+        throw InvalidArgument("index " + std::to_string(index) +
+                                  " in the order is outside the dataset of " +
+                                  std::to_string(dataset_->size()),
+                              c);
+      }
+    }
+  }
+
   Loader(const ImageDataset& dataset, std::optional<DistributedSampler> sampler,
          std::vector<std::int64_t> order, LoaderOptions options, Transform transform)
       : dataset_(&dataset),
@@ -168,12 +210,7 @@ class Loader {
       invalid("the sampler was made for " + std::to_string(sampler_->dataset_size()) +
               " samples but the dataset holds " + std::to_string(dataset.size()));
     }
-    for (const std::int64_t index : order_) {
-      if (index < 0 || index >= dataset.size()) {
-        invalid("index " + std::to_string(index) + " in the order is outside the dataset of " +
-                std::to_string(dataset.size()));
-      }
-    }
+    check_order(order_);
   }
 
   // Batch `number` of the current epoch, into `batch`. Reads only what start_epoch() set.

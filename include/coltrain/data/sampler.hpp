@@ -15,12 +15,14 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/random.hpp>
 
 #include <cstdint>
 #include <numeric>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace coltrain::data {
@@ -67,18 +69,16 @@ class DistributedSampler {
   std::int64_t dataset_size() const { return dataset_size_; }
   const DistributedSamplerOptions& options() const { return options_; }
 
-  // This rank's dataset indices for the current epoch, in order.
-  std::vector<std::int64_t> indices() const {
+  // The current epoch's samples (shuffled if `shuffle`) and how the ranks share them.
+  EpochPlan plan() const {
     std::vector<std::int64_t> all(static_cast<std::size_t>(dataset_size_));
     std::iota(all.begin(), all.end(), std::int64_t{0});
     if (options_.shuffle) SplitMix64::keyed(options_.seed, epoch_).shuffle(std::span(all));
-    std::vector<std::int64_t> mine;
-    mine.reserve(static_cast<std::size_t>(num_samples_));
-    const auto size = static_cast<std::int64_t>(all.size());
-    for (std::int64_t i = options_.rank; i < total_size(); i += options_.num_replicas)
-      mine.push_back(all[static_cast<std::size_t>(i % size)]);  // i >= size: padding from the start
-    return mine;
+    return {std::move(all), options_.num_replicas, options_.drop_last};
   }
+
+  // This rank's dataset indices for the current epoch, in order.
+  std::vector<std::int64_t> indices() const { return plan().share(options_.rank); }
 
  private:
   std::int64_t dataset_size_;

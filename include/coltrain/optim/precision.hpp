@@ -327,6 +327,10 @@ class PrecisionOptimizer {
     }
   }
 
+  // Forgets an unscale_and_check() whose apply() will not come: a collective between them failed,
+  // and elastic training takes the state from another rank (train/elastic.hpp).
+  void abandon_step() { unscaled_ = false; }
+
   // A copy of the optimizer's state (see OptimizerSnapshot); steps_taken and steps_skipped stay
   // unknown, as this optimizer does not count them.
   OptimizerSnapshot export_state() const {

@@ -23,15 +23,22 @@
 // after its epoch; data order and learning rate are functions of (seed, epoch) and the step, so on
 // the CPU the result equals an uninterrupted run's, bit for bit, buffers included (every rank of
 // the uninterrupted run holds the checkpoint's averaged statistics at that point too).
+//
+// Elastic (the constructor that takes a comm::ElasticGroup, TCP): when ranks die, the survivors
+// regroup, take the lowest survivor's state from memory and share the rest of the epoch, and the
+// run goes on; processes that ask to join come in at an epoch start (docs/fault-tolerance.md).
 
+#include <coltrain/comm/elastic_group.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timeline.hpp>
+#include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/loader.hpp>
 #include <coltrain/nn/loss.hpp>
 #include <coltrain/optim/precision.hpp>
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/elastic.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>
 #include <coltrain/train/run_log.hpp>
@@ -209,16 +216,36 @@ class Trainer {
           DataParallel<Net>& ddp, Schedule schedule, TrainerOptions options = {})
       : network_(network),
         optimizer_(optimizer),
-        ddp_(ddp),
+        ddp_(&ddp),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
-    if (options_.epochs < 1 || options_.checkpoint_every < 1)
-      throw InvalidArgument("Trainer: epochs and checkpoint_every must be >= 1 (got " +
-                            std::to_string(options_.epochs) + " and " +
-                            std::to_string(options_.checkpoint_every) + ")");
-    if (options_.resume && options_.checkpoint_dir.empty())
-      throw InvalidArgument("Trainer: resume needs a checkpoint directory");
-    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+    check_options();
+  }
+
+  // Elastic training over `group` (comm/elastic_group.hpp): the trainer keeps its own
+  // DataParallel (built here, collectively, with `ddp_options`) on the group's communicator. When
+  // ranks die, fit() regroups the survivors, hands rank 0's state to all (train/elastic.hpp),
+  // shares the rest of the epoch among them and goes on; below the group's min_ranks it writes a
+  // final checkpoint (with a checkpoint directory) and throws. At every epoch start it admits
+  // processes waiting to join. A joining process (ElasticOptions::join) takes the state first.
+  Trainer(Net& network, optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
+          comm::ElasticGroup& group, Schedule schedule, TrainerOptions options = {},
+          DataParallelOptions ddp_options = {})
+      : network_(network),
+        optimizer_(optimizer),
+        group_(&group),
+        ddp_options_(ddp_options),
+        schedule_(std::move(schedule)),
+        options_(std::move(options)),
+        joining_(group.options().join) {
+    elastic_ddp_.emplace(network_, group.communicator(), ddp_options_);
+    ddp_ = &*elastic_ddp_;
+    check_options();
+    // Rank 0's optimizer state too (fp32 masters built before its weights were broadcast); a
+    // joiner takes the running job's position here, as the others hand it over.
+    joined_at_ = share_training_state(group.communicator(), optimizer_, ElasticPosition{});
+    global_step_ = joined_at_.global_step;
+    network_.context().set_step(joined_at_.context_step);
   }
 
   template <class Transform>
@@ -228,7 +255,16 @@ class Trainer {
     FitResult result;
     std::int64_t first_epoch = 0;
     double train_seconds_before = 0;  // across a resume
-    if (options_.resume) {
+    if (group_) {
+      check_elastic_loaders(train, validation);
+      share_validation(validation);
+    }
+    const bool joined = joining_;
+    if (joining_) {
+      joining_ = false;
+      first_epoch = joined_at_.epoch;
+      train_seconds_before = joined_at_.train_seconds;
+    } else if (options_.resume) {
       if (find_latest_checkpoint(options_.checkpoint_dir)) {
         const TrainingState state =
             load_checkpoint(options_.checkpoint_dir, network_, optimizer_, checkpoint_options());
@@ -243,55 +279,82 @@ class Trainer {
                       << "; starting from scratch\n";
       }
     }
-    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), ddp_);
+    std::optional<RunLog> log;
+    if (!joined) log = detail::open_run_log(options_, first_epoch, rank0(), *ddp_);
 
     double train_seconds = train_seconds_before;
     double last_train_loss = 0, last_train_accuracy = 0;
     std::int64_t images = 0;
     std::int64_t epoch = first_epoch;
+    bool epoch_begins = true;  // false after a hand-over into the middle of an epoch
+    double loss_sum = 0, correct = 0, seen = 0, step_seconds = 0;
+    auto epoch_started = std::chrono::steady_clock::now();
+    double totals[4] = {};
+    ClassificationMetrics metrics(static_cast<int>(Net::Output::kDims[0]));
     while (epoch < options_.epochs) {
-      phases.start_epoch();
-      const auto epoch_started = std::chrono::steady_clock::now();
-      network_.train();
-      double loss_sum = 0, correct = 0, seen = 0;
-      train.start_epoch(static_cast<std::uint64_t>(epoch));
-      const std::int64_t batches = train.batches_per_epoch();
-      double step_seconds = 0;
-      for (std::int64_t b = 0;; ++b) {
-        const auto step_started = std::chrono::steady_clock::now();
-        const data::Batch<T>* batch = nullptr;
-        {
-          auto timed = phases.time(Phase::kData);
-          batch = train.next();
+      try {
+        if (epoch_begins) {
+          phases.start_epoch();
+          epoch_started = std::chrono::steady_clock::now();
+          loss_sum = correct = seen = step_seconds = 0;
+          if (group_ && epoch > first_epoch) admit_joiners(epoch, train_seconds, validation);
+          begin_epoch(train, epoch);
+          epoch_begins = false;
         }
-        if (!batch) break;
-        const double loss = step(*batch, phases);
-        loss_sum += loss * static_cast<double>(batch->size());
-        correct += static_cast<double>(nn::topk_correct<T>(output_, batch->labels, 1));
-        seen += static_cast<double>(batch->size());
-        step_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
-        if (progress_ && (b % 10 == 0 || b + 1 == batches))
-          *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
-                                                loss_sum / seen, seen / step_seconds)
-                        << std::flush;
+        network_.train();
+        if (!trained_) {
+          const std::int64_t batches = train.batches_this_epoch();
+          for (std::int64_t b = 0;; ++b) {
+            const auto step_started = std::chrono::steady_clock::now();
+            const data::Batch<T>* batch = nullptr;
+            {
+              auto timed = phases.time(Phase::kData);
+              batch = train.next();
+            }
+            if (!batch) break;
+            const double loss = step(*batch, phases);
+            taken_ += batch->size();
+            loss_sum += loss * static_cast<double>(batch->size());
+            correct += static_cast<double>(nn::topk_correct<T>(output_, batch->labels, 1));
+            seen += static_cast<double>(batch->size());
+            step_seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started)
+                    .count();
+            if (progress_ && (b % 10 == 0 || b + 1 == batches))
+              *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
+                                                    loss_sum / seen, seen / step_seconds)
+                            << std::flush;
+          }
+          if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
+          trained_ = true;
+        }
+        // The ranks' training counts, and their slowest training time (they wait for each other).
+        totals[0] = loss_sum;
+        totals[1] = correct;
+        totals[2] = seen;
+        ddp_->allreduce(std::span<double>(totals, 3), comm::ReduceOp::kSum);
+        totals[3] = step_seconds;
+        ddp_->allreduce(std::span<double>(totals + 3, 1), comm::ReduceOp::kMax);
+        auto timed = phases.time(Phase::kOther);
+        metrics = evaluate(validation);
+      } catch (const CommError& e) {
+        if (!group_ || dynamic_cast<const MismatchError*>(&e) != nullptr) throw;
+        ElasticPosition mine{epoch, taken_, trained_, global_step_, step_context_, train_seconds};
+        if (!in_step_) mine.context_step = network_.context().step();
+        const ElasticPosition at = recover(e, mine, validation);
+        // Nothing of the epoch taken: it starts again with the ranks of now.
+        epoch_begins = at.taken == 0 && !at.trained;
+        if (!epoch_begins) resume_epoch(train, at);
+        epoch = at.epoch;
+        continue;
       }
-      if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
-      // The ranks' training counts, and their slowest training time (they wait for each other).
-      double totals[4] = {loss_sum, correct, seen, 0};
-      ddp_.allreduce(std::span<double>(totals, 3), comm::ReduceOp::kSum);
-      totals[3] = step_seconds;
-      ddp_.allreduce(std::span<double>(totals + 3, 1), comm::ReduceOp::kMax);
       train_seconds += totals[3];
       images += static_cast<std::int64_t>(totals[2]);
       last_train_loss = totals[2] > 0 ? totals[0] / totals[2] : 0.0;
       last_train_accuracy = totals[2] > 0 ? totals[1] / totals[2] : 0.0;
 
-      ClassificationMetrics metrics = [&] {
-        auto timed = phases.time(Phase::kOther);
-        return evaluate(validation);
-      }();
       ++epoch;
+      epoch_begins = true;
       const bool reached = options_.target_accuracy && metrics.top1() >= *options_.target_accuracy;
       if (reached && !result.time_to_target) {
         result.time_to_target = train_seconds;
@@ -324,16 +387,10 @@ class Trainer {
       if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
         auto timed = phases.time(Phase::kOther);
         // The buffers are the ranks' average: evaluate() averaged them in this epoch.
-        if (rank0()) {
-          TrainingState state;
-          state.epoch = epoch;
-          state.global_step = global_step_;
-          state.extra["train_seconds"] = train_seconds;
-          save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state,
-                          checkpoint_options());
-        }
+        if (rank0()) save(epoch, train_seconds);
       }
       result.validation = std::move(metrics);
+      metrics = ClassificationMetrics(static_cast<int>(Net::Output::kDims[0]));
       if (reached) break;
     }
 
@@ -345,7 +402,7 @@ class Trainer {
     const double this_run = train_seconds - train_seconds_before;
     result.images_per_second = this_run > 0 ? static_cast<double>(images) / this_run : 0.0;
     if (rank0())
-      detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
+      detail::report_fit(options_, result, phases, log, ddp_->world_size(), last_train_loss,
                          last_train_accuracy);
     Timeline::instance().write();  // every rank's spans so far, when the timeline is on
     return result;
@@ -356,7 +413,7 @@ class Trainer {
   // rank evaluates the same network. Collective.
   template <class Transform>
   ClassificationMetrics evaluate(data::Loader<T, Transform>& loader) {
-    ddp_.average_buffers();
+    ddp_->average_buffers();
     network_.eval();
     ClassificationMetrics metrics(static_cast<int>(Net::Output::kDims[0]));
     loader.start_epoch(0);
@@ -364,7 +421,7 @@ class Trainer {
       const auto logits = network_.forward(batch->images.view());
       metrics.add_batch(logits, batch->labels, loss_.loss(logits, batch->labels));
     }
-    metrics.allreduce(ddp_);
+    metrics.allreduce(*ddp_);
     network_.train();
     return metrics;
   }
@@ -372,9 +429,20 @@ class Trainer {
   std::int64_t global_step() const { return global_step_; }
 
  private:
-  bool rank0() const { return ddp_.rank() == 0; }
+  void check_options() {
+    if (options_.epochs < 1 || options_.checkpoint_every < 1)
+      throw InvalidArgument("Trainer: epochs and checkpoint_every must be >= 1 (got " +
+                            std::to_string(options_.epochs) + " and " +
+                            std::to_string(options_.checkpoint_every) + ")");
+    if (options_.resume && options_.checkpoint_dir.empty())
+      throw InvalidArgument("Trainer: resume needs a checkpoint directory");
+    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+  }
+
+  bool rank0() const { return ddp_->rank() == 0; }
 
   double step(const data::Batch<T>& batch, PhaseTracker& phases) {
+    if (group_) keep_step_start();
     network_.zero_grad();
     {
       auto timed = phases.time(Phase::kForward);
@@ -390,15 +458,169 @@ class Trainer {
       auto timed = phases.time(Phase::kBackward);
       network_.backward(grad_.view());
     }
-    phases.add_seconds(Phase::kAllreduceWait, ddp_.finish_gradient_sync());
+    phases.add_seconds(Phase::kAllreduceWait, ddp_->finish_gradient_sync());
     {
       auto timed = phases.time(Phase::kOptimizer);
       // Every rank takes the same decision on an overflowed fp16 step.
-      const bool finite = ddp_.all_finite(optimizer_.unscale_and_check());
+      const bool finite = ddp_->all_finite(optimizer_.unscale_and_check());
       optimizer_.apply(finite, schedule_(global_step_));
     }
     ++global_step_;
+    in_step_ = false;
     return loss;
+  }
+
+  void save(std::int64_t epoch, double train_seconds) {
+    TrainingState state;
+    state.epoch = epoch;
+    state.global_step = global_step_;
+    state.extra["train_seconds"] = train_seconds;
+    save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state, checkpoint_options());
+  }
+
+  // Starts epoch `epoch` with every rank's share: the loader's sampler, or under elastic training
+  // the sampler's order of the epoch shared among the ranks of now.
+  template <class Transform>
+  void begin_epoch(data::Loader<T, Transform>& train, std::int64_t epoch) {
+    taken_ = 0;
+    trained_ = false;
+    if (!group_) return train.start_epoch(static_cast<std::uint64_t>(epoch));
+    data::DistributedSampler sampler = *train.sampler();
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    plan_ = sampler.plan();
+    plan_.replicas = ddp_->world_size();
+    train.start_epoch(static_cast<std::uint64_t>(epoch), plan_.share(ddp_->rank()));
+  }
+
+  // After a hand-over into epoch `at.epoch`: the rest of it shared among the ranks of now.
+  template <class Transform>
+  void resume_epoch(data::Loader<T, Transform>& train, const ElasticPosition& at) {
+    plan_ = plan_.remainder(at.trained ? plan_.per_rank() : at.taken, ddp_->world_size());
+    taken_ = 0;
+    trained_ = at.trained;
+    train.start_epoch(static_cast<std::uint64_t>(at.epoch),
+                      at.trained ? std::vector<std::int64_t>{} : plan_.share(ddp_->rank()));
+  }
+
+  template <class Transform>
+  void check_elastic_loaders(const data::Loader<T, Transform>& train,
+                             const data::Loader<T, Transform>& validation) const {
+    if (!train.sampler() || validation.sampler()) {
+      throw InvalidArgument(
+          "Trainer (elastic): the training loader needs a DistributedSampler (its order is "
+          "shared anew when the ranks change) and the validation loader a fixed order (rank r "
+          "of R evaluates samples r, r + R, ...)");
+    }
+  }
+
+  // The buffers and the random-mask counter as a step found them: a step that fails leaves its
+  // forward pass's running statistics behind, which the run must not keep.
+  void keep_step_start() {
+    in_step_ = true;
+    step_context_ = network_.context().step();
+    step_buffers_.clear();
+    network_.visit_buffers([&](const std::string&, auto& buffer) {
+      const auto bytes = std::as_bytes(buffer.span());
+      step_buffers_.insert(step_buffers_.end(), bytes.begin(), bytes.end());
+    });
+  }
+
+  void restore_step_start() {
+    std::size_t next = 0;
+    network_.visit_buffers([&](const std::string&, auto& buffer) {
+      const auto bytes = std::as_writable_bytes(buffer.span());
+      std::copy_n(step_buffers_.begin() + static_cast<std::ptrdiff_t>(next), bytes.size(),
+                  bytes.begin());
+      next += bytes.size();
+    });
+    network_.context().set_step(step_context_);
+    in_step_ = false;
+  }
+
+  // A collective failed: regroups the survivors and takes rank 0's state. Below the group's
+  // min_ranks the leader writes a final checkpoint, and every rank throws.
+  template <class Transform>
+  ElasticPosition recover(const CommError& error, ElasticPosition mine,
+                          data::Loader<T, Transform>& validation) {
+    const int old_rank = ddp_->rank();
+    std::vector<int> failed;
+    if (error.context().peer && *error.context().peer != old_rank)
+      failed.push_back(*error.context().peer);
+    ddp_ = nullptr;
+    elastic_ddp_.reset();  // joins its communication thread; the old communicator goes next
+    optimizer_.abandon_step();
+    if (in_step_) restore_step_start();
+    network_.train();
+    comm::MembershipChange change;
+    try {
+      change = group_->regroup(failed);
+    } catch (const CommError&) {
+      if (group_->leading() && !options_.checkpoint_dir.empty()) {
+        save(mine.epoch, mine.train_seconds);
+        *options_.out << "elastic: final checkpoint (weights after step " << global_step_
+                      << ", in epoch " << mine.epoch + 1 << ") in "
+                      << options_.checkpoint_dir.string() << "\n"
+                      << std::flush;
+      }
+      throw;
+    }
+    return adopt_state(change, validation, mine, error.message());
+  }
+
+  // At an epoch start: lets waiting processes join (every rank regroups with them).
+  template <class Transform>
+  void admit_joiners(std::int64_t epoch, double train_seconds,
+                     data::Loader<T, Transform>& validation) {
+    double waiting = static_cast<double>(group_->joiners_waiting());
+    ddp_->allreduce(std::span(&waiting, 1), comm::ReduceOp::kMax);
+    if (waiting == 0) return;
+    ddp_ = nullptr;
+    elastic_ddp_.reset();
+    const comm::MembershipChange change = group_->admit_joiners();
+    adopt_state(change, validation,
+                {epoch, 0, false, global_step_, network_.context().step(), train_seconds});
+  }
+
+  // Rank r of R evaluates validation samples r, r + R, ...
+  template <class Transform>
+  void share_validation(data::Loader<T, Transform>& validation) const {
+    std::vector<std::int64_t> shard;
+    for (std::int64_t i = ddp_->rank(); i < validation.dataset().size(); i += ddp_->world_size())
+      shard.push_back(i);
+    validation.set_order(std::move(shard));
+  }
+
+  // Rank 0's parameters, buffers (DataParallel's start), position and optimizer state to every
+  // rank of the new generation (a joiner's constructor takes them likewise); the validation set
+  // shared among its ranks.
+  template <class Transform>
+  ElasticPosition adopt_state(const comm::MembershipChange& change,
+                              data::Loader<T, Transform>& validation, const ElasticPosition& mine,
+                              const std::string& cause = {}) {
+    elastic_ddp_.emplace(network_, group_->communicator(), ddp_options_);
+    ddp_ = &*elastic_ddp_;
+    const ElasticPosition at = share_training_state(group_->communicator(), optimizer_, mine);
+    global_step_ = at.global_step;
+    network_.context().set_step(at.context_step);
+    share_validation(validation);
+    if (rank0()) {
+      if (!cause.empty()) *options_.out << "elastic: " << cause << '\n';
+      *options_.out << "elastic: generation " << change.generation << ", " << change.previous_size
+                    << " -> " << change.size << " ranks";
+      if (!change.departed.empty()) {
+        *options_.out << " (lost";
+        for (const int r : change.departed) *options_.out << " rank " << r;
+        *options_.out << ")";
+      }
+      if (change.joined > 0) *options_.out << " (" << change.joined << " joined)";
+      *options_.out << std::fixed << std::setprecision(2) << " in " << change.seconds
+                    << " s; continuing in epoch " << at.epoch + 1 << " after "
+                    << (at.trained ? std::string("its steps")
+                                   : std::to_string(at.taken) + " samples per rank")
+                    << ", step " << at.global_step << '\n'
+                    << std::flush;
+    }
+    return at;
   }
 
   CheckpointOptions checkpoint_options() const {
@@ -409,9 +631,20 @@ class Trainer {
 
   Net& network_;
   optim::PrecisionOptimizer<Policy, Optimizer>& optimizer_;
-  DataParallel<Net>& ddp_;
+  DataParallel<Net>* ddp_ = nullptr;
+  comm::ElasticGroup* group_ = nullptr;  // elastic training only, as below
+  DataParallelOptions ddp_options_;
+  std::optional<DataParallel<Net>> elastic_ddp_;
   Schedule schedule_;
   TrainerOptions options_;
+  bool joining_ = false;
+  ElasticPosition joined_at_;  // a joiner's start, as rank 0 handed it over
+  data::EpochPlan plan_;       // the current epoch's samples and ranks
+  std::int64_t taken_ = 0;     // samples this rank took of plan_
+  bool trained_ = false;       // the epoch's steps are done
+  bool in_step_ = false;
+  std::uint64_t step_context_ = 0;
+  std::vector<std::byte> step_buffers_;
   bool progress_ = false;
   nn::SoftmaxCrossEntropy loss_;
   tensor::TensorView<const T> output_;

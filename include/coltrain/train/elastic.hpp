@@ -1,0 +1,123 @@
+#pragma once
+// Elastic training's hand-over: after the ranks changed (comm/elastic_group.hpp), every rank takes
+// rank 0's training state from memory, so no checkpoint is read. Rank 0 of the new generation is
+// the lowest surviving rank; its state is that of the last step it completed, and a step completes
+// only with every old rank's gradients, so it is a state of the run. Its parameters and buffers
+// travel with the new DataParallel's start; this header carries the rest: where in the epoch the
+// run stands, the step counters, and the optimizer's state (moments, fp32 masters, loss scale).
+//
+// The rest of the epoch is shared anew among the ranks left (data/epoch_plan.hpp), from where rank
+// 0 stood. The learning rate is left as it was: each rank's gradients are averaged, so with fewer
+// ranks a step averages fewer samples (the global batch shrinks with the ranks) at the same rate,
+// which is what Horovod elastic and torchrun do unless the user rescales (docs/fault-tolerance.md).
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/core/config.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/optim/precision.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace coltrain::train {
+
+// Where a run stands, as rank 0 hands it over.
+struct ElasticPosition {
+  std::int64_t epoch = 0;          // the epoch in progress (0-based)
+  std::int64_t taken = 0;          // samples each rank took of the epoch's current plan
+  bool trained = false;            // the epoch's steps are done; its evaluation is not
+  std::int64_t global_step = 0;    // steps completed
+  std::uint64_t context_step = 0;  // the network's random-mask counter
+  double train_seconds = 0;
+};
+
+namespace detail {
+
+// Rank 0's bytes to every rank: the length, then the bytes in 8-byte words. Collective.
+inline std::vector<std::uint8_t> broadcast_bytes(comm::Communicator& comm,
+                                                 std::vector<std::uint8_t> bytes) {
+  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+  comm.broadcast(std::span(&length, 1));
+  std::vector<std::int64_t> words(static_cast<std::size_t>((length + 7) / 8));
+  if (comm.rank() == 0 && length > 0) std::memcpy(words.data(), bytes.data(), bytes.size());
+  comm.broadcast(std::span(words));
+  bytes.resize(static_cast<std::size_t>(length));
+  if (length > 0) std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace detail
+
+// Rank 0's position and optimizer state to every rank; returns rank 0's position. The optimizer
+// must be built over the same parameters on every rank. Collective.
+template <class Policy, class Optimizer>
+ElasticPosition share_training_state(comm::Communicator& comm,
+                                     optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
+                                     const ElasticPosition& mine) {
+  nlohmann::json header;
+  std::vector<float> values;
+  if (comm.rank() == 0) {
+    const optim::OptimizerSnapshot snapshot = optimizer.export_state();
+    header = {{"epoch", mine.epoch},
+              {"taken", mine.taken},
+              {"trained", mine.trained},
+              {"global_step", mine.global_step},
+              {"context_step", mine.context_step},
+              {"train_seconds", mine.train_seconds},
+              {"step_counts", snapshot.step_counts}};
+    for (const auto& [key, tensors] :
+         {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
+      header[key] = nlohmann::json::array();
+      for (const optim::OptimizerSnapshot::Tensor& t : *tensors) {
+        header[key].push_back({t.name, t.values.size()});
+        values.insert(values.end(), t.values.begin(), t.values.end());
+      }
+    }
+    if (snapshot.loss_scale)
+      header["loss_scale"] = {snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker};
+  }
+  header = nlohmann::json::from_cbor(detail::broadcast_bytes(
+      comm, comm.rank() == 0 ? nlohmann::json::to_cbor(header) : std::vector<std::uint8_t>{}));
+  std::size_t total = 0;
+  for (const char* key : {"state", "masters"})
+    for (const auto& entry : header[key]) total += entry[1].get<std::size_t>();
+  values.resize(total);
+  comm.broadcast(std::span(values));
+
+  ElasticPosition position;
+  position.epoch = header["epoch"].get<std::int64_t>();
+  position.taken = header["taken"].get<std::int64_t>();
+  position.trained = header["trained"].get<bool>();
+  position.global_step = header["global_step"].get<std::int64_t>();
+  position.context_step = header["context_step"].get<std::uint64_t>();
+  position.train_seconds = header["train_seconds"].get<double>();
+  if (comm.rank() == 0) return position;
+
+  optim::OptimizerSnapshot snapshot;
+  snapshot.step_counts =
+      header["step_counts"].get<std::vector<std::pair<std::string, std::int64_t>>>();
+  std::size_t next = 0;
+  for (const auto& [key, tensors] :
+       {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
+    for (const auto& entry : header[key]) {
+      const auto size = entry[1].template get<std::size_t>();
+      tensors->push_back(
+          {entry[0].template get<std::string>(),
+           std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(next),
+                              values.begin() + static_cast<std::ptrdiff_t>(next + size))});
+      next += size;
+    }
+  }
+  if (header.contains("loss_scale"))
+    snapshot.loss_scale = optim::DynamicLossScaler::State{
+        header["loss_scale"][0].get<float>(), header["loss_scale"][1].get<std::int64_t>()};
+  optimizer.import_state(snapshot);
+  return position;
+}
+
+}  // namespace coltrain::train
