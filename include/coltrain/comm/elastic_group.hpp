@@ -46,6 +46,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -452,8 +453,10 @@ class ElasticGroup {
     }
     if (too_few) throw_too_few(world);
     if (generation_ == 0 && !formed.departed.empty()) {
-      logger_.warn(detail::describe_ranks(formed.departed), " never came to the rendezvous at ",
-                   master_.to_string(), "; the job starts with ", world, " ranks");
+      std::ostringstream missing;
+      for (const int r : formed.departed) missing << (missing.tellp() > 0 ? ", " : "") << r;
+      logger_.warn("ranks never at the rendezvous at ", master_.to_string(), ": ", missing.str(),
+                   "; the job starts with ", world, " ranks");
     }
     formed.rank = 0;
     return formed;
