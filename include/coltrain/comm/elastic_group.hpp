@@ -127,14 +127,16 @@ class ElasticDoor {
   bool open() const { return static_cast<bool>(listener_); }
   Ipv4Endpoint endpoint() const { return local_endpoint(listener_.get()); }
 
-  // Accepts and reads hellos until `done()` holds or `deadline` passes (at once with a passed one).
+  // Accepts and reads hellos until `done()` holds or `deadline` passes; looks once without waiting
+  // when `done()` holds already or the deadline has passed.
   template <class Done>
   void admit(const Deadline& deadline, const Done& done, const ErrorContext& context) {
     std::vector<pollfd> ready;
-    do {
+    for (bool finished = done();; finished = done()) {
       ready.assign(1, pollfd{listener_.get(), POLLIN, 0});
       for (const Pending& p : pending_) ready.push_back({p.socket.get(), POLLIN, 0});
-      const int count = ::poll(ready.data(), ready.size(), poll_timeout_ms(deadline));
+      const int count =
+          ::poll(ready.data(), ready.size(), finished ? 0 : poll_timeout_ms(deadline));
       if (count < 0 && errno != EINTR)
         throw_system_error("wait for elastic hellos", errno, context);
       for (std::size_t i = 0; count > 0 && i < pending_.size(); ++i) {
@@ -148,7 +150,8 @@ class ElasticDoor {
         }
         std::erase_if(pending_, [](const Pending& p) { return !p.socket; });
       }
-    } while (!done() && !deadline.expired());
+      if (finished || done() || deadline.expired()) return;
+    }
   }
 
   std::vector<Arrival>& arrivals() { return arrivals_; }
