@@ -103,6 +103,9 @@ ls "$dir"/checkpoints/checkpoint-*.json >/dev/null 2>&1 ||
 echo "below min-ranks: $(grep -h '^error' "$dir/out.0" | cut -c1-150)"
 
 # ---- 3. grow back -------------------------------------------------------------------------------
+# With a shared secret when the build has libcrypto (ctest passes one): every handshake of the
+# launch, the regroup and the joiner's admission proves it.
+if [ -n "${COLTRAIN_TEST_AUTH_TOKEN:-}" ]; then export COLTRAIN_AUTH_TOKEN=$COLTRAIN_TEST_AUTH_TOKEN; fi
 dir="$work/grow-back"
 rm -rf "$dir" && mkdir -p "$dir"
 port=$(free_port)
@@ -117,7 +120,7 @@ grep -q "2 -> 3 ranks (1 joined)" "$dir/out.0" || fail "grow back: rank 0 never 
 w0=$(weights_of "$dir/out.0") w1=$(weights_of "$dir/out.1") wj=$(weights_of "$dir/out.joiner")
 [ -n "$w0" ] && [ "$w0" = "$w1" ] && [ "$w0" = "$wj" ] ||
   fail "grow back: final weights differ ($w0, $w1, $wj)"
-echo "grow back: $(grep -h 'elastic: generation' "$dir/out.0" | head -1)"
+echo "grow back${COLTRAIN_AUTH_TOKEN:+ (authenticated)}: $(grep -h 'elastic: generation' "$dir/out.0" | head -1)"
 "$python" "$checker" grow "$dir" || fail "grow back: sample coverage"
 
 [ "$failed" = 0 ] && echo "elastic training: all checks passed"

@@ -6,12 +6,14 @@
 #include "../support/thread_ranks.hpp"
 
 #include <catch2/catch.hpp>
+#include <coltrain/comm/auth.hpp>
 #include <coltrain/comm/elastic_group.hpp>
 #include <coltrain/comm/socket.hpp>
 #include <coltrain/core/env.hpp>
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -26,6 +28,7 @@ using namespace std::chrono_literals;
 struct Job {
   int port = coltrain::testing::free_tcp_port();
   int min_ranks = 1;
+  std::shared_ptr<const comm::AuthSecret> secret;  // null: unauthenticated
 
   coltrain::LaunchEnv env(int rank, int world) const {
     return coltrain::testing::loopback_env(rank, world, port);
@@ -34,6 +37,7 @@ struct Job {
     comm::CommOptions o;
     o.timeout = 5s;
     o.job_id = "elastic-" + std::to_string(port);
+    o.auth.secret = secret;
     return o;
   }
   comm::ElasticOptions elastic(bool join = false) const {
@@ -79,6 +83,17 @@ int failed_rank(comm::ElasticGroup& group) {
     }
   }
   throw std::runtime_error("the collectives kept working without the lost rank");
+}
+
+// Until the leader sees a joiner at its door, agreed by all ranks; bounded: it knocks within a
+// moment.
+void wait_for_joiner(comm::ElasticGroup& group) {
+  for (int round = 0; round < 500; ++round) {
+    double waiting = group.joiners_waiting();
+    group.communicator().allreduce(std::span(&waiting, 1), comm::ReduceOp::kMax);
+    if (waiting > 0) return;
+    std::this_thread::sleep_for(10ms);
+  }
 }
 
 TEST_CASE("survivors regroup, whichever rank is lost, and their collectives are exact",
@@ -151,13 +166,7 @@ TEST_CASE("a joiner is admitted when the ranks agree, not at the launch", "[elas
     }
     comm::ElasticGroup group(job.env(thread, 2), job.options(), job.elastic());
     expect(group.size() == 2, "the launch admits no joiner");
-    // Bounded: the joiner knocks within a moment.
-    for (int round = 0; round < 500; ++round) {
-      double waiting = group.joiners_waiting();
-      group.communicator().allreduce(std::span(&waiting, 1), comm::ReduceOp::kMax);
-      if (waiting > 0) break;
-      std::this_thread::sleep_for(10ms);
-    }
+    wait_for_joiner(group);
     const comm::MembershipChange change = group.admit_joiners();
     expect(change.size == 3 && change.joined == 1 && change.departed.empty(), "one joined");
     expect(group.rank() == thread, "the members keep their order");
@@ -166,5 +175,43 @@ TEST_CASE("a joiner is admitted when the ranks agree, not at the launch", "[elas
   INFO(failures);
   CHECK(failures.empty());
 }
+
+#if COLTRAIN_WITH_OPENSSL
+TEST_CASE("with a secret, regroups and joiners prove it; a joiner with another is refused",
+          "[elastic][auth]") {
+  Job job;
+  job.secret = std::make_shared<const comm::AuthSecret>("0123456789abcdef0123456789abcdef", "test");
+  Job impostor = job;
+  impostor.secret =
+      std::make_shared<const comm::AuthSecret>("fedcba9876543210fedcba9876543210", "test");
+  const std::string failures = run(4, [&](int thread) {
+    if (thread == 3) {
+      try {
+        comm::ElasticGroup refused(job.env(0, 1), impostor.options(), job.elastic(true));
+        throw std::runtime_error("a joiner with another secret was admitted");
+      } catch (const coltrain::CommError& e) {
+        expect(std::string(e.what()).find("could not prove the job's secret") != std::string::npos,
+               std::string("the impostor's error: ") + e.what());
+      }
+      comm::ElasticGroup joiner(job.env(0, 1), job.options(), job.elastic(true));
+      expect(joiner.size() == 3 && joiner.rank() == 2, "the joiner is rank 2 of 3");
+      expect(rank_sum(joiner) == 6, "allreduce with the joiner");
+      return;
+    }
+    comm::ElasticGroup group(job.env(thread, 3), job.options(), job.elastic());
+    expect(rank_sum(group) == 6, "allreduce on 3 ranks");
+    if (thread == 2) return;  // leaves
+    const int named = failed_rank(group);
+    const comm::MembershipChange shrunk = group.regroup({named});
+    expect(shrunk.size == 2 && rank_sum(group) == 3, "allreduce on the 2 survivors");
+    wait_for_joiner(group);
+    const comm::MembershipChange grown = group.admit_joiners();
+    expect(grown.size == 3 && grown.joined == 1, "the joiner that proved the secret joined");
+    expect(rank_sum(group) == 6, "allreduce with the joiner");
+  });
+  INFO(failures);
+  CHECK(failures.empty());
+}
+#endif
 
 }  // namespace

@@ -90,8 +90,10 @@ struct ElasticHello {
   std::uint32_t data_address = 0;
   std::uint16_t data_port = 0;
   std::uint16_t door_port = 0;  // where it listens when it leads, on data_address
+  std::uint32_t auth = kHelloUnauthenticated;
+  std::uint32_t reserved = 0;
 };
-static_assert(sizeof(ElasticHello) == 32 && std::has_unique_object_representations_v<ElasticHello>);
+static_assert(sizeof(ElasticHello) == 40 && std::has_unique_object_representations_v<ElasticHello>);
 
 enum class ElasticStatus : std::uint32_t {
   kFormed = 0,
@@ -112,7 +114,8 @@ struct ElasticTable {
 static_assert(sizeof(ElasticTable) == 32 && std::has_unique_object_representations_v<ElasticTable>);
 
 // The leader's rendezvous listener and the hellos that reached it, read without blocking so that
-// a stranger that sends nothing holds up no one.
+// a stranger that sends nothing holds up no one. With the job's secret a hello counts only once
+// its sender proved the secret (tcp_handshake.hpp).
 class ElasticDoor {
  public:
   struct Arrival {
@@ -121,8 +124,13 @@ class ElasticDoor {
   };
 
   ElasticDoor() = default;
-  ElasticDoor(FileDescriptor listener, std::uint64_t job_hash, const Logger& logger)
-      : listener_(std::move(listener)), job_hash_(job_hash), logger_(logger) {}
+  ElasticDoor(FileDescriptor listener, std::uint64_t job_hash, HandshakeSecurity security,
+              const Logger& logger)
+      : listener_(std::move(listener)),
+        job_hash_(job_hash),
+        security_(security),
+        dropped_(logger,
+                 "the elastic rendezvous at " + local_endpoint(listener_.get()).to_string()) {}
 
   bool open() const { return static_cast<bool>(listener_); }
   Ipv4Endpoint endpoint() const { return local_endpoint(listener_.get()); }
@@ -134,24 +142,32 @@ class ElasticDoor {
     std::vector<pollfd> ready;
     for (bool finished = done();; finished = done()) {
       ready.assign(1, pollfd{listener_.get(), POLLIN, 0});
-      for (const Pending& p : pending_) ready.push_back({p.socket.get(), POLLIN, 0});
+      for (Incoming& p : pending_) ready.push_back({p.socket().get(), POLLIN, 0});
       const int count =
           ::poll(ready.data(), ready.size(), finished ? 0 : poll_timeout_ms(deadline));
       if (count < 0 && errno != EINTR)
         throw_system_error("wait for elastic hellos", errno, context);
       for (std::size_t i = 0; count > 0 && i < pending_.size(); ++i) {
-        if (ready[i + 1].revents != 0) read_hello(pending_[i]);
+        if (ready[i + 1].revents != 0) settle(pending_[i]);
       }
-      std::erase_if(pending_, [](const Pending& p) { return !p.socket; });
+      std::erase_if(pending_, [](Incoming& p) { return !p.socket(); });
       if (count > 0 && ready[0].revents != 0) {
         while (FileDescriptor socket = accept_connection(listener_.get(), context)) {
-          pending_.push_back({std::move(socket)});
-          read_hello(pending_.back());  // a joiner's hello is usually there already
+          pending_.emplace_back(std::move(socket));
+          settle(pending_.back());  // a joiner's hello is usually there already
         }
-        std::erase_if(pending_, [](const Pending& p) { return !p.socket; });
+        std::erase_if(pending_, [](Incoming& p) { return !p.socket(); });
       }
-      if (finished || done() || deadline.expired()) return;
+      if ((finished && done()) || deadline.expired()) {
+        dropped_.summarise();
+        return;
+      }
     }
+  }
+
+  // Whether a connector was challenged and its proof is still to come.
+  bool challenging() const {
+    return std::ranges::any_of(pending_, [](const Incoming& p) { return p.challenged(); });
   }
 
   std::vector<Arrival>& arrivals() { return arrivals_; }
@@ -161,38 +177,34 @@ class ElasticDoor {
   }
 
  private:
-  struct Pending {
-    FileDescriptor socket;
-    ElasticHello hello{};
-    std::size_t filled = 0;
-  };
+  using Incoming = IncomingHandshake<ElasticHello>;
 
-  void read_hello(Pending& p) {
-    const std::span<std::byte> rest = writable_bytes_of_value(p.hello).subspan(p.filled);
-    const ssize_t received = ::recv(p.socket.get(), rest.data(), rest.size(), 0);
-    if (received <= 0) {
-      if (received == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        p.socket.reset();
+  void settle(Incoming& connection) {
+    const auto judge = [&](const ElasticHello& hello) -> std::string {
+      if (hello.magic != kElasticMagic || hello.version != kTcpProtocolVersion ||
+          hello.job_hash != job_hash_) {
+        return "not a rank of this job (another protocol, version or COLTRAIN_JOB_ID)";
       }
-      return;
+      return {};
+    };
+    switch (connection.advance(judge, security_)) {
+      case Incoming::Status::kReading:
+        return;
+      case Incoming::Status::kAdmitted:
+        arrivals_.push_back({std::move(connection.socket()), connection.hello()});
+        return;
+      case Incoming::Status::kDropped:
+        dropped_.report(peer_name(connection.socket().get()), connection.reason());
+        connection.socket().reset();
+        return;
     }
-    p.filled += static_cast<std::size_t>(received);
-    if (p.filled < sizeof(ElasticHello)) return;
-    if (p.hello.magic != kElasticMagic || p.hello.version != kTcpProtocolVersion ||
-        p.hello.job_hash != job_hash_) {
-      logger_.warn("dropped a connection to the elastic rendezvous from ",
-                   peer_name(p.socket.get()),
-                   ": not a rank of this job (another protocol, version or COLTRAIN_JOB_ID)");
-      p.socket.reset();
-      return;
-    }
-    arrivals_.push_back({std::move(p.socket), p.hello});
   }
 
   FileDescriptor listener_;
   std::uint64_t job_hash_ = 0;
-  Logger logger_{0, 1};
-  std::vector<Pending> pending_;
+  HandshakeSecurity security_;
+  DroppedConnections dropped_{Logger(0, 1), "the elastic rendezvous"};
+  std::vector<Incoming> pending_;
   std::vector<Arrival> arrivals_;
 };
 
@@ -201,6 +213,8 @@ class ElasticDoor {
 class ElasticGroup {
   // How long a leader that has every rank it expects still waits for the ones named dead.
   static constexpr auto kLinger = std::chrono::milliseconds(200);
+  // How long a look for joiners waits for the proofs of those it challenged (one round trip).
+  static constexpr auto kProofWait = std::chrono::milliseconds(100);
 
  public:
   // Forms the first generation from the launcher's environment: the ranks of WORLD_SIZE that reach
@@ -223,6 +237,7 @@ class ElasticGroup {
     own_address_ = options_.socket_ifname.empty()
                        ? detail::route_source_address(master_, context)
                        : detail::interface_ipv4(options_.socket_ifname, context);
+    detail::check_door_security(own_address_, options_, logger_, context);
     // Every rank listens at a door of its own, where it admits the next generation if it leads:
     // rank 0 at MASTER_ADDR:MASTER_PORT (the launch's rendezvous), the others on a port of the
     // kernel's choice, announced in every table. A candidate that died refuses at once.
@@ -232,7 +247,7 @@ class ElasticGroup {
                             launch_leader ? "the elastic rendezvous (MASTER_ADDR:MASTER_PORT)"
                                           : "the elastic rendezvous of a later generation",
                             context),
-        job_hash_, logger_);
+        job_hash_, detail::handshake_security(options_, "elastic"), logger_);
     if (elastic_.join) {
       join();
       return;
@@ -268,7 +283,7 @@ class ElasticGroup {
     for (detail::ElasticDoor* door : {&door_, &joiner_door_}) {
       if (!door->open()) continue;
       door->admit(
-          Deadline(Clock::duration::zero()), [] { return false; },
+          Deadline(kProofWait), [&] { return !door->challenging(); },
           error_context("elastic rendezvous"));
       waiting += door->joiners();
     }
@@ -473,7 +488,7 @@ class ElasticGroup {
     try {
       joiner_door_ = detail::ElasticDoor(
           detail::listen_ipv4({own_address_, master_.port}, 0, "joiners (MASTER_PORT)", context),
-          job_hash_, logger_);
+          job_hash_, detail::handshake_security(options_, "elastic"), logger_);
     } catch (const Error& e) {
       logger_.warn("no door for joiners at MASTER_PORT (", e.message(),
                    "); joiners must use this leader's door at ", door_.endpoint().to_string());
@@ -561,7 +576,9 @@ class ElasticGroup {
                                       const detail::ElasticHello& hello, const Deadline& deadline,
                                       const ErrorContext& context) {
     detail::ElasticTable header;
-    detail::IoResult io = detail::send_exact(socket.get(), detail::bytes_of_value(hello), deadline);
+    detail::IoResult io =
+        detail::offer_hello(socket.get(), hello, detail::handshake_security(options_, "elastic"),
+                            deadline, "the elastic rendezvous leader", context);
     if (io.status == detail::IoStatus::kDone)
       io = detail::recv_exact(socket.get(), detail::writable_bytes_of_value(header), deadline);
     if (io.status == detail::IoStatus::kClosed) return std::nullopt;

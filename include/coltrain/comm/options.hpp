@@ -1,7 +1,9 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
-// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR.
+// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, and the shared
+// secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
+#include <coltrain/comm/auth.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -26,6 +28,8 @@ struct CommOptions {
   // Where the flight recorder writes its file when a call fails or SIGUSR1 arrives
   // (comm/flight_recorder.hpp); empty: nowhere. COLTRAIN_TRACE_DIR.
   std::filesystem::path trace_dir;
+  // The job's shared secret: with one, every TCP connection of the job proves it both ways.
+  AuthSettings auth;
 };
 
 namespace detail {
@@ -61,6 +65,7 @@ inline CommOptions comm_options_from_env() {
     options.socket_ifname = ifname;
   }
   if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
+  options.auth = auth_settings_from_env();
   for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
     if (const char* id = detail::nonempty_env(name)) {
       options.job_id = id;

@@ -15,11 +15,16 @@
 // 4. Full mesh: for each pair, the higher rank connects to the lower rank's data listener and
 //    sends a MeshHello carrying the nonce; the lower rank admits only hellos with this job's nonce.
 //
+// With the job's secret (COLTRAIN_AUTH_TOKEN or COLTRAIN_AUTH_FILE) every connection of steps 2
+// and 4 also proves the secret both ways (tcp_handshake.hpp), and only a rank that proved it can
+// claim a rank: a stranger cannot take a rank's place or learn the table.
+//
 // Handshakes travel in host byte order, as message headers do: a job's ranks share one
 // architecture. Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
 
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/tcp_handshake.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -45,7 +50,7 @@ namespace coltrain::comm::detail {
 
 inline constexpr std::uint32_t kRendezvousMagic = 0x56525443u;  // "CTRV" in little-endian order
 inline constexpr std::uint32_t kMeshMagic = 0x484d5443u;        // "CTMH"
-inline constexpr std::uint32_t kTcpProtocolVersion = 1;
+inline constexpr std::uint32_t kTcpProtocolVersion = 2;         // 2: hellos carry `auth`
 
 // Rank r > 0 to rank 0: who I am and where my data listener is.
 struct RendezvousHello {
@@ -56,7 +61,7 @@ struct RendezvousHello {
   std::uint64_t job_hash = 0;
   std::uint32_t data_address = 0;  // network byte order
   std::uint16_t data_port = 0;
-  std::uint16_t reserved = 0;
+  std::uint16_t auth = kHelloUnauthenticated;
 };
 static_assert(sizeof(RendezvousHello) == 32 &&
               std::has_unique_object_representations_v<RendezvousHello>);
@@ -92,8 +97,10 @@ struct MeshHello {
   std::int32_t rank = 0;
   std::uint64_t job_hash = 0;
   std::uint64_t nonce = 0;
+  std::uint32_t auth = kHelloUnauthenticated;
+  std::uint32_t reserved = 0;
 };
-static_assert(sizeof(MeshHello) == 32 && std::has_unique_object_representations_v<MeshHello>);
+static_assert(sizeof(MeshHello) == 40 && std::has_unique_object_representations_v<MeshHello>);
 
 // FNV-1a: the same on every rank and every build, unlike std::hash.
 inline std::uint64_t hash_job_id(std::string_view job_id) {
@@ -112,16 +119,6 @@ inline std::uint64_t make_nonce() {
   return random ^ static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
 }
 
-template <class T>
-std::span<const std::byte> bytes_of_value(const T& value) {
-  return std::as_bytes(std::span<const T, 1>(&value, 1));
-}
-
-template <class T>
-std::span<std::byte> writable_bytes_of_value(T& value) {
-  return std::as_writable_bytes(std::span<T, 1>(&value, 1));
-}
-
 // "rank 2" or "ranks 2, 4"
 inline std::string describe_ranks(const std::vector<int>& ranks) {
   std::string text = ranks.size() == 1 ? "rank " : "ranks ";
@@ -137,83 +134,71 @@ struct Arrival {
   Hello hello;
 };
 
-// Accepts connections on `listener` and reads one Hello from each, until every rank in
-// [first_rank, world_size) has arrived or `deadline` passes. `judge(hello)` returns why a hello is
-// not from this job, or an empty string. Rejected connections are closed and logged; the wait goes
-// on. Connections read concurrently, so a stranger that sends nothing holds up no one. Returns the
-// arrivals indexed by rank; ranks that never came have an empty socket.
+// Accepts connections on `listener` and runs each one's handshake (tcp_handshake.hpp) until every
+// rank in [first_rank, world_size) has arrived or `deadline` passes. `judge(hello)` returns why a
+// hello is not from this job, or an empty string. Rejected connections are closed and logged; the
+// wait goes on. Connections are read concurrently, so a stranger that sends nothing holds up no
+// one, and a rank counts only once its handshake is complete (with a secret: proved), so a
+// stranger cannot take a rank's place. Returns the arrivals indexed by rank; ranks that never came
+// have an empty socket.
 template <class Hello, class Judge>
 std::vector<Arrival<Hello>> collect_handshakes(int listener, int first_rank, int world_size,
                                                const Deadline& deadline, const Judge& judge,
+                                               const HandshakeSecurity& security,
                                                const std::string& place, const Logger& logger,
                                                const ErrorContext& context) {
-  struct Pending {
-    FileDescriptor socket;
-    Hello hello{};
-    std::size_t filled = 0;
-  };
+  using Incoming = IncomingHandshake<Hello>;
   std::vector<Arrival<Hello>> arrivals(static_cast<std::size_t>(world_size));
   int missing = world_size - first_rank;
-  std::vector<Pending> pending;
+  std::vector<Incoming> pending;
   std::vector<pollfd> ready;
-  auto drop = [&](Pending& connection, const std::string& reason) {
-    logger.warn("dropped a connection to ", place, " from ", peer_name(connection.socket.get()),
-                ": ", reason, "; still waiting for the job's ranks");
-    connection.socket.reset();
+  DroppedConnections dropped(logger, place);
+  const auto judge_rank = [&](const Hello& hello) -> std::string {
+    if (std::string reason = judge(hello); !reason.empty()) return reason;
+    if (hello.rank < first_rank || hello.rank >= world_size) {
+      return "it claims rank " + std::to_string(hello.rank) + ", but only ranks " +
+             std::to_string(first_rank) + " to " + std::to_string(world_size - 1) + " connect here";
+    }
+    return {};
+  };
+  const auto settle = [&](Incoming& connection) {
+    if (connection.advance(judge_rank, security) == Incoming::Status::kReading) return;
+    const int rank = connection.hello().rank;
+    if (connection.status() == Incoming::Status::kAdmitted &&
+        arrivals[static_cast<std::size_t>(rank)].socket) {
+      dropped.report(
+          peer_name(connection.socket().get()),
+          "it claims rank " + std::to_string(rank) + ", which an earlier connection already holds");
+    } else if (connection.status() == Incoming::Status::kAdmitted) {
+      logger.debug("rank ", rank, " arrived at ", place, " from ",
+                   peer_name(connection.socket().get()));
+      arrivals[static_cast<std::size_t>(rank)] = {std::move(connection.socket()),
+                                                  connection.hello()};
+      --missing;
+    } else {
+      dropped.report(peer_name(connection.socket().get()), connection.reason());
+    }
+    connection.socket().reset();
   };
   while (missing > 0 && !deadline.expired()) {
     ready.assign(1, pollfd{listener, POLLIN, 0});
-    for (const Pending& connection : pending) ready.push_back({connection.socket.get(), POLLIN, 0});
+    for (Incoming& connection : pending) ready.push_back({connection.socket().get(), POLLIN, 0});
     const int count = ::poll(ready.data(), ready.size(), poll_timeout_ms(deadline));
     if (count < 0 && errno != EINTR) {
       throw_system_error("wait for connections to " + place, errno, context);
     }
     if (count <= 0) continue;
     for (std::size_t i = 0; i < pending.size(); ++i) {
-      if (ready[i + 1].revents == 0) continue;
-      Pending& connection = pending[i];
-      const std::span<std::byte> rest =
-          writable_bytes_of_value(connection.hello).subspan(connection.filled);
-      const ssize_t received = ::recv(connection.socket.get(), rest.data(), rest.size(), 0);
-      if (received == 0) {
-        drop(connection, "it closed the connection after " + std::to_string(connection.filled) +
-                             " of " + std::to_string(sizeof(Hello)) + " handshake bytes");
-        continue;
-      }
-      if (received < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          drop(connection, errno_text(errno));
-        }
-        continue;
-      }
-      connection.filled += static_cast<std::size_t>(received);
-      if (connection.filled < sizeof(Hello)) continue;
-      std::string reason = judge(connection.hello);
-      const int rank = connection.hello.rank;
-      if (reason.empty() && (rank < first_rank || rank >= world_size)) {
-        reason = "it claims rank " + std::to_string(rank) + ", but only ranks " +
-                 std::to_string(first_rank) + " to " + std::to_string(world_size - 1) +
-                 " connect here";
-      } else if (reason.empty() && arrivals[static_cast<std::size_t>(rank)].socket) {
-        reason = "it claims rank " + std::to_string(rank) +
-                 ", which an earlier connection already holds";
-      }
-      if (!reason.empty()) {
-        drop(connection, reason);
-        continue;
-      }
-      logger.debug("rank ", rank, " arrived at ", place, " from ",
-                   peer_name(connection.socket.get()));
-      arrivals[static_cast<std::size_t>(rank)] = {std::move(connection.socket), connection.hello};
-      --missing;
+      if (ready[i + 1].revents != 0) settle(pending[i]);
     }
-    std::erase_if(pending, [](const Pending& connection) { return !connection.socket; });
+    std::erase_if(pending, [](Incoming& connection) { return !connection.socket(); });
     if (ready[0].revents != 0) {
       while (FileDescriptor socket = accept_connection(listener, context)) {
-        pending.push_back({std::move(socket)});
+        pending.emplace_back(std::move(socket));
       }
     }
   }
+  dropped.summarise();
   return arrivals;
 }
 
@@ -245,6 +230,7 @@ inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpo
                                      int world_size, std::uint64_t job_hash,
                                      const CommOptions& options, const Deadline& deadline,
                                      const Logger& logger, const ErrorContext& context) {
+  check_door_security(master.address, options, logger, context);
   FileDescriptor listener =
       listen_ipv4(master, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
   const auto judge = [&](const RendezvousHello& hello) -> std::string {
@@ -261,8 +247,8 @@ inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpo
     return {};
   };
   const auto arrivals = collect_handshakes<RendezvousHello>(
-      listener.get(), 1, world_size, deadline, judge, "the rendezvous at " + master.to_string(),
-      logger, context);
+      listener.get(), 1, world_size, deadline, judge, handshake_security(options, "rendezvous"),
+      "the rendezvous at " + master.to_string(), logger, context);
   listener.reset();  // MASTER_PORT is free for the next job from here on
 
   const std::vector<int> missing = missing_ranks(arrivals, 1);
@@ -326,11 +312,12 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
     throw TimeoutError("rank 0 never arrived: " + e.message(), e.context());
   }
 
-  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion, world_size,    rank,
-                              job_hash,         own_data.address,    own_data.port, 0};
+  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion, world_size,   rank,
+                              job_hash,         own_data.address,    own_data.port};
   const Deadline answer_deadline(options.timeout + kRendezvousAnswerGrace);
   RendezvousTable header;
-  IoResult io = send_exact(socket.get(), bytes_of_value(hello), deadline);
+  IoResult io = offer_hello(socket.get(), hello, handshake_security(options, "rendezvous"),
+                            deadline, "rank 0's rendezvous at " + master.to_string(), peer_context);
   if (io.status == IoStatus::kDone) {
     io = recv_exact(socket.get(), writable_bytes_of_value(header), answer_deadline);
   }
@@ -345,7 +332,7 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
     throw PeerLostError("rank 0 closed the rendezvous connection at " + master.to_string() +
                             " before sending the address table (" + io.reason +
                             "): it failed, or it turned this rank away (see its log: another "
-                            "WORLD_SIZE or COLTRAIN_JOB_ID, or two processes with RANK=" +
+                            "WORLD_SIZE, COLTRAIN_JOB_ID or secret, or two processes with RANK=" +
                             std::to_string(rank) + ")",
                         peer_context);
   }
@@ -375,6 +362,12 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
   return table;
 }
 
+// A mesh connection's proofs bind the acceptor's rank and the generation's nonce.
+inline HandshakeSecurity mesh_security(const CommOptions& options, int acceptor,
+                                       std::uint64_t nonce) {
+  return handshake_security(options, "mesh", {acceptor, nonce});
+}
+
 // Connects every pair of ranks; returns the sockets indexed by peer rank (empty at this rank).
 inline std::vector<FileDescriptor> connect_full_mesh(
     int rank, int world_size, const AddressTable& table, const FileDescriptor& data_listener,
@@ -392,7 +385,10 @@ inline std::vector<FileDescriptor> connect_full_mesh(
     FileDescriptor socket = connect_with_retry(
         {entry.address, entry.port}, kSocketBufferBytes, deadline,
         "rank " + std::to_string(peer) + "'s data listener", options.timeout, peer_context);
-    const IoResult sent = send_exact(socket.get(), bytes_of_value(hello), deadline);
+    const std::string acceptor = "rank " + std::to_string(peer) + "'s data listener";
+    const IoResult sent = offer_hello(
+        socket.get(), hello, mesh_security(options, peer, table.nonce), deadline,
+        acceptor + " at " + Ipv4Endpoint{entry.address, entry.port}.to_string(), peer_context);
     if (sent.status == IoStatus::kTimedOut) {
       throw TimeoutError("rank " + std::to_string(peer) + " took no handshake within " +
                              format_seconds(options.timeout) + " (COLTRAIN_TIMEOUT)",
@@ -417,9 +413,10 @@ inline std::vector<FileDescriptor> connect_full_mesh(
     }
     return {};
   };
-  auto arrivals = collect_handshakes<MeshHello>(
-      data_listener.get(), rank + 1, world_size, deadline, judge,
-      "the data listener at " + listening.to_string(), logger, context);
+  auto arrivals = collect_handshakes<MeshHello>(data_listener.get(), rank + 1, world_size, deadline,
+                                                judge, mesh_security(options, rank, table.nonce),
+                                                "the data listener at " + listening.to_string(),
+                                                logger, context);
   const std::vector<int> missing = missing_ranks(arrivals, rank + 1);
   if (!missing.empty()) {
     throw TimeoutError(describe_ranks(missing) +
@@ -459,6 +456,7 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   const std::uint32_t data_address = options.socket_ifname.empty()
                                          ? route_source_address(master, context)
                                          : interface_ipv4(options.socket_ifname, context);
+  check_door_security(data_address, options, logger, context);
   const FileDescriptor data_listener = listen_ipv4(
       {data_address, 0}, kSocketBufferBytes, "data connections from the other ranks", context);
   const Ipv4Endpoint own_data = local_endpoint(data_listener.get());

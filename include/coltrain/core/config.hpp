@@ -71,6 +71,15 @@
 #endif
 #endif
 
+// OpenSSL's libcrypto authenticates TCP handshakes (comm/auth.hpp); link -lcrypto.
+#ifndef COLTRAIN_WITH_OPENSSL
+#if __has_include(<openssl/hmac.h>)
+#define COLTRAIN_WITH_OPENSSL 1
+#else
+#define COLTRAIN_WITH_OPENSSL 0
+#endif
+#endif
+
 // zlib reads the gzip-compressed datasets (MNIST's official files, the shipped subset).
 #ifndef COLTRAIN_WITH_ZLIB
 #if __has_include(<zlib.h>)
@@ -96,6 +105,7 @@ struct BuildConfig {
   static constexpr bool kWithNccl = COLTRAIN_WITH_NCCL != 0;
   static constexpr bool kWithCudnn = COLTRAIN_WITH_CUDNN != 0;
   static constexpr bool kWithZlib = COLTRAIN_WITH_ZLIB != 0;
+  static constexpr bool kWithOpenssl = COLTRAIN_WITH_OPENSSL != 0;
   static constexpr const char* kVersion = COLTRAIN_VERSION_STRING;
 };
 
