@@ -7,9 +7,10 @@
 //                        readable or writable by others, as ssh insists for its keys
 //   COLTRAIN_AUTH        `required`: refuse to start without a secret; `optional` (the default)
 //
-// The cryptography is OpenSSL's libcrypto (HMAC, RAND_bytes, CRYPTO_memcmp), found like the other
-// optional backends: a build without it refuses a secret with a ConfigError instead of running
-// unauthenticated.
+// The cryptography is OpenSSL's libcrypto (HMAC, RAND_bytes, CRYPTO_memcmp): CMake finds it like
+// the optional backends; a bare compile line opts in with -DCOLTRAIN_WITH_OPENSSL=1 -lcrypto
+// (core/config.hpp says why). A build without it refuses a secret with a ConfigError instead of
+// running unauthenticated.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -60,7 +61,7 @@ class AuthSecret {
         origin +
         " is set, but this program was built without OpenSSL's libcrypto, which "
         "authentication needs: install libssl-dev and rebuild (CMake finds it; a bare "
-        "compiler line adds -lcrypto)");
+        "compile line adds -DCOLTRAIN_WITH_OPENSSL=1 -lcrypto)");
 #endif
   }
   AuthSecret(const AuthSecret&) = delete;
