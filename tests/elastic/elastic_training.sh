@@ -36,14 +36,8 @@ launch() {
     pids+=($!)
   done
 }
-# finish: waits for every pid in $pids; their exit statuses in $statuses.
-finish() {
-  statuses=()
-  for pid in "${pids[@]}"; do
-    wait "$pid"
-    statuses+=($?)
-  done
-}
+# shellcheck source=../support/wait_ranks.sh
+source "$(dirname "$0")/../support/wait_ranks.sh"
 weights_of() { grep -h '^final-weights' "$1" | awk '{print $2}'; }
 
 # ---- 1. shrink ----------------------------------------------------------------------------------

@@ -539,3 +539,31 @@ TEST_CASE("COLTRAIN_SOCKET_IFNAME picks the data interface; an unknown one is na
   CHECK_THROWS_WITH(TcpTransport(env, bad),
                     Contains("COLTRAIN_SOCKET_IFNAME=nosuchif0") && Contains("lo (127.0.0.1)"));
 }
+
+TEST_CASE("a MASTER_ADDR that names a host is reachable from other hosts", "[tcp]") {
+  namespace detail = coltrain::comm::detail;
+  CHECK(detail::names_loopback_only("localhost"));
+  CHECK(detail::names_loopback_only("127.0.0.1"));
+  CHECK(detail::names_loopback_only("127.0.1.1"));
+  CHECK_FALSE(detail::names_loopback_only("node7"));
+  CHECK_FALSE(detail::names_loopback_only("10.1.2.3"));
+
+  // Debian maps the machine's own name to 127.0.1.1: rank 0 must not listen there only.
+  const detail::Ipv4Endpoint master{htonl(0x7F000101u), 29500};
+  CHECK(detail::rendezvous_listen_endpoint("node7", master) ==
+        detail::Ipv4Endpoint{htonl(INADDR_ANY), 29500});
+  CHECK(detail::rendezvous_listen_endpoint("127.0.1.1", master) == master);
+
+  // Nor announce a loopback data address to the other hosts, when this host has another.
+  const std::uint32_t announced =
+      detail::data_address_for("node7", master, coltrain::comm::CommOptions{}, {});
+  const std::uint32_t outward = detail::outward_address();
+  CAPTURE(detail::Ipv4Endpoint{announced, 0}.address_text());
+  if (outward != 0) {
+    CHECK(announced == outward);
+  } else {
+    CHECK(detail::is_loopback(announced));
+  }
+  CHECK(detail::is_loopback(
+      detail::data_address_for("127.0.1.1", master, coltrain::comm::CommOptions{}, {})));
+}

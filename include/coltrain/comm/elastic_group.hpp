@@ -234,16 +234,17 @@ class ElasticGroup {
     }
     master_ = {detail::resolve_ipv4(env_.master_addr, "MASTER_ADDR", context),
                static_cast<std::uint16_t>(env_.master_port)};
-    own_address_ = options_.socket_ifname.empty()
-                       ? detail::route_source_address(master_, context)
-                       : detail::interface_ipv4(options_.socket_ifname, context);
-    detail::check_door_security(own_address_, options_, logger_, context);
+    own_address_ = detail::data_address_for(env_.master_addr, master_, options_, context);
     // Every rank listens at a door of its own, where it admits the next generation if it leads:
     // rank 0 at MASTER_ADDR:MASTER_PORT (the launch's rendezvous), the others on a port of the
     // kernel's choice, announced in every table. A candidate that died refuses at once.
     const bool launch_leader = !elastic_.join && env_.rank == 0;
+    const detail::Ipv4Endpoint door =
+        launch_leader ? detail::rendezvous_listen_endpoint(env_.master_addr, master_)
+                      : detail::Ipv4Endpoint{own_address_, 0};
+    detail::check_door_security(door.address, options_, logger_, context);
     door_ = detail::ElasticDoor(
-        detail::listen_ipv4(launch_leader ? master_ : detail::Ipv4Endpoint{own_address_, 0}, 0,
+        detail::listen_ipv4(door, 0,
                             launch_leader ? "the elastic rendezvous (MASTER_ADDR:MASTER_PORT)"
                                           : "the elastic rendezvous of a later generation",
                             context),

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -216,6 +217,48 @@ inline std::uint32_t route_source_address(const Ipv4Endpoint& remote, const Erro
     throw_system_error("find the local address that reaches " + remote.to_string(), errno, context);
   }
   return local_endpoint(fd).address;
+}
+
+inline bool is_loopback(std::uint32_t address) { return (ntohl(address) >> 24) == 127; }
+
+// Whether MASTER_ADDR, as written, keeps a job on this host: "localhost" or a 127.x literal. A name
+// that merely resolves to loopback here does not: Debian's /etc/hosts maps the machine's own name
+// to 127.0.1.1, while other hosts resolve it to the machine's real address.
+inline bool names_loopback_only(const std::string& host) {
+  in_addr literal{};
+  return host == "localhost" ||
+         (::inet_pton(AF_INET, host.c_str(), &literal) == 1 && is_loopback(literal.s_addr));
+}
+
+// An address of this host that other hosts can reach: the one its default route sends from (found
+// by connecting a UDP socket to a documentation address, which sends nothing), else the first
+// non-loopback IPv4 address of an interface that is up; 0 when there is none.
+inline std::uint32_t outward_address() {
+  if (const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0); fd >= 0) {
+    const FileDescriptor owner(fd);
+    const sockaddr_in anywhere = Ipv4Endpoint{htonl(0xC6336401u), 9}.to_sockaddr();  // 198.51.100.1
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&anywhere), sizeof anywhere) == 0) {
+      sockaddr_in local{};
+      socklen_t length = sizeof local;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+          !is_loopback(local.sin_addr.s_addr) && local.sin_addr.s_addr != 0) {
+        return local.sin_addr.s_addr;
+      }
+    }
+  }
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return 0;
+  const std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> owner(list, &::freeifaddrs);
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET ||
+        (entry->ifa_flags & IFF_UP) == 0) {
+      continue;
+    }
+    const std::uint32_t address =
+        reinterpret_cast<const sockaddr_in*>(entry->ifa_addr)->sin_addr.s_addr;
+    if (!is_loopback(address)) return address;
+  }
+  return 0;
 }
 
 // A listening socket on `at` (port 0: an ephemeral port; read it back with local_endpoint).

@@ -280,8 +280,6 @@ class DroppedConnections {
   Clock::time_point last_summary_{};
 };
 
-inline bool is_loopback(std::uint32_t address) { return (ntohl(address) >> 24) == 127; }
-
 // COLTRAIN_AUTH=required without a secret stops here; a listener other hosts can reach without
 // one gets a warning, once per process.
 inline void check_door_security(std::uint32_t address, const CommOptions& options,

@@ -225,14 +225,37 @@ struct AddressTable {
   std::vector<PeerAddress> entries;
 };
 
+// Where rank 0 listens for the rendezvous (and an elastic job's first leader for joiners): on
+// loopback when MASTER_ADDR says loopback, else on every address of this host, so that peers reach
+// it by whatever MASTER_ADDR resolves to on their hosts.
+inline Ipv4Endpoint rendezvous_listen_endpoint(const std::string& master_addr,
+                                               const Ipv4Endpoint& master) {
+  return names_loopback_only(master_addr) ? master : Ipv4Endpoint{htonl(INADDR_ANY), master.port};
+}
+
+// The address a rank listens on for data connections and announces to the others:
+// COLTRAIN_SOCKET_IFNAME's; else the one this host uses to reach MASTER_ADDR; but when that is
+// loopback although MASTER_ADDR names a host (its name mapped to 127.0.1.1 here), an address other
+// hosts can reach, if this host has one.
+inline std::uint32_t data_address_for(const std::string& master_addr, const Ipv4Endpoint& master,
+                                      const CommOptions& options, const ErrorContext& context) {
+  if (!options.socket_ifname.empty()) return interface_ipv4(options.socket_ifname, context);
+  const std::uint32_t toward_master = route_source_address(master, context);
+  if (!is_loopback(toward_master) || names_loopback_only(master_addr)) return toward_master;
+  const std::uint32_t outward = outward_address();
+  return outward != 0 ? outward : toward_master;
+}
+
 // Rank 0's side: waits for ranks 1..n-1, then sends everyone the table.
-inline AddressTable serve_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoint& own_data,
-                                     int world_size, std::uint64_t job_hash,
-                                     const CommOptions& options, const Deadline& deadline,
-                                     const Logger& logger, const ErrorContext& context) {
-  check_door_security(master.address, options, logger, context);
+inline AddressTable serve_rendezvous(const std::string& master_addr, const Ipv4Endpoint& master,
+                                     const Ipv4Endpoint& own_data, int world_size,
+                                     std::uint64_t job_hash, const CommOptions& options,
+                                     const Deadline& deadline, const Logger& logger,
+                                     const ErrorContext& context) {
+  const Ipv4Endpoint door = rendezvous_listen_endpoint(master_addr, master);
+  check_door_security(door.address, options, logger, context);
   FileDescriptor listener =
-      listen_ipv4(master, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
+      listen_ipv4(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
   const auto judge = [&](const RendezvousHello& hello) -> std::string {
     if (hello.magic != kRendezvousMagic) return "it does not speak coltrain's rendezvous protocol";
     if (hello.version != kTcpProtocolVersion) {
@@ -453,20 +476,18 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   const Deadline deadline(options.timeout);
   const Ipv4Endpoint master{resolve_ipv4(env.master_addr, "MASTER_ADDR", context),
                             static_cast<std::uint16_t>(env.master_port)};
-  const std::uint32_t data_address = options.socket_ifname.empty()
-                                         ? route_source_address(master, context)
-                                         : interface_ipv4(options.socket_ifname, context);
+  const std::uint32_t data_address = data_address_for(env.master_addr, master, options, context);
   check_door_security(data_address, options, logger, context);
   const FileDescriptor data_listener = listen_ipv4(
       {data_address, 0}, kSocketBufferBytes, "data connections from the other ranks", context);
   const Ipv4Endpoint own_data = local_endpoint(data_listener.get());
   const std::uint64_t job_hash = hash_job_id(options.job_id);
 
-  const AddressTable table = env.rank == 0
-                                 ? serve_rendezvous(master, own_data, env.world_size, job_hash,
-                                                    options, deadline, logger, context)
-                                 : join_rendezvous(master, own_data, env.rank, env.world_size,
-                                                   job_hash, options, deadline, context);
+  const AddressTable table =
+      env.rank == 0 ? serve_rendezvous(env.master_addr, master, own_data, env.world_size, job_hash,
+                                       options, deadline, logger, context)
+                    : join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
+                                      deadline, context);
   std::vector<FileDescriptor> peers = connect_full_mesh(
       env.rank, env.world_size, table, data_listener, job_hash, options, logger, context);
   logger.info("TCP mesh of ", env.world_size, " ranks ready in ", elapsed.seconds() * 1e3,
