@@ -4,7 +4,8 @@
 # namespaces. MASTER_ADDR is a host name that the first "host" maps to 127.0.1.1 (Debian's default
 # for the machine's own name) and the second to its real address, so the job works only if rank 0
 # listens where the others can reach it. Every connection proves a shared secret.
-#  1. exact collectives across the hosts (tests/netns/netns_worker.cpp);
+#  1. exact collectives across the hosts (tests/netns/netns_worker.cpp), over IPv4 by host name,
+#     and over IPv6 with COLTRAIN_SOCKET_IFNAME naming each host's interface;
 #  2. a short training run (the mnist_mlp sample, TCP backend);
 #  3. the same collectives with delay and loss (tc netem), where the kernel has netem;
 #  4. the link cut mid-run: every rank fails within COLTRAIN_TIMEOUT and a bit, naming a rank on
@@ -29,6 +30,7 @@ command -v ip >/dev/null || skip "no ip command (iproute2)"
 tag="ct$$"
 hostA="${tag}a" hostB="${tag}b"
 net="10.$((100 + $$ % 100)).$(($$ / 100 % 250))"  # a /24 of this run's own
+net6="fd77:$(printf %x $(($$ % 65536)))::"          # and a /64
 cleanup() {
   ip netns del "$hostA" 2>/dev/null
   ip netns del "$hostB" 2>/dev/null
@@ -40,6 +42,9 @@ ip netns add "$hostB" || fail "second namespace"
 ip link add "${tag}va" type veth peer name "${tag}vb" || skip "cannot create veth pairs here"
 ip link set "${tag}va" netns "$hostA" && ip link set "${tag}vb" netns "$hostB" || fail "veth move"
 ip -n "$hostA" addr add "$net.1/24" dev "${tag}va" && ip -n "$hostB" addr add "$net.2/24" dev "${tag}vb"
+ipv6=1
+ip -n "$hostA" -6 addr add "${net6}1/64" dev "${tag}va" nodad 2>/dev/null &&
+  ip -n "$hostB" -6 addr add "${net6}2/64" dev "${tag}vb" nodad 2>/dev/null || ipv6=0
 for host in "$hostA" "$hostB"; do ip -n "$host" link set lo up; done
 ip -n "$hostA" link set "${tag}va" up && ip -n "$hostB" link set "${tag}vb" up || fail "links up"
 # `ip netns exec` mounts /etc/netns/NAME/hosts over /etc/hosts inside the namespace.
@@ -51,15 +56,19 @@ printf '127.0.0.1 localhost\n%s.1 %s\n' "$net" "$master" >"/etc/netns/$hostB/hos
 port=$((20000 + $$ % 20000))
 secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 pids=()
-# launch DIR TIMEOUT COMMAND...: ranks 0-1 on host A, 2-3 on host B.
+# launch DIR TIMEOUT COMMAND...: ranks 0-1 on host A, 2-3 on host B; MASTER_ADDR is $master and
+# COLTRAIN_SOCKET_IFNAME each host's veth when $by_interface is 1.
+by_interface=0
 launch() {
   dir=$1 timeout_s=$2
   shift 2
   rm -rf "$dir" && mkdir -p "$dir"
   pids=()
   for rank in 0 1 2 3; do
-    host=$hostA && [ $rank -ge 2 ] && host=$hostB
-    ip netns exec "$host" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$((rank % 2)) LOCAL_WORLD_SIZE=2 \
+    host=$hostA link="${tag}va"
+    [ $rank -ge 2 ] && host=$hostB link="${tag}vb"
+    interface=() && [ $by_interface = 1 ] && interface=(COLTRAIN_SOCKET_IFNAME=$link)
+    ip netns exec "$host" env "${interface[@]}" RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$((rank % 2)) LOCAL_WORLD_SIZE=2 \
       MASTER_ADDR="$master" MASTER_PORT=$port COLTRAIN_BACKEND=tcp COLTRAIN_AUTH_TOKEN="$secret" \
       COLTRAIN_AUTH=required COLTRAIN_TIMEOUT=$timeout_s \
       timeout 120 "$@" >"$dir/out.$rank" 2>&1 &
@@ -78,6 +87,18 @@ finish
 all_passed || fail "collectives across hosts: exit statuses ${statuses[*]}"
 grep -q "exact: 20 collectives on 4 ranks" "$dir/out.0" || fail "collectives: no result line"
 echo "across hosts: $(cat "$dir/out.0")"
+
+if [ $ipv6 = 1 ]; then
+  dir="$work/exact-ipv6"
+  name=$master master="${net6}1" by_interface=1
+  launch "$dir" 30 "$worker"
+  finish
+  master=$name by_interface=0
+  all_passed || fail "collectives over IPv6: exit statuses ${statuses[*]}"
+  echo "across hosts over IPv6 (COLTRAIN_SOCKET_IFNAME): $(cat "$dir/out.0")"
+else
+  echo "SKIPPED part 1, IPv6: cannot give the namespaces IPv6 addresses here"
+fi
 
 # ---- 2. a short training run ------------------------------------------------------------------
 dir="$work/train"

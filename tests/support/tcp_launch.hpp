@@ -64,7 +64,8 @@ inline void expect(bool condition, const std::string& what) {
 // A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0).
 inline int free_tcp_port() {
   const comm::detail::FileDescriptor probe =
-      comm::detail::listen_ipv4({htonl(INADDR_LOOPBACK), 0}, 0, "a free port for a test job", {});
+      comm::detail::listen_tcp({comm::detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)), 0}, 0,
+                               "a free port for a test job", {});
   return comm::detail::local_endpoint(probe.get()).port;
 }
 

@@ -150,8 +150,8 @@ TEST_CASE("a joiner is admitted when the ranks agree, not at the launch", "[elas
     if (thread == 2) {
       // A stranger's bytes at the door first: dropped, the job goes on.
       {
-        const coltrain::comm::detail::Ipv4Endpoint door{
-            coltrain::comm::detail::resolve_ipv4("127.0.0.1", "test", {}),
+        const coltrain::comm::detail::Endpoint door{
+            coltrain::comm::detail::resolve_address("127.0.0.1", "test", {}),
             static_cast<std::uint16_t>(job.port)};
         auto socket = coltrain::comm::detail::connect_with_retry(door, 0, coltrain::Deadline(5s),
                                                                  "the door", 5s, {});

@@ -105,7 +105,8 @@ TEST_CASE("the secret comes from COLTRAIN_AUTH_TOKEN or a private COLTRAIN_AUTH_
     comm::CommOptions options;
     options.auth = settings;
     const coltrain::Logger logger(0, 1);
-    CHECK_THROWS_WITH(detail::check_door_security(htonl(INADDR_LOOPBACK), options, logger, {}),
+    CHECK_THROWS_WITH(detail::check_door_security(detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                                  options, logger, {}),
                       Contains("COLTRAIN_AUTH=required, but no secret is set"));
   }
   SECTION("the token") {
@@ -423,8 +424,8 @@ TEST_CASE("a stranger with the job id is refused in all of 1000 tries during the
           // Rank 2 arrives only after the stranger's tries, so they all fall inside the
           // rendezvous; the stranger claims rank 2, with no secret or with a wrong one.
           const coltrain::LaunchEnv env = coltrain::detect_launch_env();
-          const detail::Ipv4Endpoint master{htonl(INADDR_LOOPBACK),
-                                            static_cast<std::uint16_t>(env.master_port)};
+          const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                        static_cast<std::uint16_t>(env.master_port)};
           const comm::AuthSecret wrong(kOtherSecret, "the stranger");
           detail::RendezvousHello hello{};
           hello.world_size = 3;

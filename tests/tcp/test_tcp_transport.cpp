@@ -416,8 +416,8 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
         if (rank == 0) {
           strangers = std::thread([&env] {
             namespace detail = coltrain::comm::detail;
-            const detail::Ipv4Endpoint master{htonl(INADDR_LOOPBACK),
-                                              static_cast<std::uint16_t>(env.master_port)};
+            const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                          static_cast<std::uint16_t>(env.master_port)};
             const coltrain::Deadline deadline(5s);
             auto visit = [&](std::span<const std::byte> bytes) {
               detail::FileDescriptor socket =
@@ -438,7 +438,7 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
             out_of_range.job_hash =
                 detail::hash_job_id(coltrain::comm::comm_options_from_env().job_id);
             visit(detail::bytes_of_value(out_of_range));
-            visit(std::as_bytes(std::span("CTRV", 4)));  // closes after 4 of 32 bytes
+            visit(std::as_bytes(std::span("CTRV", 4)));  // closes after 4 of 56 bytes
             // Holds a silent connection open while the job bootstraps: it must block no one.
             const detail::FileDescriptor silent = visit({});
             std::this_thread::sleep_for(500ms);
@@ -463,7 +463,7 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
                                      Contains("does not speak coltrain's rendezvous protocol") &&
                                      Contains("COLTRAIN_JOB_ID differs") &&
                                      Contains("claims rank 9") &&
-                                     Contains("after 4 of 32 handshake bytes"));
+                                     Contains("after 4 of 56 handshake bytes"));
 }
 
 TEST_CASE("a rank that never shows up makes the others time out, naming it", "[tcp]") {
@@ -499,9 +499,10 @@ TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communi
       TcpTransport transport = connect_from_env();
       if (rank == 0) {
         namespace detail = coltrain::comm::detail;
-        const detail::FileDescriptor probe = detail::listen_ipv4(
-            {htonl(INADDR_LOOPBACK), static_cast<std::uint16_t>(env.master_port)}, 0, "the probe",
-            {});
+        const detail::FileDescriptor probe =
+            detail::listen_tcp({detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                static_cast<std::uint16_t>(env.master_port)},
+                               0, "the probe", {});
       }
       const std::vector<std::byte> outgoing = payload_of(rank, round, 100);
       std::vector<std::byte> incoming(100);
@@ -549,21 +550,50 @@ TEST_CASE("a MASTER_ADDR that names a host is reachable from other hosts", "[tcp
   CHECK_FALSE(detail::names_loopback_only("10.1.2.3"));
 
   // Debian maps the machine's own name to 127.0.1.1: rank 0 must not listen there only.
-  const detail::Ipv4Endpoint master{htonl(0x7F000101u), 29500};
+  const detail::Endpoint master{detail::IpAddress::ipv4(htonl(0x7F000101u)), 29500};
   CHECK(detail::rendezvous_listen_endpoint("node7", master) ==
-        detail::Ipv4Endpoint{htonl(INADDR_ANY), 29500});
+        detail::Endpoint{detail::IpAddress::any(AF_INET), 29500});
   CHECK(detail::rendezvous_listen_endpoint("127.0.1.1", master) == master);
 
   // Nor announce a loopback data address to the other hosts, when this host has another.
-  const std::uint32_t announced =
+  const detail::IpAddress announced =
       detail::data_address_for("node7", master, coltrain::comm::CommOptions{}, {});
-  const std::uint32_t outward = detail::outward_address();
-  CAPTURE(detail::Ipv4Endpoint{announced, 0}.address_text());
-  if (outward != 0) {
-    CHECK(announced == outward);
+  const std::optional<detail::IpAddress> outward = detail::outward_address(AF_INET);
+  CAPTURE(announced.text());
+  if (outward) {
+    CHECK(announced == *outward);
   } else {
-    CHECK(detail::is_loopback(announced));
+    CHECK(announced.is_loopback());
   }
-  CHECK(detail::is_loopback(
-      detail::data_address_for("127.0.1.1", master, coltrain::comm::CommOptions{}, {})));
+  CHECK(detail::data_address_for("127.0.1.1", master, coltrain::comm::CommOptions{}, {})
+            .is_loopback());
+}
+
+TEST_CASE("an IPv6 MASTER_ADDR works, with or without brackets", "[tcp]") {
+  const std::string master = GENERATE(std::string("::1"), std::string("[::1]"));
+  CAPTURE(master);
+  LaunchOptions options;
+  options.env["MASTER_ADDR"] = master;
+  options.env["COLTRAIN_LOG_LEVEL"] = "info";
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        const int right = (rank + 1) % 3;
+        const int left = (rank + 2) % 3;
+        const std::vector<std::byte> outgoing = payload_of(rank, 0, 1 << 20);
+        std::vector<std::byte> incoming(1 << 20);
+        const auto send = transport.isend(right, header_of(0, 1 << 20), outgoing);
+        transport.wait(transport.irecv(left, header_of(0, 1 << 20), incoming));
+        transport.wait(send);
+        expect(incoming == payload_of(left, 0, 1 << 20), "1 MiB around the ring over IPv6");
+      },
+      options);
+  require_all_passed(outcomes);
+  for (const RankOutcome& outcome : outcomes) {
+    CHECK_THAT(outcome.output, Contains("this rank's data listener was [::1]:"));
+  }
+  namespace detail = coltrain::comm::detail;
+  CHECK(detail::resolve_address(master, "MASTER_ADDR", {}).is_v6());
+  CHECK(detail::names_loopback_only(master));
 }

@@ -87,13 +87,12 @@ struct ElasticHello {
   std::uint64_t job_hash = 0;
   std::uint32_t generation = 0;   // the one it wants to form (a joiner: 0, any)
   std::int32_t member = kJoiner;  // its rank in the previous generation
-  std::uint32_t data_address = 0;
-  std::uint16_t data_port = 0;
-  std::uint16_t door_port = 0;  // where it listens when it leads, on data_address
+  PeerAddress data;
+  std::uint32_t door_port = 0;  // where it listens when it leads, at data's address
   std::uint32_t auth = kHelloUnauthenticated;
   std::uint32_t reserved = 0;
 };
-static_assert(sizeof(ElasticHello) == 40 && std::has_unique_object_representations_v<ElasticHello>);
+static_assert(sizeof(ElasticHello) == 64 && std::has_unique_object_representations_v<ElasticHello>);
 
 enum class ElasticStatus : std::uint32_t {
   kFormed = 0,
@@ -133,7 +132,7 @@ class ElasticDoor {
                  "the elastic rendezvous at " + local_endpoint(listener_.get()).to_string()) {}
 
   bool open() const { return static_cast<bool>(listener_); }
-  Ipv4Endpoint endpoint() const { return local_endpoint(listener_.get()); }
+  Endpoint endpoint() const { return local_endpoint(listener_.get()); }
 
   // Accepts and reads hellos until `done()` holds or `deadline` passes; looks once without waiting
   // when `done()` holds already or the deadline has passed.
@@ -232,22 +231,22 @@ class ElasticGroup {
       throw InvalidArgument(
           "min_ranks is " + std::to_string(elastic_.min_ranks) + ", expected at least 1", context);
     }
-    master_ = {detail::resolve_ipv4(env_.master_addr, "MASTER_ADDR", context),
+    master_ = {detail::resolve_address(env_.master_addr, "MASTER_ADDR", context),
                static_cast<std::uint16_t>(env_.master_port)};
     own_address_ = detail::data_address_for(env_.master_addr, master_, options_, context);
     // Every rank listens at a door of its own, where it admits the next generation if it leads:
     // rank 0 at MASTER_ADDR:MASTER_PORT (the launch's rendezvous), the others on a port of the
     // kernel's choice, announced in every table. A candidate that died refuses at once.
     const bool launch_leader = !elastic_.join && env_.rank == 0;
-    const detail::Ipv4Endpoint door =
+    const detail::Endpoint door =
         launch_leader ? detail::rendezvous_listen_endpoint(env_.master_addr, master_)
-                      : detail::Ipv4Endpoint{own_address_, 0};
+                      : detail::Endpoint{own_address_, 0};
     detail::check_door_security(door.address, options_, logger_, context);
     door_ = detail::ElasticDoor(
-        detail::listen_ipv4(door, 0,
-                            launch_leader ? "the elastic rendezvous (MASTER_ADDR:MASTER_PORT)"
-                                          : "the elastic rendezvous of a later generation",
-                            context),
+        detail::listen_tcp(door, 0,
+                           launch_leader ? "the elastic rendezvous (MASTER_ADDR:MASTER_PORT)"
+                                         : "the elastic rendezvous of a later generation",
+                           context),
         job_hash_, detail::handshake_security(options_, "elastic"), logger_);
     if (elastic_.join) {
       join();
@@ -310,7 +309,7 @@ class ElasticGroup {
   }
 
   // Where candidate `rank` of this generation admits the next one.
-  detail::Ipv4Endpoint rendezvous_of(int rank) const {
+  detail::Endpoint rendezvous_of(int rank) const {
     if (generation_ == 0) return master_;
     const auto r = static_cast<std::size_t>(rank);
     return {addresses_[r], doors_[r]};
@@ -328,8 +327,8 @@ class ElasticGroup {
     MembershipChange change;
     change.previous_size = size_;
     const detail::FileDescriptor data_listener =
-        detail::listen_ipv4({own_address_, 0}, detail::kSocketBufferBytes,
-                            "data connections of the next generation", error_context("regroup"));
+        detail::listen_tcp({own_address_, 0}, detail::kSocketBufferBytes,
+                           "data connections of the next generation", error_context("regroup"));
     std::optional<Formed> formed;
     for (int candidate = 0; candidate <= rank_ && !formed; ++candidate) {
       if (candidate != rank_ && std::ranges::find(failed, candidate) != failed.end()) continue;
@@ -350,7 +349,7 @@ class ElasticGroup {
     size_ = static_cast<int>(formed->table.entries.size());
     addresses_.clear();
     for (const detail::PeerAddress& entry : formed->table.entries)
-      addresses_.push_back(entry.address);
+      addresses_.push_back(entry.endpoint().address);
     doors_ = formed->doors;
     generation_ = target;
     LaunchEnv env = env_;
@@ -436,18 +435,20 @@ class ElasticGroup {
     const int world = 1 + static_cast<int>(members.size() + joiners.size());
     const bool too_few = world < elastic_.min_ranks;
     formed.table.nonce = detail::make_nonce();
-    const detail::Ipv4Endpoint own = detail::local_endpoint(data_listener.get());
+    const detail::Endpoint own = detail::local_endpoint(data_listener.get());
     // An entry's `reserved` carries its old rank + 1 (0: a joiner), so every rank can tell what
     // changed.
-    formed.table.entries.push_back({own.address, own.port, static_cast<std::uint16_t>(rank_ + 1)});
+    formed.table.entries.push_back(
+        detail::PeerAddress::of(own, static_cast<std::uint16_t>(rank_ + 1)));
     formed.doors.push_back(door_.endpoint().port);
     std::vector<detail::ElasticDoor::Arrival*> order;
     for (auto* group : {&members, &joiners})
       for (auto& a : *group) {
         order.push_back(&a);
-        formed.table.entries.push_back({a.hello.data_address, a.hello.data_port,
-                                        static_cast<std::uint16_t>(a.hello.member + 1)});
-        formed.doors.push_back(a.hello.door_port);
+        detail::PeerAddress entry = a.hello.data;
+        entry.reserved = static_cast<std::uint16_t>(a.hello.member + 1);
+        formed.table.entries.push_back(entry);
+        formed.doors.push_back(static_cast<std::uint16_t>(a.hello.door_port));
       }
     describe_change(formed);
     const Deadline send_deadline(options_.timeout);
@@ -488,7 +489,7 @@ class ElasticGroup {
     if (joiner_door_.open() || door_.endpoint().port == master_.port) return;
     try {
       joiner_door_ = detail::ElasticDoor(
-          detail::listen_ipv4({own_address_, master_.port}, 0, "joiners (MASTER_PORT)", context),
+          detail::listen_tcp({own_address_, master_.port}, 0, "joiners (MASTER_PORT)", context),
           job_hash_, detail::handshake_security(options_, "elastic"), logger_);
     } catch (const Error& e) {
       logger_.warn("no door for joiners at MASTER_PORT (", e.message(),
@@ -502,27 +503,26 @@ class ElasticGroup {
                                std::chrono::milliseconds window) {
     ErrorContext context = error_context("join the elastic rendezvous");
     context.peer = leader;
-    const detail::Ipv4Endpoint at = rendezvous_of(leader);
+    const detail::Endpoint at = rendezvous_of(leader);
     detail::FileDescriptor socket;
     if (generation_ == 0) {  // the launch: rank 0 may not listen yet
       socket = detail::connect_with_retry(at, 0, Deadline(window), "rank 0's elastic rendezvous",
                                           window, context);
     } else {  // a candidate's door is open while it lives: a refusal means it died
-      socket = detail::make_tcp_socket(context);
+      socket = detail::make_tcp_socket(at.address.family, context);
       if (const int error = detail::try_connect(socket.get(), at, Deadline(window)); error != 0) {
         logger_.warn("leader candidate rank ", leader, " did not answer at ", at.to_string(), " (",
                      detail::errno_text(error), "); taking it for dead");
         return std::nullopt;
       }
     }
-    const detail::Ipv4Endpoint own = detail::local_endpoint(data_listener.get());
+    const detail::Endpoint own = detail::local_endpoint(data_listener.get());
     const detail::ElasticHello hello{detail::kElasticMagic,
                                      detail::kTcpProtocolVersion,
                                      job_hash_,
                                      static_cast<std::uint32_t>(target),
                                      rank_,
-                                     own.address,
-                                     own.port,
+                                     detail::PeerAddress::of(own),
                                      door_.endpoint().port};
     std::optional<Formed> formed =
         receive_table(socket, hello, Deadline(options_.timeout + window), context);
@@ -533,21 +533,16 @@ class ElasticGroup {
   void join() {
     size_ = 0;  // no generation yet: the table's change is all joiners
     ErrorContext context = error_context("join a running elastic job");
-    const detail::FileDescriptor data_listener = detail::listen_ipv4(
+    const detail::FileDescriptor data_listener = detail::listen_tcp(
         {own_address_, 0}, detail::kSocketBufferBytes, "data connections", context);
     const Deadline deadline(elastic_.join_timeout);
     detail::FileDescriptor socket = detail::connect_with_retry(
         master_, 0, deadline, "the elastic job's rendezvous (MASTER_ADDR:MASTER_PORT)",
         elastic_.join_timeout, context);
-    const detail::Ipv4Endpoint own = detail::local_endpoint(data_listener.get());
-    const detail::ElasticHello hello{detail::kElasticMagic,
-                                     detail::kTcpProtocolVersion,
-                                     job_hash_,
-                                     0,
-                                     detail::kJoiner,
-                                     own.address,
-                                     own.port,
-                                     door_.endpoint().port};
+    const detail::Endpoint own = detail::local_endpoint(data_listener.get());
+    const detail::ElasticHello hello{
+        detail::kElasticMagic,        detail::kTcpProtocolVersion, job_hash_, 0, detail::kJoiner,
+        detail::PeerAddress::of(own), door_.endpoint().port};
     const Stopwatch elapsed;
     std::optional<Formed> formed = receive_table(socket, hello, deadline, context);
     if (!formed) {
@@ -561,7 +556,7 @@ class ElasticGroup {
     rank_ = formed->rank;
     size_ = world;
     for (const detail::PeerAddress& entry : formed->table.entries)
-      addresses_.push_back(entry.address);
+      addresses_.push_back(entry.endpoint().address);
     doors_ = formed->doors;
     generation_ = formed->generation;
     LaunchEnv env = env_;
@@ -634,13 +629,13 @@ class ElasticGroup {
   ElasticOptions elastic_;
   Logger logger_;
   std::uint64_t job_hash_;
-  detail::Ipv4Endpoint master_;
-  std::uint32_t own_address_ = 0;
+  detail::Endpoint master_;
+  detail::IpAddress own_address_;
   int rank_ = 0;
   int size_ = 1;
   int generation_ = 0;
-  std::vector<std::uint32_t> addresses_;  // each rank's host, by rank of this generation
-  std::vector<std::uint16_t> doors_;      // each rank's door port, likewise
+  std::vector<detail::IpAddress> addresses_;  // each rank's host, by rank of this generation
+  std::vector<std::uint16_t> doors_;          // each rank's door port, likewise
   bool leading_ = false;
   std::optional<Communicator> communicator_;
   // Declared last, so closed first: a successor can take MASTER_PORT once the connections close.

@@ -18,8 +18,8 @@ namespace coltrain::comm {
 struct CommOptions {
   // Bound on every blocking wait and on the connect-and-retry window of the TCP rendezvous.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  // Network interface whose IPv4 address the TCP transport listens on and advertises; empty: the
-  // address this host uses to reach MASTER_ADDR.
+  // Network interface whose address (IPv4 or IPv6) the TCP transport listens on and advertises;
+  // empty: the address this host uses to reach MASTER_ADDR.
   std::string socket_ifname;
   // Identifies the job in TCP handshakes, so processes of another job that reach our ports are
   // turned away. The same on every rank: COLTRAIN_JOB_ID, else SLURM_JOB_ID, else

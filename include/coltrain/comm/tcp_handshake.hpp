@@ -282,7 +282,7 @@ class DroppedConnections {
 
 // COLTRAIN_AUTH=required without a secret stops here; a listener other hosts can reach without
 // one gets a warning, once per process.
-inline void check_door_security(std::uint32_t address, const CommOptions& options,
+inline void check_door_security(const IpAddress& address, const CommOptions& options,
                                 const Logger& logger, const ErrorContext& context) {
   if (options.auth.secret != nullptr) return;
   if (options.auth.policy == AuthPolicy::kRequired) {
@@ -292,8 +292,8 @@ inline void check_door_security(std::uint32_t address, const CommOptions& option
         context);
   }
   static std::atomic<bool> warned{false};
-  if (!is_loopback(address) && !warned.exchange(true)) {
-    logger.warn("listening on ", Ipv4Endpoint{address, 0}.address_text(),
+  if (!address.is_loopback() && !warned.exchange(true)) {
+    logger.warn("listening on ", address.text(),
                 " without a shared secret: any process that can reach this port and knows the "
                 "job id can join the job; set COLTRAIN_AUTH_FILE or COLTRAIN_AUTH_TOKEN "
                 "(docs/security.md)");

@@ -34,6 +34,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +51,28 @@ namespace coltrain::comm::detail {
 
 inline constexpr std::uint32_t kRendezvousMagic = 0x56525443u;  // "CTRV" in little-endian order
 inline constexpr std::uint32_t kMeshMagic = 0x484d5443u;        // "CTMH"
-inline constexpr std::uint32_t kTcpProtocolVersion = 2;         // 2: hellos carry `auth`
+inline constexpr std::uint32_t kTcpProtocolVersion = 2;  // 2: `auth` in hellos, IPv6 addresses
+
+// Where a rank listens, as hellos and tables carry it (IPv4 in the first 4 bytes of `address`).
+struct PeerAddress {
+  std::array<std::uint8_t, 16> address{};
+  std::uint32_t scope = 0;  // an IPv6 link-local address's interface
+  std::uint16_t family = 0;
+  std::uint16_t port = 0;  // 0: no such rank (it never came)
+  std::uint16_t reserved = 0;
+  std::uint16_t unused = 0;
+
+  static PeerAddress of(const Endpoint& endpoint, std::uint16_t reserved = 0) {
+    return {endpoint.address.bytes,
+            endpoint.address.scope,
+            endpoint.address.family,
+            endpoint.port,
+            reserved,
+            0};
+  }
+  Endpoint endpoint() const { return {{family, address, scope}, port}; }
+};
+static_assert(sizeof(PeerAddress) == 28 && std::has_unique_object_representations_v<PeerAddress>);
 
 // Rank r > 0 to rank 0: who I am and where my data listener is.
 struct RendezvousHello {
@@ -59,11 +81,10 @@ struct RendezvousHello {
   std::int32_t world_size = 0;
   std::int32_t rank = 0;
   std::uint64_t job_hash = 0;
-  std::uint32_t data_address = 0;  // network byte order
-  std::uint16_t data_port = 0;
-  std::uint16_t auth = kHelloUnauthenticated;
+  PeerAddress data;
+  std::uint32_t auth = kHelloUnauthenticated;
 };
-static_assert(sizeof(RendezvousHello) == 32 &&
+static_assert(sizeof(RendezvousHello) == 56 &&
               std::has_unique_object_representations_v<RendezvousHello>);
 
 enum class TableStatus : std::uint32_t {
@@ -81,13 +102,6 @@ struct RendezvousTable {
 };
 static_assert(sizeof(RendezvousTable) == 24 &&
               std::has_unique_object_representations_v<RendezvousTable>);
-
-struct PeerAddress {
-  std::uint32_t address = 0;  // network byte order
-  std::uint16_t port = 0;
-  std::uint16_t reserved = 0;
-};
-static_assert(sizeof(PeerAddress) == 8 && std::has_unique_object_representations_v<PeerAddress>);
 
 // The higher rank of a pair to the lower one, first thing on their data connection.
 struct MeshHello {
@@ -212,8 +226,8 @@ std::vector<int> missing_ranks(const std::vector<Arrival<Hello>>& arrivals, int 
 }
 
 // What rank 0 and every rank that reached it report when ranks never came to the rendezvous.
-inline std::string never_arrived_message(const std::vector<int>& missing,
-                                         const Ipv4Endpoint& master, Clock::duration timeout) {
+inline std::string never_arrived_message(const std::vector<int>& missing, const Endpoint& master,
+                                         Clock::duration timeout) {
   return describe_ranks(missing) + " never arrived: no connection from " +
          (missing.size() == 1 ? "it" : "them") + " to the rendezvous at " + master.to_string() +
          " (MASTER_ADDR:MASTER_PORT) within " + format_seconds(timeout) + " (COLTRAIN_TIMEOUT)";
@@ -228,34 +242,36 @@ struct AddressTable {
 // Where rank 0 listens for the rendezvous (and an elastic job's first leader for joiners): on
 // loopback when MASTER_ADDR says loopback, else on every address of this host, so that peers reach
 // it by whatever MASTER_ADDR resolves to on their hosts.
-inline Ipv4Endpoint rendezvous_listen_endpoint(const std::string& master_addr,
-                                               const Ipv4Endpoint& master) {
-  return names_loopback_only(master_addr) ? master : Ipv4Endpoint{htonl(INADDR_ANY), master.port};
+inline Endpoint rendezvous_listen_endpoint(const std::string& master_addr, const Endpoint& master) {
+  return names_loopback_only(master_addr)
+             ? master
+             : Endpoint{IpAddress::any(master.address.family), master.port};
 }
 
 // The address a rank listens on for data connections and announces to the others:
 // COLTRAIN_SOCKET_IFNAME's; else the one this host uses to reach MASTER_ADDR; but when that is
 // loopback although MASTER_ADDR names a host (its name mapped to 127.0.1.1 here), an address other
 // hosts can reach, if this host has one.
-inline std::uint32_t data_address_for(const std::string& master_addr, const Ipv4Endpoint& master,
-                                      const CommOptions& options, const ErrorContext& context) {
-  if (!options.socket_ifname.empty()) return interface_ipv4(options.socket_ifname, context);
-  const std::uint32_t toward_master = route_source_address(master, context);
-  if (!is_loopback(toward_master) || names_loopback_only(master_addr)) return toward_master;
-  const std::uint32_t outward = outward_address();
-  return outward != 0 ? outward : toward_master;
+inline IpAddress data_address_for(const std::string& master_addr, const Endpoint& master,
+                                  const CommOptions& options, const ErrorContext& context) {
+  if (!options.socket_ifname.empty()) {
+    return interface_address(options.socket_ifname, master.address.family, context);
+  }
+  const IpAddress toward_master = route_source_address(master, context);
+  if (!toward_master.is_loopback() || names_loopback_only(master_addr)) return toward_master;
+  return outward_address(master.address.family).value_or(toward_master);
 }
 
 // Rank 0's side: waits for ranks 1..n-1, then sends everyone the table.
-inline AddressTable serve_rendezvous(const std::string& master_addr, const Ipv4Endpoint& master,
-                                     const Ipv4Endpoint& own_data, int world_size,
+inline AddressTable serve_rendezvous(const std::string& master_addr, const Endpoint& master,
+                                     const Endpoint& own_data, int world_size,
                                      std::uint64_t job_hash, const CommOptions& options,
                                      const Deadline& deadline, const Logger& logger,
                                      const ErrorContext& context) {
-  const Ipv4Endpoint door = rendezvous_listen_endpoint(master_addr, master);
+  const Endpoint door = rendezvous_listen_endpoint(master_addr, master);
   check_door_security(door.address, options, logger, context);
   FileDescriptor listener =
-      listen_ipv4(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
+      listen_tcp(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
   const auto judge = [&](const RendezvousHello& hello) -> std::string {
     if (hello.magic != kRendezvousMagic) return "it does not speak coltrain's rendezvous protocol";
     if (hello.version != kTcpProtocolVersion) {
@@ -276,10 +292,10 @@ inline AddressTable serve_rendezvous(const std::string& master_addr, const Ipv4E
 
   const std::vector<int> missing = missing_ranks(arrivals, 1);
   AddressTable table{make_nonce(), std::vector<PeerAddress>(static_cast<std::size_t>(world_size))};
-  table.entries[0] = {own_data.address, own_data.port, 0};
+  table.entries[0] = PeerAddress::of(own_data);
   for (std::size_t rank = 1; rank < arrivals.size(); ++rank) {
     if (arrivals[rank].socket) {
-      table.entries[rank] = {arrivals[rank].hello.data_address, arrivals[rank].hello.data_port, 0};
+      table.entries[rank] = arrivals[rank].hello.data;
     }
   }
   const RendezvousTable header{
@@ -320,8 +336,8 @@ inline AddressTable serve_rendezvous(const std::string& master_addr, const Ipv4E
 inline constexpr auto kRendezvousAnswerGrace = std::chrono::seconds(2);
 
 // The side of ranks 1..n-1: registers with rank 0 and receives the table.
-inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoint& own_data,
-                                    int rank, int world_size, std::uint64_t job_hash,
+inline AddressTable join_rendezvous(const Endpoint& master, const Endpoint& own_data, int rank,
+                                    int world_size, std::uint64_t job_hash,
                                     const CommOptions& options, const Deadline& deadline,
                                     const ErrorContext& context) {
   ErrorContext peer_context = context;
@@ -335,8 +351,8 @@ inline AddressTable join_rendezvous(const Ipv4Endpoint& master, const Ipv4Endpoi
     throw TimeoutError("rank 0 never arrived: " + e.message(), e.context());
   }
 
-  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion, world_size,   rank,
-                              job_hash,         own_data.address,    own_data.port};
+  const RendezvousHello hello{kRendezvousMagic, kTcpProtocolVersion,      world_size, rank,
+                              job_hash,         PeerAddress::of(own_data)};
   const Deadline answer_deadline(options.timeout + kRendezvousAnswerGrace);
   RendezvousTable header;
   IoResult io = offer_hello(socket.get(), hello, handshake_security(options, "rendezvous"),
@@ -405,13 +421,13 @@ inline std::vector<FileDescriptor> connect_full_mesh(
     ErrorContext peer_context = context;
     peer_context.peer = peer;
     const PeerAddress& entry = table.entries[static_cast<std::size_t>(peer)];
-    FileDescriptor socket = connect_with_retry(
-        {entry.address, entry.port}, kSocketBufferBytes, deadline,
-        "rank " + std::to_string(peer) + "'s data listener", options.timeout, peer_context);
+    FileDescriptor socket = connect_with_retry(entry.endpoint(), kSocketBufferBytes, deadline,
+                                               "rank " + std::to_string(peer) + "'s data listener",
+                                               options.timeout, peer_context);
     const std::string acceptor = "rank " + std::to_string(peer) + "'s data listener";
-    const IoResult sent = offer_hello(
-        socket.get(), hello, mesh_security(options, peer, table.nonce), deadline,
-        acceptor + " at " + Ipv4Endpoint{entry.address, entry.port}.to_string(), peer_context);
+    const IoResult sent =
+        offer_hello(socket.get(), hello, mesh_security(options, peer, table.nonce), deadline,
+                    acceptor + " at " + entry.endpoint().to_string(), peer_context);
     if (sent.status == IoStatus::kTimedOut) {
       throw TimeoutError("rank " + std::to_string(peer) + " took no handshake within " +
                              format_seconds(options.timeout) + " (COLTRAIN_TIMEOUT)",
@@ -427,7 +443,7 @@ inline std::vector<FileDescriptor> connect_full_mesh(
   }
   if (rank == world_size - 1) return peers;
 
-  const Ipv4Endpoint listening = local_endpoint(data_listener.get());
+  const Endpoint listening = local_endpoint(data_listener.get());
   const auto judge = [&](const MeshHello& other) -> std::string {
     if (other.magic != kMeshMagic) return "it does not speak coltrain's mesh protocol";
     if (other.version != kTcpProtocolVersion || other.world_size != world_size ||
@@ -474,13 +490,13 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
 
   const Stopwatch elapsed;
   const Deadline deadline(options.timeout);
-  const Ipv4Endpoint master{resolve_ipv4(env.master_addr, "MASTER_ADDR", context),
-                            static_cast<std::uint16_t>(env.master_port)};
-  const std::uint32_t data_address = data_address_for(env.master_addr, master, options, context);
+  const Endpoint master{resolve_address(env.master_addr, "MASTER_ADDR", context),
+                        static_cast<std::uint16_t>(env.master_port)};
+  const IpAddress data_address = data_address_for(env.master_addr, master, options, context);
   check_door_security(data_address, options, logger, context);
-  const FileDescriptor data_listener = listen_ipv4(
-      {data_address, 0}, kSocketBufferBytes, "data connections from the other ranks", context);
-  const Ipv4Endpoint own_data = local_endpoint(data_listener.get());
+  const FileDescriptor data_listener = listen_tcp({data_address, 0}, kSocketBufferBytes,
+                                                  "data connections from the other ranks", context);
+  const Endpoint own_data = local_endpoint(data_listener.get());
   const std::uint64_t job_hash = hash_job_id(options.job_id);
 
   const AddressTable table =
