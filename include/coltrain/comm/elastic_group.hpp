@@ -112,6 +112,16 @@ struct ElasticTable {
 };
 static_assert(sizeof(ElasticTable) == 32 && std::has_unique_object_representations_v<ElasticTable>);
 
+// Why a hello at an elastic door is not from a process of this job, or empty. Which generation and
+// member it claims is the leader's to judge, once it proved the secret.
+inline std::string judge_elastic_hello(const ElasticHello& hello, std::uint64_t job_hash) {
+  if (hello.magic != kElasticMagic || hello.version != kTcpProtocolVersion ||
+      hello.job_hash != job_hash) {
+    return "not a rank of this job (another protocol, version or COLTRAIN_JOB_ID)";
+  }
+  return {};
+}
+
 // The leader's rendezvous listener and the hellos that reached it, read without blocking so that
 // a stranger that sends nothing holds up no one. With the job's secret a hello counts only once
 // its sender proved the secret (tcp_handshake.hpp).
@@ -179,12 +189,8 @@ class ElasticDoor {
   using Incoming = IncomingHandshake<ElasticHello>;
 
   void settle(Incoming& connection) {
-    const auto judge = [&](const ElasticHello& hello) -> std::string {
-      if (hello.magic != kElasticMagic || hello.version != kTcpProtocolVersion ||
-          hello.job_hash != job_hash_) {
-        return "not a rank of this job (another protocol, version or COLTRAIN_JOB_ID)";
-      }
-      return {};
+    const auto judge = [&](const ElasticHello& hello) {
+      return judge_elastic_hello(hello, job_hash_);
     };
     switch (connection.advance(judge, security_)) {
       case Incoming::Status::kReading:

@@ -142,6 +142,40 @@ inline std::string describe_ranks(const std::vector<int>& ranks) {
   return text;
 }
 
+// Why `claimed` may not connect to a door for ranks [first_rank, world_size), or empty.
+inline std::string judge_claimed_rank(int claimed, int first_rank, int world_size) {
+  if (claimed >= first_rank && claimed < world_size) return {};
+  return "it claims rank " + std::to_string(claimed) + ", but only ranks " +
+         std::to_string(first_rank) + " to " + std::to_string(world_size - 1) + " connect here";
+}
+
+// Why a hello at rank 0's rendezvous is not from a rank of this job, or empty.
+inline std::string judge_rendezvous_hello(const RendezvousHello& hello, int first_rank,
+                                          int world_size, std::uint64_t job_hash) {
+  if (hello.magic != kRendezvousMagic) return "it does not speak coltrain's rendezvous protocol";
+  if (hello.version != kTcpProtocolVersion) {
+    return "it speaks protocol version " + std::to_string(hello.version) + ", this rank " +
+           std::to_string(kTcpProtocolVersion);
+  }
+  if (hello.world_size != world_size) {
+    return "it belongs to a job of " + std::to_string(hello.world_size) + " ranks, this one has " +
+           std::to_string(world_size) + " (WORLD_SIZE differs)";
+  }
+  if (hello.job_hash != job_hash) return "it belongs to another job (COLTRAIN_JOB_ID differs)";
+  return judge_claimed_rank(hello.rank, first_rank, world_size);
+}
+
+// Why a hello at a data listener is not from a rank of this job's current mesh, or empty.
+inline std::string judge_mesh_hello(const MeshHello& hello, int first_rank, int world_size,
+                                    std::uint64_t job_hash, std::uint64_t nonce) {
+  if (hello.magic != kMeshMagic) return "it does not speak coltrain's mesh protocol";
+  if (hello.version != kTcpProtocolVersion || hello.world_size != world_size ||
+      hello.job_hash != job_hash || hello.nonce != nonce) {
+    return "it belongs to another job, or to an earlier run of this one";
+  }
+  return judge_claimed_rank(hello.rank, first_rank, world_size);
+}
+
 template <class Hello>
 struct Arrival {
   FileDescriptor socket;
@@ -150,7 +184,8 @@ struct Arrival {
 
 // Accepts connections on `listener` and runs each one's handshake (tcp_handshake.hpp) until every
 // rank in [first_rank, world_size) has arrived or `deadline` passes. `judge(hello)` returns why a
-// hello is not from this job, or an empty string. Rejected connections are closed and logged; the
+// hello is not from a rank of this job that connects here (a rank in that range), or an empty
+// string. Rejected connections are closed and logged; the
 // wait goes on. Connections are read concurrently, so a stranger that sends nothing holds up no
 // one, and a rank counts only once its handshake is complete (with a secret: proved), so a
 // stranger cannot take a rank's place. Returns the arrivals indexed by rank; ranks that never came
@@ -167,16 +202,8 @@ std::vector<Arrival<Hello>> collect_handshakes(int listener, int first_rank, int
   std::vector<Incoming> pending;
   std::vector<pollfd> ready;
   DroppedConnections dropped(logger, place);
-  const auto judge_rank = [&](const Hello& hello) -> std::string {
-    if (std::string reason = judge(hello); !reason.empty()) return reason;
-    if (hello.rank < first_rank || hello.rank >= world_size) {
-      return "it claims rank " + std::to_string(hello.rank) + ", but only ranks " +
-             std::to_string(first_rank) + " to " + std::to_string(world_size - 1) + " connect here";
-    }
-    return {};
-  };
   const auto settle = [&](Incoming& connection) {
-    if (connection.advance(judge_rank, security) == Incoming::Status::kReading) return;
+    if (connection.advance(judge, security) == Incoming::Status::kReading) return;
     const int rank = connection.hello().rank;
     if (connection.status() == Incoming::Status::kAdmitted &&
         arrivals[static_cast<std::size_t>(rank)].socket) {
@@ -272,18 +299,8 @@ inline AddressTable serve_rendezvous(const std::string& master_addr, const Endpo
   check_door_security(door.address, options, logger, context);
   FileDescriptor listener =
       listen_tcp(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
-  const auto judge = [&](const RendezvousHello& hello) -> std::string {
-    if (hello.magic != kRendezvousMagic) return "it does not speak coltrain's rendezvous protocol";
-    if (hello.version != kTcpProtocolVersion) {
-      return "it speaks protocol version " + std::to_string(hello.version) + ", this rank " +
-             std::to_string(kTcpProtocolVersion);
-    }
-    if (hello.world_size != world_size) {
-      return "it belongs to a job of " + std::to_string(hello.world_size) +
-             " ranks, this one has " + std::to_string(world_size) + " (WORLD_SIZE differs)";
-    }
-    if (hello.job_hash != job_hash) return "it belongs to another job (COLTRAIN_JOB_ID differs)";
-    return {};
+  const auto judge = [&](const RendezvousHello& hello) {
+    return judge_rendezvous_hello(hello, 1, world_size, job_hash);
   };
   const auto arrivals = collect_handshakes<RendezvousHello>(
       listener.get(), 1, world_size, deadline, judge, handshake_security(options, "rendezvous"),
@@ -444,13 +461,8 @@ inline std::vector<FileDescriptor> connect_full_mesh(
   if (rank == world_size - 1) return peers;
 
   const Endpoint listening = local_endpoint(data_listener.get());
-  const auto judge = [&](const MeshHello& other) -> std::string {
-    if (other.magic != kMeshMagic) return "it does not speak coltrain's mesh protocol";
-    if (other.version != kTcpProtocolVersion || other.world_size != world_size ||
-        other.job_hash != job_hash || other.nonce != table.nonce) {
-      return "it belongs to another job, or to an earlier run of this one";
-    }
-    return {};
+  const auto judge = [&](const MeshHello& hello) {
+    return judge_mesh_hello(hello, rank + 1, world_size, job_hash, table.nonce);
   };
   auto arrivals = collect_handshakes<MeshHello>(data_listener.get(), rank + 1, world_size, deadline,
                                                 judge, mesh_security(options, rank, table.nonce),
