@@ -2,15 +2,39 @@
 # its usual place but not on PATH (a fresh machine), so CMake finds nvcc.
 COLTRAIN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 COLTRAIN_BUILD_DIR=${COLTRAIN_BUILD_DIR:-$COLTRAIN_ROOT/build}
+# The fuzz targets' build (tests/fuzz): clang's, apart from the main g++ build.
+COLTRAIN_FUZZ_BUILD_DIR=${COLTRAIN_FUZZ_BUILD_DIR:-$COLTRAIN_ROOT/build-fuzz}
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
 # Configures the build folder unless it already is; extra arguments go to CMake.
 coltrain_configure() {
-  local generator=()
-  if [ ! -f "$COLTRAIN_BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+  coltrain_configure_in "$COLTRAIN_ROOT" "$COLTRAIN_BUILD_DIR" "$@"
+}
+
+# Configures build folder $2 from source folder $1 with Ninja when it is installed (a folder already
+# configured keeps its generator); extra arguments go to CMake.
+coltrain_configure_in() {
+  local source=$1 build=$2 generator=()
+  shift 2
+  if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
     generator=(-G Ninja)
   fi
-  cmake -S "$COLTRAIN_ROOT" -B "$COLTRAIN_BUILD_DIR" "${generator[@]}" "$@"
+  cmake -S "$source" -B "$build" "${generator[@]}" "$@"
+}
+
+# Whether clang++-14 links a libFuzzer target with AddressSanitizer and UBSan: their runtimes come
+# with libclang-rt-14-dev, which Debian's clang-14 only recommends.
+coltrain_can_fuzz() {
+  command -v clang++-14 >/dev/null 2>&1 || return 1
+  local probe
+  probe=$(mktemp -d) || return 1
+  echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' \
+    >"$probe/probe.cpp"
+  clang++-14 -fsanitize=fuzzer,address,undefined "$probe/probe.cpp" -o "$probe/probe" \
+    >/dev/null 2>&1
+  local status=$?
+  rm -rf "$probe"
+  return $status
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -348,4 +349,67 @@ TEST_CASE("Loading checks the checkpoint against the network and optimizer first
   TempDir empty("coltrain_ckpt");
   CHECK_THROWS_AS(train::load_checkpoint(empty.path(), target.net, target.optimizer), IoError);
   CHECK(train_test::state_bytes(target.net) == untouched);
+}
+
+// Found by reading the sidecar parser while writing tests/fuzz/fuzz_checkpoint.cpp: a sidecar is a
+// file on disk, and a damaged or hostile one must be an IoError that names the file and the field,
+// never a crash, an exception from nlohmann::json, or a value that loads as a different one.
+TEST_CASE("A damaged sidecar is an IoError naming the field, never a crash or a wrapped value",
+          "[train][checkpoint][fuzz]") {
+  TempDir dir("coltrain_ckpt");
+  SgdTrainer run(kSgd);
+  run.train(0, 2);
+  const auto files =
+      train::save_checkpoint(dir.path(), run.net, run.optimizer, {.epoch = 1, .global_step = 2});
+  const nlohmann::json saved = read_json(files.sidecar);
+  auto load_edited = [&](const std::string& sidecar_text) {
+    std::ofstream(files.sidecar, std::ios::trunc) << sidecar_text;
+    SgdTrainer target(kSgd);
+    train::load_checkpoint(files.sidecar, target.net, target.optimizer);
+  };
+  auto edited = [&](const std::string& pointer, const nlohmann::json& value) {
+    nlohmann::json sidecar = saved;
+    sidecar[nlohmann::json::json_pointer(pointer)] = value;
+    return sidecar.dump();
+  };
+
+  // 100,000 nested arrays under "extra" overflowed the stack when load_checkpoint copied them.
+  std::string deep = saved.dump();
+  const std::size_t extra = deep.find("\"extra\":{}");
+  REQUIRE(extra != std::string::npos);
+  deep.replace(extra, 10, "\"extra\":" + std::string(100'000, '[') + std::string(100'000, ']'));
+  const std::size_t too_deep = extra + 8 + train::detail::kSidecarMaxDepth - 1;
+  try {
+    load_edited(deep);
+    FAIL("a sidecar nested 100,000 levels deep loaded");
+  } catch (const IoError& e) {
+    CHECK_THAT(e.what(), Contains("nests arrays or objects deeper than 64 levels") &&
+                             Contains(files.sidecar.string()));
+    CHECK(e.context().offset == too_deep);
+  }
+  // A sidecar cut short: the error points at its end, where the JSON stops.
+  try {
+    load_edited(saved.dump().substr(0, 40));
+    FAIL("a sidecar cut short loaded");
+  } catch (const IoError& e) {
+    CHECK_THAT(e.what(), Contains("the sidecar is not valid JSON"));
+    CHECK(e.context().offset == 40);
+  }
+  // Brackets inside strings are text, not nesting.
+  CHECK_NOTHROW(load_edited(edited("/extra/note", std::string(1000, '['))));
+
+  // "extra" that is not an object made the trainer's resume throw nlohmann's type_error.
+  CHECK_THROWS_AS(load_edited(edited("/extra", nlohmann::json::array())), IoError);
+  CHECK_THROWS_WITH(load_edited(edited("/extra", nlohmann::json::array())),
+                    Contains("the sidecar's /extra is missing or not an object"));
+  // 2^64 - 1 was read as epoch -1, 2^32 + 1 as format version 1.
+  CHECK_THROWS_WITH(load_edited(edited("/epoch", std::numeric_limits<std::uint64_t>::max())),
+                    Contains("the sidecar's /epoch is missing or not a 64-bit integer"));
+  CHECK_THROWS_WITH(load_edited(edited("/global_step", -3)),
+                    Contains("the sidecar's /global_step is negative (-3)"));
+  CHECK_THROWS_WITH(load_edited(edited("/format_version", (std::int64_t{1} << 32) + 1)),
+                    Contains("format version 4294967297 was written by a newer coltrain"));
+  CHECK_THROWS_WITH(load_edited(edited("/format_version", 0)),
+                    Contains("format version 0 is not one coltrain writes"));
+  CHECK_NOTHROW(load_edited(saved.dump()));
 }

@@ -54,6 +54,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <span>
@@ -163,8 +164,13 @@ inline DirectoryScan scan_checkpoints(const std::filesystem::path& dir) {
 }
 
 [[noreturn]] inline void fail_checkpoint(const std::filesystem::path& file,
-                                         const std::string& message) {
-  coltrain::detail::fail_io("load checkpoint", file, message);
+                                         const std::string& message,
+                                         std::optional<std::uint64_t> offset = std::nullopt) {
+  ErrorContext context;
+  context.operation = "load checkpoint";
+  context.file = file.string();
+  context.offset = offset;
+  throw IoError(message, context);
 }
 
 [[noreturn]] inline void mismatch(const std::filesystem::path& file, const std::string& message) {
@@ -174,14 +180,53 @@ inline DirectoryScan scan_checkpoints(const std::filesystem::path& dir) {
   throw InvalidArgument(message, context);
 }
 
+// How deep a sidecar may nest arrays and objects: the format uses 3 levels and a trainer's `extra`
+// data a few more. nlohmann::json copies and prints recursively, so a file nested 100,000 levels
+// deep would overflow the stack after it parsed.
+inline constexpr int kSidecarMaxDepth = 64;
+
+// The offset of the first '[' or '{' (outside strings) that opens a level deeper than `max_depth`.
+inline std::optional<std::size_t> find_too_deep(std::string_view json, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, which may be a quote
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::nullopt;
+}
+
 inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) fail_checkpoint(file, "cannot open the checkpoint's sidecar");
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::ostringstream read;
+  read << in.rdbuf();
+  const std::string text = std::move(read).str();
+  if (const std::optional<std::size_t> at = find_too_deep(text, kSidecarMaxDepth)) {
+    fail_checkpoint(file,
+                    "the sidecar nests arrays or objects deeper than " +
+                        std::to_string(kSidecarMaxDepth) + " levels",
+                    *at);
+  }
   nlohmann::json sidecar;
   try {
-    sidecar = nlohmann::json::parse(text.str());
+    sidecar = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte counts the characters read, the offending one included.
+    fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()),
+                    e.byte > 0 ? e.byte - 1 : 0);
   } catch (const nlohmann::json::exception& e) {
     fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()));
   }
@@ -192,10 +237,18 @@ inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
   }
   const nlohmann::json& version = sidecar["format_version"];
   if (!version.is_number_integer()) fail_checkpoint(file, "the sidecar has no format_version");
-  if (version.get<int>() > kCheckpointFormatVersion) {
+  // Compared as written: get<int>() would read 2^32 + 1 as version 1.
+  const bool newer = version.is_number_unsigned()
+                         ? version.get<std::uint64_t>() > std::uint64_t{kCheckpointFormatVersion}
+                         : version.get<std::int64_t>() > kCheckpointFormatVersion;
+  if (newer) {
     fail_checkpoint(file, "format version " + version.dump() +
                               " was written by a newer coltrain; this one reads version " +
                               std::to_string(kCheckpointFormatVersion));
+  }
+  if (version.get<std::int64_t>() < 1) {
+    fail_checkpoint(file, "format version " + version.dump() + " is not one coltrain writes " +
+                              "(they start at 1)");
   }
   return sidecar;
 }
@@ -211,12 +264,30 @@ const nlohmann::json& field(const nlohmann::json& sidecar, const std::filesystem
   return sidecar.at(at);
 }
 
+// An integer above 2^63 - 1 is refused: get<std::int64_t>() would wrap it to a negative one.
 inline std::int64_t integer_field(const nlohmann::json& sidecar, const std::filesystem::path& file,
                                   const std::string& pointer) {
   return field(
-             sidecar, file, pointer, [](const nlohmann::json& v) { return v.is_number_integer(); },
-             "an integer")
+             sidecar, file, pointer,
+             [](const nlohmann::json& v) {
+               return v.is_number_integer() &&
+                      !(v.is_number_unsigned() &&
+                        v.get<std::uint64_t>() >
+                            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+             },
+             "a 64-bit integer")
       .get<std::int64_t>();
+}
+
+// A count, which save_checkpoint never writes negative (epoch, global step, optimizer steps).
+inline std::int64_t count_field(const nlohmann::json& sidecar, const std::filesystem::path& file,
+                                const std::string& pointer) {
+  const std::int64_t count = integer_field(sidecar, file, pointer);
+  if (count < 0) {
+    fail_checkpoint(file,
+                    "the sidecar's " + pointer + " is negative (" + std::to_string(count) + ")");
+  }
+  return count;
 }
 
 // The data files a sidecar names, checked to exist with the recorded sizes (a mismatch means
@@ -555,9 +626,13 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   };
 
   TrainingState state;
-  state.epoch = integer_field(sidecar, sidecar_path, "/epoch");
-  state.global_step = integer_field(sidecar, sidecar_path, "/global_step");
-  if (sidecar.contains("extra")) state.extra = sidecar["extra"];
+  state.epoch = count_field(sidecar, sidecar_path, "/epoch");
+  state.global_step = count_field(sidecar, sidecar_path, "/global_step");
+  if (sidecar.contains("extra")) {
+    state.extra = field(
+        sidecar, sidecar_path, "/extra", [](const nlohmann::json& v) { return v.is_object(); },
+        "an object");
+  }
 
   // The model and the run's settings.
   const std::string model_name = string_field("/model/name");
@@ -617,8 +692,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   for (const char* counter : {"steps_taken", "steps_skipped"}) {
     const std::string pointer = "/optimizer/" + std::string(counter);
     if (!sidecar.contains(nlohmann::json::json_pointer(pointer))) continue;
-    const std::int64_t count = integer_field(sidecar, sidecar_path, pointer);
-    if (count < 0) fail_checkpoint(sidecar_path, "the sidecar's " + pointer + " is negative");
+    const std::int64_t count = count_field(sidecar, sidecar_path, pointer);
     (std::string_view(counter) == "steps_taken" ? snapshot.steps_taken : snapshot.steps_skipped) =
         count;
   }
