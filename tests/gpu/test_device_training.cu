@@ -6,6 +6,7 @@
 // Convolutions run as im2col + cuBLAS: cuDNN times its algorithms in each process, so a resumed
 // run may pick others than the uninterrupted one and round differently (docs/gpu.md, known limits).
 #define COLTRAIN_CUDA_CONV_IM2COL 1
+#include "../support/temp_dir.hpp"
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/cuda/nn.cuh>
@@ -203,8 +204,9 @@ TEST_CASE("DeviceTrainer: a resumed run equals an uninterrupted one bit for bit"
     REQUIRE(testing::joined(failures).empty());
     return weights;
   };
-  const auto root = std::filesystem::temp_directory_path() / "coltrain_device_resume";
-  std::filesystem::remove_all(root);
+  // A directory of this process's own: two runs at once (say, under two sanitizers) must not
+  // share checkpoints.
+  const testing::TempDir root("coltrain_device_resume");
   const auto uninterrupted = run(root / "a", 2, false);
   run(root / "b", 1, false);
   const auto resumed = run(root / "b", 2, true);
@@ -213,7 +215,6 @@ TEST_CASE("DeviceTrainer: a resumed run equals an uninterrupted one bit for bit"
     INFO("parameter " << p);
     CHECK(resumed[p] == uninterrupted[p]);
   }
-  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("DeviceTrainer replays full-size steps from a CUDA graph on one rank") {
