@@ -101,6 +101,27 @@ TEST_CASE("divide_by_ranks divides exactly and truncates integers", "[comm][redu
   CHECK(i == std::vector<std::int64_t>{3, -3});
 }
 
+TEMPLATE_TEST_CASE("element_reduction runs the typed kernels on bytes, dividing only for avg",
+                   "[comm][reduce]", float, double, std::int32_t, std::int64_t) {
+  const std::vector<TestType> a{6, 5, -3, 8};
+  const std::vector<TestType> b{2, 1, -1, 4};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMax}) {
+    const ElementReduction reduction = element_reduction<TestType>(op);
+    CHECK(reduction.dtype == data_type_v<TestType>);
+    CHECK(reduction.element_bytes == sizeof(TestType));
+    std::vector<TestType> expected(a.size());
+    reduce_into(expected.data(), a.data(), b.data(), a.size(), op);
+    std::vector<TestType> out(a.size());
+    auto* out_bytes = reinterpret_cast<std::byte*>(out.data());
+    reduction.reduce(out_bytes, reinterpret_cast<const std::byte*>(a.data()),
+                     reinterpret_cast<const std::byte*>(b.data()), a.size() * sizeof(TestType));
+    CHECK(out == expected);
+    reduction.finish(out_bytes, out.size() * sizeof(TestType), 2);
+    if (op == ReduceOp::kAvg) divide_by_ranks(expected.data(), expected.size(), 2);
+    CHECK(out == expected);
+  }
+}
+
 TEST_CASE("blocks cover the array contiguously with sizes differing by at most one", "[comm]") {
   for (std::size_t count : {0, 1, 4, 7, 1000}) {
     for (std::size_t parts : {1, 2, 3, 5}) {

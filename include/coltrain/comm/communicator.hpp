@@ -68,13 +68,13 @@
 #endif
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -349,7 +349,7 @@ class Communicator {
                  Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kAllreduce, "output", output.size(), input.size());
     dispatch(
-        memory_of_call<T>(Collective::kAllreduce, input, output),
+        memory_of_call(Collective::kAllreduce, std::as_bytes(input), std::as_bytes(output)),
         [&] { reduce_collective(Collective::kAllreduce, input, output, op, 0, algorithm); },
         [&](auto& staged) { staged.allreduce(input, output, op, algorithm); },
         [&](auto& nccl, auto stream) {
@@ -372,8 +372,8 @@ class Communicator {
   void broadcast(std::span<T> data, int root = 0, Algorithm algorithm = Algorithm::kAutomatic) {
     require_root(Collective::kBroadcast, root);
     dispatch(
-        memory_of_call<T>(Collective::kBroadcast, data, data),
-        [&] { host_broadcast(data, root, algorithm); },
+        memory_of_call(Collective::kBroadcast, std::as_bytes(data), std::as_bytes(data)),
+        [&] { host_broadcast(std::as_writable_bytes(data), data_type_v<T>, root, algorithm); },
         [&](auto& staged) { staged.broadcast(data, root, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kBroadcast, algorithm);
@@ -388,8 +388,11 @@ class Communicator {
                  Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kAllgather, "output", output.size(), input.size() * group_size());
     dispatch(
-        memory_of_call<T>(Collective::kAllgather, input, output),
-        [&] { host_allgather(input, output, algorithm); },
+        memory_of_call(Collective::kAllgather, std::as_bytes(input), std::as_bytes(output)),
+        [&] {
+          host_allgather(std::as_bytes(input), std::as_writable_bytes(output), data_type_v<T>,
+                         algorithm);
+        },
         [&](auto& staged) { staged.allgather(input, output, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kAllgather, algorithm);
@@ -413,7 +416,7 @@ class Communicator {
                       Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kReduceScatter, "input", input.size(), output.size() * group_size());
     dispatch(
-        memory_of_call<T>(Collective::kReduceScatter, input, output),
+        memory_of_call(Collective::kReduceScatter, std::as_bytes(input), std::as_bytes(output)),
         [&] { reduce_collective(Collective::kReduceScatter, input, output, op, 0, algorithm); },
         [&](auto& staged) { staged.reduce_scatter(input, output, op, algorithm); },
         [&](auto& nccl, auto stream) {
@@ -442,7 +445,7 @@ class Communicator {
     // Off the root the output is not used: only the input says where the call's data lives.
     const std::span<T> used_output = is_root ? output : std::span<T>();
     dispatch(
-        memory_of_call<T>(Collective::kReduce, input, used_output),
+        memory_of_call(Collective::kReduce, std::as_bytes(input), std::as_bytes(used_output)),
         [&] { reduce_collective(Collective::kReduce, input, output, op, root, algorithm); },
         [&](auto& staged) { staged.reduce(input, output, root, op, algorithm); },
         [&](auto& nccl, auto stream) {
@@ -491,9 +494,8 @@ class Communicator {
   // refused: the host path would read device memory, the device path host memory. Empty buffers
   // live nowhere: on NCCL they take the device path (a no-op there, and the algorithms a device
   // call may name, 'native' among them), elsewhere the host path.
-  template <class T>
-  Memory memory_of_call(Collective collective, std::span<const T> input,
-                        std::span<const T> output) const {
+  Memory memory_of_call(Collective collective, std::span<const std::byte> input,
+                        std::span<const std::byte> output) const {
     if constexpr (!BuildConfig::kWithCuda) return Memory::kHost;
     if (input.empty() && output.empty())
       return backend_ == Backend::kNccl ? Memory::kDevice : Memory::kHost;
@@ -551,17 +553,19 @@ class Communicator {
                           context);
   }
 
-  template <detail::CollectiveElement T>
-  void host_broadcast(std::span<T> data, int root, Algorithm algorithm) {
-    const MessageHeader call = start(Collective::kBroadcast, data_type_v<T>, data.size(),
-                                     ReduceOp::kSum, root, algorithm, data.size_bytes());
+  // Host broadcast and allgather move bytes of any element type, so they take `data` as bytes.
+  void host_broadcast(std::span<std::byte> data, DataType dtype, int root, Algorithm algorithm) {
+    const std::size_t element_bytes = size_of(dtype);
+    const std::size_t count = data.size() / element_bytes;
+    const MessageHeader call =
+        start(Collective::kBroadcast, dtype, count, ReduceOp::kSum, root, algorithm, data.size());
     recorded(call, [&] {
       with_transport([&](auto& t) {
         switch (call.algorithm) {
           case Algorithm::kRing:
-            return ring_broadcast(t, data.data(), data.size(), root, call, tuning_);
+            return ring_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
           case Algorithm::kTree:
-            return tree_broadcast(t, data.data(), data.size(), root, call, tuning_);
+            return tree_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
           default:
             return run_native(
                 t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
@@ -570,14 +574,17 @@ class Communicator {
     });
   }
 
-  template <detail::CollectiveElement T>
-  void host_allgather(std::span<const T> input, std::span<T> output, Algorithm algorithm) {
-    const MessageHeader call = start(Collective::kAllgather, data_type_v<T>, input.size(),
-                                     ReduceOp::kSum, 0, algorithm, output.size_bytes());
+  void host_allgather(std::span<const std::byte> input, std::span<std::byte> output, DataType dtype,
+                      Algorithm algorithm) {
+    const std::size_t element_bytes = size_of(dtype);
+    const std::size_t count = input.size() / element_bytes;
+    const MessageHeader call =
+        start(Collective::kAllgather, dtype, count, ReduceOp::kSum, 0, algorithm, output.size());
     recorded(call, [&] {
       with_transport([&](auto& t) {
         if (call.algorithm == Algorithm::kRing) {
-          return ring_allgather(t, input.data(), output.data(), input.size(), call, tuning_);
+          return ring_allgather(t, input.data(), output.data(), count, element_bytes, call,
+                                tuning_);
         }
         run_native(t, [&](auto& mpi) {
           native_allgather(mpi, input.data(), output.data(), input.size());
@@ -685,11 +692,6 @@ class Communicator {
     }
   }
 
-  template <ReducibleElement E>
-  std::vector<E>& scratch() {
-    return std::get<std::vector<E>>(scratch_);
-  }
-
   // allreduce, reduce_scatter and reduce. f16/bf16 are widened to f32 around the reduction.
   template <detail::CollectiveElement T>
   void reduce_collective(Collective collective, std::span<const T> input, std::span<T> output,
@@ -704,65 +706,70 @@ class Communicator {
       for (std::size_t i = 0; i < input.size(); ++i) wide_input[i] = static_cast<float>(input[i]);
       const MessageHeader call = start(collective, data_type_v<T>, count, op, root, algorithm,
                                        input.size() * sizeof(float));
-      recorded(call, [&] {
-        run_reduction(call, std::span<const float>(wide_input), std::span<float>(wide_output));
-      });
+      run_reduction(call, element_reduction<float>(op), std::as_bytes(std::span(wide_input)),
+                    std::as_writable_bytes(std::span(wide_output)));
       if (collective != Collective::kReduce || rank() == root) {
         for (std::size_t i = 0; i < output.size(); ++i) output[i] = T(wide_output[i]);
       }
     } else {
       const MessageHeader call =
           start(collective, data_type_v<T>, count, op, root, algorithm, input.size_bytes());
-      recorded(call, [&] { run_reduction(call, input, output); });
+      run_reduction(call, element_reduction<T>(op), std::as_bytes(input),
+                    std::as_writable_bytes(output));
     }
   }
 
-  template <ReducibleElement E>
-  void run_reduction(const MessageHeader& call, std::span<const E> input, std::span<E> output) {
-    const ReduceOp op = call.op;
+  // The element type travels in `reduction`, not in a template parameter: each algorithm is
+  // compiled once per transport, not once per element type too.
+  void run_reduction(const MessageHeader& call, const ElementReduction& reduction,
+                     std::span<const std::byte> input_bytes, std::span<std::byte> output_bytes) {
     const int root = call.root;
-    with_transport([&](auto& t) {
-      switch (call.collective) {
-        case Collective::kAllreduce:
-          switch (call.algorithm) {
-            case Algorithm::kRing:
-              return ring_allreduce(t, input.data(), output.data(), input.size(), op, call,
-                                    tuning_);
-            case Algorithm::kTree:
-              return tree_allreduce(t, input.data(), output.data(), input.size(), op, call,
-                                    tuning_);
-            case Algorithm::kHalvingDoubling:
-              return halving_doubling_allreduce(t, input.data(), output.data(), input.size(), op,
-                                                call, scratch<E>());
-            default:
-              return run_native(t, [&](auto& mpi) {
-                native_allreduce(mpi, input.data(), output.data(), input.size(), op);
-              });
-          }
-        case Collective::kReduceScatter:
-          if (call.algorithm == Algorithm::kRing) {
-            return ring_reduce_scatter(t, input.data(), output.data(), output.size(), op, call,
-                                       tuning_, scratch<E>());
-          }
-          return run_native(t, [&](auto& mpi) {
-            native_reduce_scatter(mpi, input.data(), output.data(), output.size(), op);
-          });
-        case Collective::kReduce:
-          switch (call.algorithm) {
-            case Algorithm::kRing:
-              return ring_reduce(t, input.data(), output.data(), input.size(), root, op, call,
-                                 tuning_, scratch<E>());
-            case Algorithm::kTree:
-              return tree_reduce(t, input.data(), output.data(), input.size(), root, op, call,
-                                 tuning_, scratch<E>());
-            default:
-              return run_native(t, [&](auto& mpi) {
-                native_reduce(mpi, input.data(), output.data(), input.size(), root, op);
-              });
-          }
-        default:
-          throw InvalidArgument(std::string(name_of(call.collective)) + " does not reduce");
-      }
+    const std::byte* input = input_bytes.data();
+    std::byte* output = output_bytes.data();
+    const std::size_t input_count = input_bytes.size() / reduction.element_bytes;
+    const std::size_t output_count = output_bytes.size() / reduction.element_bytes;
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        switch (call.collective) {
+          case Collective::kAllreduce:
+            switch (call.algorithm) {
+              case Algorithm::kRing:
+                return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
+              case Algorithm::kTree:
+                return tree_allreduce(t, input, output, input_count, reduction, call, tuning_);
+              case Algorithm::kHalvingDoubling:
+                return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
+                                                  scratch_);
+              default:
+                return run_native(t, [&](auto& mpi) {
+                  native_allreduce(mpi, input, output, input_count, reduction);
+                });
+            }
+          case Collective::kReduceScatter:
+            if (call.algorithm == Algorithm::kRing) {
+              return ring_reduce_scatter(t, input, output, output_count, reduction, call, tuning_,
+                                         scratch_);
+            }
+            return run_native(t, [&](auto& mpi) {
+              native_reduce_scatter(mpi, input, output, output_count, reduction);
+            });
+          case Collective::kReduce:
+            switch (call.algorithm) {
+              case Algorithm::kRing:
+                return ring_reduce(t, input, output, input_count, root, reduction, call, tuning_,
+                                   scratch_);
+              case Algorithm::kTree:
+                return tree_reduce(t, input, output, input_count, root, reduction, call, tuning_,
+                                   scratch_);
+              default:
+                return run_native(t, [&](auto& mpi) {
+                  native_reduce(mpi, input, output, input_count, root, reduction);
+                });
+            }
+          default:
+            throw InvalidArgument(std::string(name_of(call.collective)) + " does not reduce");
+        }
+      });
     });
   }
 
@@ -780,9 +787,7 @@ class Communicator {
   std::unique_ptr<MpiTransport> mpi_;
 #endif
   std::unique_ptr<TcpTransport> tcp_;
-  std::tuple<std::vector<float>, std::vector<double>, std::vector<std::int32_t>,
-             std::vector<std::int64_t>>
-      scratch_;
+  std::vector<std::byte> scratch_;  // the algorithms' partial results, reused across calls
   std::vector<float> widened_input_;
   std::vector<float> widened_output_;
 #if COLTRAIN_WITH_CUDA

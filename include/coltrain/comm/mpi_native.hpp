@@ -13,13 +13,13 @@
 #include <coltrain/comm/mpi_transport.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
 #include <coltrain/comm/types.hpp>
+#include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <mpi.h>
 
 #include <climits>
 #include <cstddef>
-#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -27,12 +27,21 @@
 namespace coltrain::comm {
 namespace detail {
 
-template <class T>
-MPI_Datatype mpi_datatype() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+// The types an ElementReduction reduces.
+inline MPI_Datatype mpi_datatype(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
+    default:
+      throw InvalidArgument("MPI's native collectives do not reduce " +
+                            std::string(name_of(dtype)));
+  }
 }
 
 inline MPI_Op mpi_op(ReduceOp op) {
@@ -66,66 +75,64 @@ inline const void* mpi_send_buffer(const void* input, const void* output) {
 
 }  // namespace detail
 
-template <ReducibleElement T>
-void native_allreduce(MpiTransport& transport, const T* input, T* output, std::size_t count,
-                      ReduceOp op) {
+inline void native_allreduce(MpiTransport& transport, const std::byte* input, std::byte* output,
+                             std::size_t count, const ElementReduction& reduction) {
   COLTRAIN_CHECK_MPI(MPI_Allreduce(detail::mpi_send_buffer(input, output), output,
-                                   detail::mpi_count(count), detail::mpi_datatype<T>(),
-                                   detail::mpi_op(op), transport.comm()));
-  if (op == ReduceOp::kAvg) divide_by_ranks(output, count, transport.size());
+                                   detail::mpi_count(count), detail::mpi_datatype(reduction.dtype),
+                                   detail::mpi_op(reduction.op), transport.comm()));
+  reduction.finish(output, count * reduction.element_bytes, transport.size());
 }
 
-template <class T>
-void native_broadcast(MpiTransport& transport, T* data, std::size_t count, int root) {
-  COLTRAIN_CHECK_MPI(
-      MPI_Bcast(data, detail::mpi_count(count * sizeof(T)), MPI_BYTE, root, transport.comm()));
+inline void native_broadcast(MpiTransport& transport, std::byte* data, std::size_t bytes,
+                             int root) {
+  COLTRAIN_CHECK_MPI(MPI_Bcast(data, detail::mpi_count(bytes), MPI_BYTE, root, transport.comm()));
 }
 
-template <class T>
-void native_allgather(MpiTransport& transport, const T* input, T* output, std::size_t count) {
-  const std::size_t mine = count * static_cast<std::size_t>(transport.rank());
+// `bytes` from every rank.
+inline void native_allgather(MpiTransport& transport, const std::byte* input, std::byte* output,
+                             std::size_t bytes) {
+  const std::size_t mine = bytes * static_cast<std::size_t>(transport.rank());
   const void* send = input == output + mine ? MPI_IN_PLACE : static_cast<const void*>(input);
-  COLTRAIN_CHECK_MPI(MPI_Allgather(send, detail::mpi_count(count * sizeof(T)), MPI_BYTE, output,
-                                   detail::mpi_count(count * sizeof(T)), MPI_BYTE,
-                                   transport.comm()));
+  COLTRAIN_CHECK_MPI(MPI_Allgather(send, detail::mpi_count(bytes), MPI_BYTE, output,
+                                   detail::mpi_count(bytes), MPI_BYTE, transport.comm()));
 }
 
 // In place when output is this rank's block of input. MPI's in-place form leaves the result at the
 // start of the buffer, so it is moved to this rank's block afterwards.
-template <ReducibleElement T>
-void native_reduce_scatter(MpiTransport& transport, const T* input, T* output, std::size_t count,
-                           ReduceOp op) {
-  const std::size_t mine = count * static_cast<std::size_t>(transport.rank());
+inline void native_reduce_scatter(MpiTransport& transport, const std::byte* input,
+                                  std::byte* output, std::size_t count,
+                                  const ElementReduction& reduction) {
+  const std::size_t block_bytes = count * reduction.element_bytes;
+  const std::size_t mine = block_bytes * static_cast<std::size_t>(transport.rank());
   if (output == input + mine) {
-    T* buffer = output - mine;  // the caller's writable buffer, which input views
+    std::byte* buffer = output - mine;  // the caller's writable buffer, which input views
     COLTRAIN_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, buffer, detail::mpi_count(count),
-                                                detail::mpi_datatype<T>(), detail::mpi_op(op),
-                                                transport.comm()));
-    if (mine != 0 && count != 0) std::memmove(output, buffer, count * sizeof(T));
+                                                detail::mpi_datatype(reduction.dtype),
+                                                detail::mpi_op(reduction.op), transport.comm()));
+    if (mine != 0 && count != 0) std::memmove(output, buffer, block_bytes);
   } else {
     COLTRAIN_CHECK_MPI(MPI_Reduce_scatter_block(input, output, detail::mpi_count(count),
-                                                detail::mpi_datatype<T>(), detail::mpi_op(op),
-                                                transport.comm()));
+                                                detail::mpi_datatype(reduction.dtype),
+                                                detail::mpi_op(reduction.op), transport.comm()));
   }
-  if (op == ReduceOp::kAvg) divide_by_ranks(output, count, transport.size());
+  reduction.finish(output, block_bytes, transport.size());
 }
 
-template <ReducibleElement T>
-void native_reduce(MpiTransport& transport, const T* input, T* output, std::size_t count, int root,
-                   ReduceOp op) {
+inline void native_reduce(MpiTransport& transport, const std::byte* input, std::byte* output,
+                          std::size_t count, int root, const ElementReduction& reduction) {
   const bool is_root = transport.rank() == root;
   // In place, the root reduces from a copy rather than with MPI_IN_PLACE: MPICH 4.0.2's
   // shared-memory MPI_Reduce crashes on MPI_IN_PLACE once the root has changed between calls.
-  std::vector<T> copy;
+  std::vector<std::byte> copy;
   if (is_root && input == output) {
-    copy.assign(input, input + count);
+    copy.assign(input, input + count * reduction.element_bytes);
     input = copy.data();
   }
   // Elsewhere the receive buffer is not MPI's to touch (an in-place caller's output is its input).
   COLTRAIN_CHECK_MPI(MPI_Reduce(input, is_root ? output : nullptr, detail::mpi_count(count),
-                                detail::mpi_datatype<T>(), detail::mpi_op(op), root,
-                                transport.comm()));
-  if (is_root && op == ReduceOp::kAvg) divide_by_ranks(output, count, transport.size());
+                                detail::mpi_datatype(reduction.dtype), detail::mpi_op(reduction.op),
+                                root, transport.comm()));
+  if (is_root) reduction.finish(output, count * reduction.element_bytes, transport.size());
 }
 
 inline void native_barrier(MpiTransport& transport) {

@@ -3,10 +3,12 @@
 // contiguous arrays with the op hoisted out of it, which g++ and clang vectorise (AVX2/AVX-512 with
 // -march=native; SSE2 otherwise): `out = a op b` allowing out == a, so one kernel serves in-place
 // and out-of-place reductions. Integers wrap on overflow (computed in the unsigned type, as
-// two's-complement hardware does) instead of being undefined behaviour.
+// two's-complement hardware does) instead of being undefined behaviour. The algorithms reach these
+// typed loops through ElementReduction, which erases the element type.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
+#include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <concepts>
@@ -74,6 +76,49 @@ template <ReducibleElement T>
 void divide_by_ranks(T* data, std::size_t n, int ranks) {
   const T divisor = static_cast<T>(ranks);
   for (std::size_t i = 0; i < n; ++i) data[i] = data[i] / divisor;
+}
+
+// A reduction over elements whose type is chosen at run time, as the algorithms take it: they move
+// and reduce bytes, so each is compiled once per transport instead of once per element type too.
+// The typed loops above are reached through a pointer once per chunk, which costs nothing beside
+// the chunk's own work. Byte counts and offsets are whole elements.
+struct ElementReduction {
+  DataType dtype = DataType::kFloat32;  // of the reduced elements (f16/bf16 arrive widened to f32)
+  std::size_t element_bytes = sizeof(float);
+  ReduceOp op = ReduceOp::kSum;
+  void (*reduce_bytes)(std::byte* out, const std::byte* a, const std::byte* b, std::size_t bytes,
+                       ReduceOp op) = nullptr;
+  void (*divide_bytes)(std::byte* data, std::size_t bytes, int ranks) = nullptr;
+
+  // reduce_into over `bytes` bytes.
+  void reduce(std::byte* out, const std::byte* a, const std::byte* b, std::size_t bytes) const {
+    reduce_bytes(out, a, b, bytes, op);
+  }
+  // What a final result still needs: divide_by_ranks for kAvg, nothing for the other ops.
+  void finish(std::byte* data, std::size_t bytes, int ranks) const {
+    if (op == ReduceOp::kAvg) divide_bytes(data, bytes, ranks);
+  }
+};
+
+namespace detail {
+
+template <ReducibleElement T>
+void reduce_bytes(std::byte* out, const std::byte* a, const std::byte* b, std::size_t bytes,
+                  ReduceOp op) {
+  reduce_into(reinterpret_cast<T*>(out), reinterpret_cast<const T*>(a),
+              reinterpret_cast<const T*>(b), bytes / sizeof(T), op);
+}
+
+template <ReducibleElement T>
+void divide_bytes(std::byte* data, std::size_t bytes, int ranks) {
+  divide_by_ranks(reinterpret_cast<T*>(data), bytes / sizeof(T), ranks);
+}
+
+}  // namespace detail
+
+template <ReducibleElement T>
+ElementReduction element_reduction(ReduceOp op) {
+  return {data_type_v<T>, sizeof(T), op, &detail::reduce_bytes<T>, &detail::divide_bytes<T>};
 }
 
 }  // namespace coltrain::comm

@@ -1,6 +1,7 @@
 #pragma once
 // What the algorithms share: how an array is cut into blocks and chunks, the tuning knobs, and
-// typed views of buffers as the bytes a Transport moves.
+// byte ranges of buffers as a Transport moves them. The algorithms see bytes only: element counts
+// and sizes decide where chunks are cut, an ElementReduction (reduce_kernels.hpp) reduces them.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
@@ -45,17 +46,17 @@ class Blocks {
   std::size_t parts_;
 };
 
-// How many chunks each of the blocks of `blocks` is cut into: the same number for every block, so
-// that chunk j of any block is one pipeline unit; at least one, so empty blocks still carry a
-// header.
-template <class T>
-std::size_t chunks_per_block(const Blocks& blocks, const AlgorithmTuning& tuning) {
-  const std::size_t largest_bytes = blocks.size(0) * sizeof(T);
+// How many chunks each of the blocks of `blocks` (elements of `element_bytes` bytes) is cut into:
+// the same number for every block, so that chunk j of any block is one pipeline unit; at least one,
+// so empty blocks still carry a header.
+inline std::size_t chunks_per_block(const Blocks& blocks, std::size_t element_bytes,
+                                    const AlgorithmTuning& tuning) {
+  const std::size_t largest_bytes = blocks.size(0) * element_bytes;
   const std::size_t floor_bytes = std::min(tuning.min_chunk_bytes, tuning.chunk_bytes);
   const std::size_t chunk_bytes =
       std::clamp(largest_bytes / std::max<std::size_t>(1, tuning.min_chunks_per_block), floor_bytes,
                  tuning.chunk_bytes);
-  const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
+  const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes / element_bytes);
   return std::max<std::size_t>(1, (blocks.size(0) + chunk_elements - 1) / chunk_elements);
 }
 
@@ -71,27 +72,34 @@ inline Range chunk_of(const Blocks& blocks, std::size_t i, std::size_t chunks, s
   return {blocks.begin(i) + pieces.begin(j), pieces.size(j)};
 }
 
-template <class T>
-std::span<const std::byte> bytes_of(const T* data, Range range) {
-  return {reinterpret_cast<const std::byte*>(data + range.begin), range.size * sizeof(T)};
+// A byte range [begin, begin + size) of a buffer, always whole elements: what the host algorithms
+// send, receive and reduce.
+struct ByteRange {
+  std::size_t begin = 0;
+  std::size_t size = 0;
+};
+
+inline ByteRange to_bytes(Range elements, std::size_t element_bytes) {
+  return {elements.begin * element_bytes, elements.size * element_bytes};
 }
 
-template <class T>
-std::span<std::byte> writable_bytes_of(T* data, Range range) {
-  return {reinterpret_cast<std::byte*>(data + range.begin), range.size * sizeof(T)};
+inline std::span<const std::byte> bytes_of(const std::byte* data, ByteRange range) {
+  return {data + range.begin, range.size};
 }
 
-// The header of one message of the call `call` carrying `elements` elements of T.
-template <class T>
-MessageHeader message(const MessageHeader& call, std::size_t elements) {
+inline std::span<std::byte> writable_bytes_of(std::byte* data, ByteRange range) {
+  return {data + range.begin, range.size};
+}
+
+// The header of one message of the call `call` carrying `bytes` bytes.
+inline MessageHeader message(const MessageHeader& call, std::size_t bytes) {
   MessageHeader header = call;
-  header.bytes = elements * sizeof(T);
+  header.bytes = bytes;
   return header;
 }
 
-template <class T>
-void copy_elements(T* destination, const T* source, std::size_t n) {
-  if (destination != source && n != 0) std::memcpy(destination, source, n * sizeof(T));
+inline void copy_bytes(std::byte* destination, const std::byte* source, std::size_t bytes) {
+  if (destination != source && bytes != 0) std::memcpy(destination, source, bytes);
 }
 
 }  // namespace detail
@@ -101,27 +109,27 @@ namespace coltrain::comm::detail {
 
 // Receives a numbered stream of chunks from one peer into a small ring of buffers, keeping the next
 // kSlots receives posted so that data keeps arriving while the caller reduces the current chunk.
-template <Transport Tr, class T>
+template <Transport Tr>
 class ReceivePipeline {
  public:
   static constexpr std::size_t kSlots = 4;
 
-  // `range_of(u)` is the element range of unit u; every unit fits in `slot_elements`.
+  // `range_of(u)` is the byte range of unit u; every unit fits in `slot_bytes`.
   template <class RangeOf>
   ReceivePipeline(Tr& transport, int peer, const MessageHeader& call, std::size_t units,
-                  std::size_t slot_elements, RangeOf range_of)
+                  std::size_t slot_bytes, RangeOf range_of)
       : transport_(transport),
         peer_(peer),
         call_(call),
         units_(units),
-        slot_elements_(slot_elements),
-        buffer_(kSlots * slot_elements),
+        slot_bytes_(slot_bytes),
+        buffer_(kSlots * slot_bytes),
         range_of_(range_of) {
     for (std::size_t u = 0; u < std::min(kSlots, units_); ++u) post(u);
   }
 
   // Waits for unit u (units are taken in order) and returns its data, valid until release(u).
-  const T* wait(std::size_t u) {
+  const std::byte* wait(std::size_t u) {
     transport_.wait(requests_[u % kSlots]);
     return slot(u);
   }
@@ -132,21 +140,21 @@ class ReceivePipeline {
   }
 
  private:
-  T* slot(std::size_t u) { return buffer_.data() + (u % kSlots) * slot_elements_; }
+  std::byte* slot(std::size_t u) { return buffer_.data() + (u % kSlots) * slot_bytes_; }
 
   void post(std::size_t u) {
-    const std::size_t elements = range_of_(u).size;
-    requests_[u % kSlots] = transport_.irecv(peer_, message<T>(call_, elements),
-                                             writable_bytes_of(slot(u), Range{0, elements}));
+    const std::size_t bytes = range_of_(u).size;
+    requests_[u % kSlots] = transport_.irecv(peer_, message(call_, bytes),
+                                             writable_bytes_of(slot(u), ByteRange{0, bytes}));
   }
 
   Tr& transport_;
   int peer_;
   MessageHeader call_;
   std::size_t units_;
-  std::size_t slot_elements_;
-  std::vector<T> buffer_;
-  std::function<Range(std::size_t)> range_of_;
+  std::size_t slot_bytes_;
+  std::vector<std::byte> buffer_;
+  std::function<ByteRange(std::size_t)> range_of_;
   typename Tr::Request requests_[kSlots]{};
 };
 

@@ -33,17 +33,19 @@ void exchange(Tr& transport, int peer, const MessageHeader& sent_header,
 
 }  // namespace detail
 
-template <Transport Tr, ReducibleElement T>
-void halving_doubling_allreduce(Tr& transport, const T* input, T* output, std::size_t count,
-                                ReduceOp op, const MessageHeader& call, std::vector<T>& scratch) {
+template <Transport Tr>
+void halving_doubling_allreduce(Tr& transport, const std::byte* input, std::byte* output,
+                                std::size_t count, const ElementReduction& reduction,
+                                const MessageHeader& call, std::vector<std::byte>& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
-  detail::copy_elements(output, input, count);
+  const std::size_t bytes = count * reduction.element_bytes;
+  detail::copy_bytes(output, input, bytes);
   if (p == 1) return;
   const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
   const int extra = p - q;
-  const detail::Range everything{0, count};
-  const MessageHeader whole = detail::message<T>(call, count);
+  const detail::ByteRange everything{0, bytes};
+  const MessageHeader whole = detail::message(call, bytes);
 
   // Fold: ranks below 2e pair up; the even rank of each pair sits out.
   int virtual_rank = r - extra;
@@ -53,11 +55,11 @@ void halving_doubling_allreduce(Tr& transport, const T* input, T* output, std::s
       transport.wait(send);
       virtual_rank = -1;
     } else {
-      scratch.resize(count);
+      scratch.resize(bytes);
       auto receive =
           transport.irecv(r - 1, whole, detail::writable_bytes_of(scratch.data(), everything));
       transport.wait(receive);
-      reduce_into(output, output, scratch.data(), count, op);
+      reduction.reduce(output, output, scratch.data(), bytes);
       virtual_rank = r / 2;
     }
   }
@@ -66,9 +68,11 @@ void halving_doubling_allreduce(Tr& transport, const T* input, T* output, std::s
     auto real_rank = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
     const detail::Blocks blocks(count, static_cast<std::size_t>(q));
     auto range_of = [&](std::size_t first, std::size_t last) {
-      return detail::Range{blocks.begin(first), blocks.begin(last) - blocks.begin(first)};
+      return detail::ByteRange{
+          blocks.begin(first) * reduction.element_bytes,
+          (blocks.begin(last) - blocks.begin(first)) * reduction.element_bytes};
     };
-    scratch.resize(count);
+    scratch.resize(bytes);
     // Recursive halving: keep the half of the window on this rank's side of the bit.
     std::size_t low = 0;
     std::size_t high = static_cast<std::size_t>(q);
@@ -76,28 +80,26 @@ void halving_doubling_allreduce(Tr& transport, const T* input, T* output, std::s
       const int peer = real_rank(virtual_rank ^ mask);
       const std::size_t middle = (low + high) / 2;
       const bool keep_low = (virtual_rank & mask) == 0;
-      const detail::Range kept = keep_low ? range_of(low, middle) : range_of(middle, high);
-      const detail::Range given = keep_low ? range_of(middle, high) : range_of(low, middle);
-      detail::exchange(transport, peer, detail::message<T>(call, given.size),
-                       detail::bytes_of(output, given), detail::message<T>(call, kept.size),
-                       detail::writable_bytes_of(scratch.data(), detail::Range{0, kept.size}));
-      reduce_into(output + kept.begin, output + kept.begin, scratch.data(), kept.size, op);
+      const detail::ByteRange kept = keep_low ? range_of(low, middle) : range_of(middle, high);
+      const detail::ByteRange given = keep_low ? range_of(middle, high) : range_of(low, middle);
+      detail::exchange(transport, peer, detail::message(call, given.size),
+                       detail::bytes_of(output, given), detail::message(call, kept.size),
+                       detail::writable_bytes_of(scratch.data(), detail::ByteRange{0, kept.size}));
+      reduction.reduce(output + kept.begin, output + kept.begin, scratch.data(), kept.size);
       (keep_low ? high : low) = middle;
     }
-    if (op == ReduceOp::kAvg) {
-      const detail::Range mine = range_of(low, high);
-      divide_by_ranks(output + mine.begin, mine.size, p);
-    }
+    const detail::ByteRange reduced = range_of(low, high);  // this rank's block of the result
+    reduction.finish(output + reduced.begin, reduced.size, p);
     // Recursive doubling: swap windows with the same partners in reverse order.
     for (int mask = 1; mask < q; mask *= 2) {
       const int peer = real_rank(virtual_rank ^ mask);
       const std::size_t width = high - low;
       const bool window_is_low = (virtual_rank & mask) == 0;
       const std::size_t peer_low = window_is_low ? high : low - width;
-      const detail::Range mine = range_of(low, high);
-      const detail::Range theirs = range_of(peer_low, peer_low + width);
-      detail::exchange(transport, peer, detail::message<T>(call, mine.size),
-                       detail::bytes_of(output, mine), detail::message<T>(call, theirs.size),
+      const detail::ByteRange mine = range_of(low, high);
+      const detail::ByteRange theirs = range_of(peer_low, peer_low + width);
+      detail::exchange(transport, peer, detail::message(call, mine.size),
+                       detail::bytes_of(output, mine), detail::message(call, theirs.size),
                        detail::writable_bytes_of(output, theirs));
       low = std::min(low, peer_low);
       high = low + 2 * width;

@@ -20,30 +20,35 @@ namespace coltrain::comm {
 
 namespace detail {
 
-// The ring's layout: `count` elements in p segments, each cut into the same number of chunks. A
-// unit u is chunk u % chunks of the segment that moves at step u / chunks.
-template <class T>
+// The ring's layout: `count` elements of `element_bytes` bytes in p segments, each cut into the
+// same number of chunks. A unit u is chunk u % chunks of the segment that moves at step u / chunks.
 struct RingLayout {
-  RingLayout(int p, int r, std::size_t count, const AlgorithmTuning& tuning)
+  RingLayout(int p, int r, std::size_t count, std::size_t element_bytes,
+             const AlgorithmTuning& tuning)
       : p(p),
         r(r),
         right((r + 1) % p),
         left((r + p - 1) % p),
+        element_bytes(element_bytes),
         segments(count, static_cast<std::size_t>(p)),
-        chunks(chunks_per_block<T>(segments, tuning)),
+        chunks(chunks_per_block(segments, element_bytes, tuning)),
         units(static_cast<std::size_t>(p - 1) * chunks) {}
 
-  // The chunk of unit u in segment r - offset - step.
-  Range unit_range(std::size_t u, int offset) const {
+  // The bytes of unit u's chunk in segment r - offset - step.
+  ByteRange unit_range(std::size_t u, int offset) const {
     const int segment = modulo(r - offset - static_cast<long long>(u / chunks), p);
-    return chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks);
+    return to_bytes(chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks),
+                    element_bytes);
   }
-  std::size_t largest_chunk() const { return (segments.size(0) + chunks - 1) / chunks; }
+  std::size_t largest_chunk_bytes() const {
+    return (segments.size(0) + chunks - 1) / chunks * element_bytes;
+  }
 
   int p;
   int r;
   int right;
   int left;
+  std::size_t element_bytes;
   Blocks segments;
   std::size_t chunks;
   std::size_t units;
@@ -54,28 +59,28 @@ struct RingLayout {
 // results. `input` may equal `work`. Each chunk of segment r is handed to `on_final(range)` as soon
 // as it is complete. Returns the sends, still in flight: unit u's send reads the chunk that the
 // allgather's unit u later receives into.
-template <Transport Tr, ReducibleElement T, class OnFinal>
-std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport,
-                                                            const RingLayout<T>& ring,
-                                                            const T* input, T* work, ReduceOp op,
+template <Transport Tr, class OnFinal>
+std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport, const RingLayout& ring,
+                                                            const std::byte* input, std::byte* work,
+                                                            const ElementReduction& reduction,
                                                             const MessageHeader& call,
                                                             OnFinal on_final) {
   auto received_range = [&](std::size_t u) { return ring.unit_range(u, 2); };
-  ReceivePipeline<Tr, T> receives(transport, ring.left, call, ring.units, ring.largest_chunk(),
-                                  received_range);
+  ReceivePipeline<Tr> receives(transport, ring.left, call, ring.units, ring.largest_chunk_bytes(),
+                               received_range);
   std::vector<typename Tr::Request> sends;
   sends.reserve(ring.units);
   auto post_send = [&](std::size_t u) {
-    const Range range = ring.unit_range(u, 1);
-    const T* source = u < ring.chunks ? input : work;  // step 0 sends this rank's own contribution
+    const ByteRange range = ring.unit_range(u, 1);
+    const std::byte* source = u < ring.chunks ? input : work;  // step 0: this rank's own input
     sends.push_back(
-        transport.isend(ring.right, message<T>(call, range.size), bytes_of(source, range)));
+        transport.isend(ring.right, message(call, range.size), bytes_of(source, range)));
   };
   for (std::size_t j = 0; j < ring.chunks; ++j) post_send(j);
   for (std::size_t u = 0; u < ring.units; ++u) {
-    const T* received = receives.wait(u);
-    const Range range = received_range(u);
-    reduce_into(work + range.begin, input + range.begin, received, range.size, op);
+    const std::byte* received = receives.wait(u);
+    const ByteRange range = received_range(u);
+    reduction.reduce(work + range.begin, input + range.begin, received, range.size);
     receives.release(u);
     if (u + ring.chunks < ring.units) {
       post_send(u + ring.chunks);  // the chunk just reduced travels on next step
@@ -90,23 +95,23 @@ std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport,
 // order, possibly after earlier sends); step s sends segment r-s and receives segment r-s-1
 // straight into `data`. Before a receive lands in a chunk, the earlier send `reads[u]` from that
 // chunk, if any, must be done.
-template <Transport Tr, class T>
-void ring_allgather_steps(Tr& transport, const RingLayout<T>& ring, T* data,
+template <Transport Tr>
+void ring_allgather_steps(Tr& transport, const RingLayout& ring, std::byte* data,
                           const MessageHeader& call, std::vector<typename Tr::Request>& sends,
                           std::vector<typename Tr::Request>& reads) {
   std::vector<typename Tr::Request> receives(ring.units);
   for (std::size_t u = 0; u < ring.units; ++u) {
     if (u < reads.size()) transport.wait(reads[u]);
-    const Range range = ring.unit_range(u, 1);
+    const ByteRange range = ring.unit_range(u, 1);
     receives[u] =
-        transport.irecv(ring.left, message<T>(call, range.size), writable_bytes_of(data, range));
+        transport.irecv(ring.left, message(call, range.size), writable_bytes_of(data, range));
   }
   for (std::size_t u = 0; u < ring.units; ++u) {
     transport.wait(receives[u]);
     if (u + ring.chunks < ring.units) {  // forward what just arrived
-      const Range range = ring.unit_range(u + ring.chunks, 0);
+      const ByteRange range = ring.unit_range(u + ring.chunks, 0);
       sends.push_back(
-          transport.isend(ring.right, message<T>(call, range.size), bytes_of(data, range)));
+          transport.isend(ring.right, message(call, range.size), bytes_of(data, range)));
     }
   }
   wait_all(transport, std::span(sends));
@@ -117,33 +122,35 @@ void ring_allgather_steps(Tr& transport, const RingLayout<T>& ring, T* data,
 
 // Reduce-scatter phase over `count` elements: afterwards work[segment r] holds the reduction over
 // all ranks of their input[segment r]; the other segments hold partial results.
-template <Transport Tr, ReducibleElement T>
-void ring_reduce_scatter_phase(Tr& transport, const T* input, T* work, std::size_t count,
-                               ReduceOp op, const MessageHeader& call,
-                               const AlgorithmTuning& tuning) {
-  const detail::RingLayout<T> ring(transport.size(), transport.rank(), count, tuning);
-  auto sends = detail::ring_reduce_scatter_steps(transport, ring, input, work, op, call,
-                                                 [](detail::Range) {});
+template <Transport Tr>
+void ring_reduce_scatter_phase(Tr& transport, const std::byte* input, std::byte* work,
+                               std::size_t count, const ElementReduction& reduction,
+                               const MessageHeader& call, const AlgorithmTuning& tuning) {
+  const detail::RingLayout ring(transport.size(), transport.rank(), count, reduction.element_bytes,
+                                tuning);
+  auto sends = detail::ring_reduce_scatter_steps(transport, ring, input, work, reduction, call,
+                                                 [](detail::ByteRange) {});
   wait_all(transport, std::span(sends));
 }
 
 // The allgather starts on each chunk of this rank's segment as soon as the reduce-scatter has
 // finished it, so the two phases overlap.
-template <Transport Tr, ReducibleElement T>
-void ring_allreduce(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
-                    const MessageHeader& call, const AlgorithmTuning& tuning) {
+template <Transport Tr>
+void ring_allreduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                    const ElementReduction& reduction, const MessageHeader& call,
+                    const AlgorithmTuning& tuning) {
   const int p = transport.size();
   if (p == 1) {
-    detail::copy_elements(output, input, count);
+    detail::copy_bytes(output, input, count * reduction.element_bytes);
     return;
   }
-  const detail::RingLayout<T> ring(p, transport.rank(), count, tuning);
+  const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes, tuning);
   std::vector<typename Tr::Request> allgather_sends;
   allgather_sends.reserve(ring.units);
   auto reduce_scatter_sends = detail::ring_reduce_scatter_steps(
-      transport, ring, input, output, op, call, [&](detail::Range range) {
-        if (op == ReduceOp::kAvg) divide_by_ranks(output + range.begin, range.size, p);
-        allgather_sends.push_back(transport.isend(ring.right, detail::message<T>(call, range.size),
+      transport, ring, input, output, reduction, call, [&](detail::ByteRange range) {
+        reduction.finish(output + range.begin, range.size, p);
+        allgather_sends.push_back(transport.isend(ring.right, detail::message(call, range.size),
                                                   detail::bytes_of(output, range)));
       });
   detail::ring_allgather_steps(transport, ring, output, call, allgather_sends,
@@ -152,37 +159,44 @@ void ring_allreduce(Tr& transport, const T* input, T* output, std::size_t count,
 
 // input: count * p elements; output: this rank's count elements of the reduction. `scratch` is
 // reused across calls to hold the partial results.
-template <Transport Tr, ReducibleElement T>
-void ring_reduce_scatter(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
+template <Transport Tr>
+void ring_reduce_scatter(Tr& transport, const std::byte* input, std::byte* output,
+                         std::size_t count, const ElementReduction& reduction,
                          const MessageHeader& call, const AlgorithmTuning& tuning,
-                         std::vector<T>& scratch) {
+                         std::vector<std::byte>& scratch) {
   const int p = transport.size();
+  const std::size_t block_bytes = count * reduction.element_bytes;
   if (p == 1) {
-    detail::copy_elements(output, input, count);
+    detail::copy_bytes(output, input, block_bytes);
     return;
   }
   const std::size_t total = count * static_cast<std::size_t>(p);
-  scratch.resize(total);
-  ring_reduce_scatter_phase(transport, input, scratch.data(), total, op, call, tuning);
-  detail::copy_elements(output, scratch.data() + count * static_cast<std::size_t>(transport.rank()),
-                        count);
-  if (op == ReduceOp::kAvg) divide_by_ranks(output, count, p);
+  scratch.resize(total * reduction.element_bytes);
+  ring_reduce_scatter_phase(transport, input, scratch.data(), total, reduction, call, tuning);
+  detail::copy_bytes(output,
+                     scratch.data() + block_bytes * static_cast<std::size_t>(transport.rank()),
+                     block_bytes);
+  reduction.finish(output, block_bytes, p);
 }
 
-// input: count elements; output: count * p elements, rank i's block at i * count.
-template <Transport Tr, class T>
-void ring_allgather(Tr& transport, const T* input, T* output, std::size_t count,
-                    const MessageHeader& call, const AlgorithmTuning& tuning) {
+// input: count elements of `element_bytes` bytes; output: count * p elements, rank i's block at
+// i * count.
+template <Transport Tr>
+void ring_allgather(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                    std::size_t element_bytes, const MessageHeader& call,
+                    const AlgorithmTuning& tuning) {
   const int p = transport.size();
-  detail::copy_elements(output + count * static_cast<std::size_t>(transport.rank()), input, count);
+  const std::size_t block_bytes = count * element_bytes;
+  detail::copy_bytes(output + block_bytes * static_cast<std::size_t>(transport.rank()), input,
+                     block_bytes);
   if (p == 1) return;
-  const detail::RingLayout<T> ring(p, transport.rank(), count * static_cast<std::size_t>(p),
-                                   tuning);
+  const detail::RingLayout ring(p, transport.rank(), count * static_cast<std::size_t>(p),
+                                element_bytes, tuning);
   std::vector<typename Tr::Request> sends;
   sends.reserve(ring.units);
   for (std::size_t j = 0; j < ring.chunks; ++j) {
-    const detail::Range range = ring.unit_range(j, 0);
-    sends.push_back(transport.isend(ring.right, detail::message<T>(call, range.size),
+    const detail::ByteRange range = ring.unit_range(j, 0);
+    sends.push_back(transport.isend(ring.right, detail::message(call, range.size),
                                     detail::bytes_of(output, range)));
   }
   std::vector<typename Tr::Request> no_earlier_reads;
@@ -191,23 +205,25 @@ void ring_allgather(Tr& transport, const T* input, T* output, std::size_t count,
 
 // A pipelined chain from the root: rank root+v receives each chunk from root+v-1 and forwards it to
 // root+v+1 at once.
-template <Transport Tr, class T>
-void ring_broadcast(Tr& transport, T* data, std::size_t count, int root, const MessageHeader& call,
-                    const AlgorithmTuning& tuning) {
+template <Transport Tr>
+void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size_t element_bytes,
+                    int root, const MessageHeader& call, const AlgorithmTuning& tuning) {
   const int p = transport.size();
   if (p == 1) return;
   const int v = detail::modulo(transport.rank() - root, p);
   const int previous = detail::modulo(transport.rank() - 1, p);
   const int next = (transport.rank() + 1) % p;
   const detail::Blocks whole(count, 1);
-  const std::size_t chunks = detail::chunks_per_block<T>(whole, tuning);
-  const detail::Blocks pieces(count, chunks);
+  const std::size_t chunks = detail::chunks_per_block(whole, element_bytes, tuning);
+  auto range_of = [&](std::size_t j) {
+    return detail::to_bytes(detail::chunk_of(whole, 0, chunks, j), element_bytes);
+  };
 
   std::vector<typename Tr::Request> receives;
   if (v > 0) {
     for (std::size_t j = 0; j < chunks; ++j) {
-      const detail::Range range{pieces.begin(j), pieces.size(j)};
-      receives.push_back(transport.irecv(previous, detail::message<T>(call, range.size),
+      const detail::ByteRange range = range_of(j);
+      receives.push_back(transport.irecv(previous, detail::message(call, range.size),
                                          detail::writable_bytes_of(data, range)));
     }
   }
@@ -215,9 +231,9 @@ void ring_broadcast(Tr& transport, T* data, std::size_t count, int root, const M
   for (std::size_t j = 0; j < chunks; ++j) {
     if (v > 0) transport.wait(receives[j]);
     if (v < p - 1) {
-      const detail::Range range{pieces.begin(j), pieces.size(j)};
-      sends.push_back(transport.isend(next, detail::message<T>(call, range.size),
-                                      detail::bytes_of(data, range)));
+      const detail::ByteRange range = range_of(j);
+      sends.push_back(
+          transport.isend(next, detail::message(call, range.size), detail::bytes_of(data, range)));
     }
   }
   wait_all(transport, std::span(sends));
@@ -226,49 +242,52 @@ void ring_broadcast(Tr& transport, T* data, std::size_t count, int root, const M
 // A pipelined chain to the root: rank root+p-1 starts, every rank adds its input to each chunk and
 // passes it on toward the root. output is written on the root only; `scratch` holds the partial
 // results elsewhere.
-template <Transport Tr, ReducibleElement T>
-void ring_reduce(Tr& transport, const T* input, T* output, std::size_t count, int root, ReduceOp op,
-                 const MessageHeader& call, const AlgorithmTuning& tuning,
-                 std::vector<T>& scratch) {
+template <Transport Tr>
+void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                 int root, const ElementReduction& reduction, const MessageHeader& call,
+                 const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
   const int v = detail::modulo(r - root, p);
+  const std::size_t element_bytes = reduction.element_bytes;
   if (p == 1) {
-    detail::copy_elements(output, input, count);
+    detail::copy_bytes(output, input, count * element_bytes);
     return;
   }
   const detail::Blocks whole(count, 1);
-  const std::size_t chunks = detail::chunks_per_block<T>(whole, tuning);
-  const detail::Blocks pieces(count, chunks);
-  auto range_of = [&](std::size_t j) { return detail::Range{pieces.begin(j), pieces.size(j)}; };
+  const std::size_t chunks = detail::chunks_per_block(whole, element_bytes, tuning);
+  auto range_of = [&](std::size_t j) {
+    return detail::to_bytes(detail::chunk_of(whole, 0, chunks, j), element_bytes);
+  };
   const int toward_root = detail::modulo(r - 1, p);
   const int away_from_root = (r + 1) % p;
 
   std::vector<typename Tr::Request> sends;
   if (v == p - 1) {  // the chain's far end sends its input as it is
     for (std::size_t j = 0; j < chunks; ++j) {
-      sends.push_back(transport.isend(toward_root, detail::message<T>(call, pieces.size(j)),
-                                      detail::bytes_of(input, range_of(j))));
+      const detail::ByteRange range = range_of(j);
+      sends.push_back(transport.isend(toward_root, detail::message(call, range.size),
+                                      detail::bytes_of(input, range)));
     }
     wait_all(transport, std::span(sends));
     return;
   }
-  T* work = output;
+  std::byte* work = output;
   if (v != 0) {
-    scratch.resize(count);
+    scratch.resize(count * element_bytes);
     work = scratch.data();
   }
-  detail::ReceivePipeline<Tr, T> receives(transport, away_from_root, call, chunks, pieces.size(0),
-                                          range_of);
+  detail::ReceivePipeline<Tr> receives(transport, away_from_root, call, chunks, range_of(0).size,
+                                       range_of);
   for (std::size_t j = 0; j < chunks; ++j) {
-    const detail::Range range = range_of(j);
-    reduce_into(work + range.begin, input + range.begin, receives.wait(j), range.size, op);
+    const detail::ByteRange range = range_of(j);
+    reduction.reduce(work + range.begin, input + range.begin, receives.wait(j), range.size);
     receives.release(j);
     if (v != 0) {
-      sends.push_back(transport.isend(toward_root, detail::message<T>(call, range.size),
+      sends.push_back(transport.isend(toward_root, detail::message(call, range.size),
                                       detail::bytes_of(work, range)));
-    } else if (op == ReduceOp::kAvg) {
-      divide_by_ranks(work + range.begin, range.size, p);
+    } else {
+      reduction.finish(work + range.begin, range.size, p);
     }
   }
   wait_all(transport, std::span(sends));

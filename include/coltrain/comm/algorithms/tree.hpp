@@ -42,7 +42,7 @@ TreeNode tree_node(int rank, int p, ToVirtual to_virtual, ToReal to_real) {
 
 // One pipeline unit: a chunk and the tree it travels on.
 struct TreeUnit {
-  Range range;
+  ByteRange range;
   const TreeNode* node;
 };
 
@@ -51,56 +51,53 @@ enum class TreeFlow { kUp, kDown, kUpAndDown };
 // Runs the units through their trees. kUp leaves the reduction in `output` on each tree's root
 // (interior ranks use `output` for partial sums); kDown broadcasts `output` from the root;
 // kUpAndDown does both, so every rank ends with the reduction. kAvg divides at the root.
-template <Transport Tr, class T>
-void run_tree_pipeline(Tr& transport, const T* input, T* output, const std::vector<TreeUnit>& units,
-                       TreeFlow flow, ReduceOp op, const MessageHeader& call,
-                       std::size_t slot_elements) {
+// `reduction` is null for kDown, which only moves bytes; `slot_bytes` holds the largest unit.
+template <Transport Tr>
+void run_tree_pipeline(Tr& transport, const std::byte* input, std::byte* output,
+                       const std::vector<TreeUnit>& units, TreeFlow flow,
+                       const ElementReduction* reduction, const MessageHeader& call,
+                       std::size_t slot_bytes) {
   const bool up = flow != TreeFlow::kDown;
   const bool down = flow != TreeFlow::kUp;
   // A chunk starts down two iterations after it went up, so the next chunks' ascent overlaps it.
   const std::size_t lag = (up && down) ? 2 : 0;
   const std::size_t iterations = units.size() + (down ? lag : 0);
-  std::vector<T> slots(2 * slot_elements);
+  std::vector<std::byte> slots(2 * slot_bytes);
   std::vector<typename Tr::Request> up_sends(units.size());
   std::vector<typename Tr::Request> down_sends;
   const int p = transport.size();
 
   for (std::size_t i = 0; i < iterations; ++i) {
-    // Broadcast moves any element type; only reducing flows need arithmetic on T.
-    if constexpr (ReducibleElement<T>) {
-      if (up && i < units.size()) {
-        const TreeUnit& unit = units[i];
-        const TreeNode& node = *unit.node;
-        const MessageHeader header = message<T>(call, unit.range.size);
-        typename Tr::Request child_requests[2]{};
-        for (int c = 0; c < node.child_count; ++c) {
-          child_requests[c] = transport.irecv(
-              node.children[static_cast<std::size_t>(c)], header,
-              writable_bytes_of(slots.data() + static_cast<std::size_t>(c) * slot_elements,
-                                Range{0, unit.range.size}));
-        }
-        const T* mine = input + unit.range.begin;  // a leaf sends its input as it is
-        for (int c = 0; c < node.child_count; ++c) {
-          transport.wait(child_requests[c]);
-          reduce_into(output + unit.range.begin, mine,
-                      slots.data() + static_cast<std::size_t>(c) * slot_elements, unit.range.size,
-                      op);
-          mine = output + unit.range.begin;
-        }
-        if (node.parent >= 0) {
-          up_sends[i] =
-              transport.isend(node.parent, header, bytes_of(mine - unit.range.begin, unit.range));
-        } else {
-          copy_elements(output + unit.range.begin, mine,
-                        unit.range.size);  // a root without children
-          if (op == ReduceOp::kAvg) divide_by_ranks(output + unit.range.begin, unit.range.size, p);
-        }
+    if (up && i < units.size()) {
+      const TreeUnit& unit = units[i];
+      const TreeNode& node = *unit.node;
+      const MessageHeader header = message(call, unit.range.size);
+      typename Tr::Request child_requests[2]{};
+      for (int c = 0; c < node.child_count; ++c) {
+        child_requests[c] = transport.irecv(
+            node.children[static_cast<std::size_t>(c)], header,
+            writable_bytes_of(slots.data() + static_cast<std::size_t>(c) * slot_bytes,
+                              ByteRange{0, unit.range.size}));
+      }
+      const std::byte* mine = input + unit.range.begin;  // a leaf sends its input as it is
+      for (int c = 0; c < node.child_count; ++c) {
+        transport.wait(child_requests[c]);
+        reduction->reduce(output + unit.range.begin, mine,
+                          slots.data() + static_cast<std::size_t>(c) * slot_bytes, unit.range.size);
+        mine = output + unit.range.begin;
+      }
+      if (node.parent >= 0) {
+        up_sends[i] =
+            transport.isend(node.parent, header, bytes_of(mine - unit.range.begin, unit.range));
+      } else {
+        copy_bytes(output + unit.range.begin, mine, unit.range.size);  // a root without children
+        reduction->finish(output + unit.range.begin, unit.range.size, p);
       }
     }
     if (down && i >= lag) {
       const TreeUnit& unit = units[i - lag];
       const TreeNode& node = *unit.node;
-      const MessageHeader header = message<T>(call, unit.range.size);
+      const MessageHeader header = message(call, unit.range.size);
       if (node.parent >= 0) {
         // The result lands where this rank's partial sum was sent from: that send must be done.
         if (up) transport.wait(up_sends[i - lag]);
@@ -120,13 +117,15 @@ void run_tree_pipeline(Tr& transport, const T* input, T* output, const std::vect
 }  // namespace detail
 
 // Allreduce over two mirrored trees, each carrying half of the chunks.
-template <Transport Tr, ReducibleElement T>
-void tree_allreduce(Tr& transport, const T* input, T* output, std::size_t count, ReduceOp op,
-                    const MessageHeader& call, const AlgorithmTuning& tuning) {
+template <Transport Tr>
+void tree_allreduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                    const ElementReduction& reduction, const MessageHeader& call,
+                    const AlgorithmTuning& tuning) {
   const int p = transport.size();
   const int r = transport.rank();
+  const std::size_t element_bytes = reduction.element_bytes;
   if (p == 1) {
-    detail::copy_elements(output, input, count);
+    detail::copy_bytes(output, input, count * element_bytes);
     return;
   }
   const std::array<detail::TreeNode, 2> nodes{
@@ -135,30 +134,32 @@ void tree_allreduce(Tr& transport, const T* input, T* output, std::size_t count,
       detail::tree_node(
           r, p, [p](int x) { return p - 1 - x; }, [p](int x) { return p - 1 - x; })};
   const detail::Blocks halves(count, 2);
-  const std::size_t chunks = detail::chunks_per_block<T>(halves, tuning);
+  const std::size_t chunks = detail::chunks_per_block(halves, element_bytes, tuning);
   std::vector<detail::TreeUnit> units;
   for (std::size_t j = 0; j < chunks; ++j) {
     for (std::size_t tree = 0; tree < 2; ++tree) {
-      units.push_back({detail::chunk_of(halves, tree, chunks, j), &nodes[tree]});
+      units.push_back({detail::to_bytes(detail::chunk_of(halves, tree, chunks, j), element_bytes),
+                       &nodes[tree]});
     }
   }
-  detail::run_tree_pipeline(transport, input, output, units, detail::TreeFlow::kUpAndDown, op, call,
-                            (halves.size(0) + chunks - 1) / chunks);
+  detail::run_tree_pipeline(transport, input, output, units, detail::TreeFlow::kUpAndDown,
+                            &reduction, call,
+                            (halves.size(0) + chunks - 1) / chunks * element_bytes);
 }
 
 namespace detail {
 
 // The units of a single tree rooted at `root`, for broadcast and reduce.
-template <class T>
-std::vector<TreeUnit> rooted_tree_units(const TreeNode& node, std::size_t count,
-                                        const AlgorithmTuning& tuning, std::size_t& slot_elements) {
+inline std::vector<TreeUnit> rooted_tree_units(const TreeNode& node, std::size_t count,
+                                               std::size_t element_bytes,
+                                               const AlgorithmTuning& tuning,
+                                               std::size_t& slot_bytes) {
   const Blocks whole(count, 1);
-  const std::size_t chunks = chunks_per_block<T>(whole, tuning);
-  const Blocks pieces(count, chunks);
+  const std::size_t chunks = chunks_per_block(whole, element_bytes, tuning);
   std::vector<TreeUnit> units;
   for (std::size_t j = 0; j < chunks; ++j)
-    units.push_back({{pieces.begin(j), pieces.size(j)}, &node});
-  slot_elements = pieces.size(0);
+    units.push_back({to_bytes(chunk_of(whole, 0, chunks, j), element_bytes), &node});
+  slot_bytes = units.front().range.size;
   return units;
 }
 
@@ -169,38 +170,39 @@ inline TreeNode rooted_tree_node(int rank, int p, int root) {
 
 }  // namespace detail
 
-template <Transport Tr, class T>
-void tree_broadcast(Tr& transport, T* data, std::size_t count, int root, const MessageHeader& call,
-                    const AlgorithmTuning& tuning) {
+template <Transport Tr>
+void tree_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size_t element_bytes,
+                    int root, const MessageHeader& call, const AlgorithmTuning& tuning) {
   const int p = transport.size();
   if (p == 1) return;
   const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
-  std::size_t slot_elements = 0;
-  const auto units = detail::rooted_tree_units<T>(node, count, tuning, slot_elements);
-  detail::run_tree_pipeline(transport, data, data, units, detail::TreeFlow::kDown, ReduceOp::kSum,
-                            call, 0);
+  std::size_t slot_bytes = 0;
+  const auto units = detail::rooted_tree_units(node, count, element_bytes, tuning, slot_bytes);
+  detail::run_tree_pipeline(transport, data, data, units, detail::TreeFlow::kDown, nullptr, call,
+                            0);
 }
 
 // output is written on the root only; other ranks keep partial sums in `scratch`.
-template <Transport Tr, ReducibleElement T>
-void tree_reduce(Tr& transport, const T* input, T* output, std::size_t count, int root, ReduceOp op,
-                 const MessageHeader& call, const AlgorithmTuning& tuning,
-                 std::vector<T>& scratch) {
+template <Transport Tr>
+void tree_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                 int root, const ElementReduction& reduction, const MessageHeader& call,
+                 const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
   const int p = transport.size();
+  const std::size_t element_bytes = reduction.element_bytes;
   if (p == 1) {
-    detail::copy_elements(output, input, count);
+    detail::copy_bytes(output, input, count * element_bytes);
     return;
   }
   const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
-  T* work = output;
+  std::byte* work = output;
   if (transport.rank() != root) {
-    scratch.resize(count);
+    scratch.resize(count * element_bytes);
     work = scratch.data();
   }
-  std::size_t slot_elements = 0;
-  const auto units = detail::rooted_tree_units<T>(node, count, tuning, slot_elements);
-  detail::run_tree_pipeline(transport, input, work, units, detail::TreeFlow::kUp, op, call,
-                            slot_elements);
+  std::size_t slot_bytes = 0;
+  const auto units = detail::rooted_tree_units(node, count, element_bytes, tuning, slot_bytes);
+  detail::run_tree_pipeline(transport, input, work, units, detail::TreeFlow::kUp, &reduction, call,
+                            slot_bytes);
 }
 
 }  // namespace coltrain::comm
