@@ -107,3 +107,18 @@ TEST_CASE("bucket agreement finds a rank whose buckets differ from one kMin redu
   CHECK_THAT(message, Catch::Contains("ranks built different gradient buckets"));
   CHECK_THAT(message, Catch::Contains("28 to 32 bytes"));
 }
+
+TEST_CASE("the bucket fingerprint wraps, without overflow, for models with many large buckets") {
+  // 25 MiB buckets: the product passes 2^63 at the third (a signed overflow, which the sanitizer
+  // build, scripts/test_sanitize, reports). The reference wraps at 2^64, which 2^61 divides, so its
+  // last 61 bits are exact.
+  const std::vector<std::size_t> bytes(40, std::size_t{25} << 20);
+  const auto buckets = train::assign_gradient_buckets(bytes, std::size_t{1} << 20, 25u << 20);
+  REQUIRE(buckets.size() == 40);
+  std::uint64_t expected = 0;
+  for (const GradientBucket& bucket : buckets)
+    expected = (expected * 1000003 + bucket.bytes) % (std::uint64_t{1} << 61);
+  const auto values = train::bucket_agreement_values(buckets);
+  CHECK(values[4] == static_cast<std::int64_t>(expected));
+  CHECK(values[5] == -values[4]);
+}

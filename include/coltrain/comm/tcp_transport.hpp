@@ -752,7 +752,9 @@ class TcpTransport {
       detail::ParkedMessage& message = channel.parked.front();
       detail::PendingReceive& receive = channel.receives.front();
       check_header(receive.expected, message.header, rank_, peer);
-      std::memcpy(receive.payload.data(), message.payload.data(), message.received);
+      // An empty message's buffers may be null, which memcpy must not get even for 0 bytes.
+      if (message.received > 0)
+        std::memcpy(receive.payload.data(), message.payload.data(), message.received);
       receive.header_checked = true;
       receive.received = message.received;
       served = true;

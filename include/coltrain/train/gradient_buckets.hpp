@@ -53,15 +53,17 @@ inline std::vector<GradientBucket> assign_gradient_buckets(std::span<const std::
 // these six values gives every rank both the smallest and the largest of each across ranks, so a
 // rank with different buckets is found without a second collective.
 inline std::vector<std::int64_t> bucket_agreement_values(std::span<const GradientBucket> buckets) {
-  std::int64_t fingerprint = 0;
+  // Unsigned, so that the product wraps (a signed one overflows after a few buckets); the mask
+  // then keeps 61 bits, which fit an int64 with room for the negation.
+  std::uint64_t fingerprint = 0;
   std::int64_t total = 0;
   for (const GradientBucket& bucket : buckets) {
-    const auto bytes = static_cast<std::int64_t>(bucket.bytes);
-    total += bytes;
-    fingerprint = (fingerprint * 1000003 + bytes) & ((std::int64_t{1} << 61) - 1);
+    total += static_cast<std::int64_t>(bucket.bytes);
+    fingerprint = (fingerprint * 1000003 + bucket.bytes) & ((std::uint64_t{1} << 61) - 1);
   }
   const auto count = static_cast<std::int64_t>(buckets.size());
-  return {count, -count, total, -total, fingerprint, -fingerprint};
+  const auto print = static_cast<std::int64_t>(fingerprint);
+  return {count, -count, total, -total, print, -print};
 }
 
 // After the kMin allreduce of bucket_agreement_values(): empty when every rank built the same
