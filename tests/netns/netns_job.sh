@@ -7,7 +7,9 @@
 #  1. exact collectives across the hosts (tests/netns/netns_worker.cpp), over IPv4 by host name,
 #     and over IPv6 with COLTRAIN_SOCKET_IFNAME naming each host's interface;
 #  2. a short training run (the mnist_mlp sample, TCP backend);
-#  3. the same collectives with delay and loss (tc netem), where the kernel has netem;
+#  3. the same collectives with delay and loss: tc netem where the kernel has it; else 2% of
+#     host A's outgoing packets dropped by nftables and its link slowed to 100 Mbit/s (tc tbf),
+#     whose queue delays packets;
 #  4. the link cut mid-run: every rank fails within COLTRAIN_TIMEOUT and a bit, naming a rank on
 #     the other side.
 # Exits 77 (skipped) where it cannot create namespaces.
@@ -109,15 +111,33 @@ grep -qE "^epoch: 01/01 .*validation accuracy: 0\.[89]" "$dir/out.0" || fail "tr
 echo "training across hosts: $(grep '^epoch' "$dir/out.0")"
 
 # ---- 3. delay and loss ------------------------------------------------------------------------
-if ip netns exec "$hostA" tc qdisc add dev "${tag}va" root netem delay 2ms 1ms loss 1% 2>/dev/null; then
+# lossy_link: impairs host A's veth, printing what it did, or fails where neither way works.
+lossy_link() {
+  if ip netns exec "$hostA" tc qdisc add dev "${tag}va" root netem delay 2ms 1ms loss 1% 2>/dev/null; then
+    echo "2 ms delay (1 ms jitter) and 1% loss (tc netem)"
+    return 0
+  fi
+  command -v nft >/dev/null || return 1
+  ip netns exec "$hostA" nft add table inet coltrain_netns 2>/dev/null || return 1
+  ip netns exec "$hostA" nft add chain inet coltrain_netns out \
+    '{ type filter hook output priority 0; }' &&
+    ip netns exec "$hostA" nft add rule inet coltrain_netns out oifname "${tag}va" \
+      numgen random mod 100 '<' 2 counter drop &&
+    ip netns exec "$hostA" tc qdisc add dev "${tag}va" root tbf rate 100mbit burst 64kb latency 50ms ||
+    return 1
+  echo "2% of host A's packets dropped (nftables) on a 100 Mbit/s link (tc tbf)"
+}
+if impairment=$(lossy_link); then
   dir="$work/netem"
   launch "$dir" 60 "$worker"
   finish
-  all_passed || fail "collectives with delay and loss: exit statuses ${statuses[*]}"
-  echo "with 2 ms delay and 1% loss: $(cat "$dir/out.0")"
+  all_passed || fail "collectives with $impairment: exit statuses ${statuses[*]}"
+  dropped=$(ip netns exec "$hostA" nft list ruleset 2>/dev/null | grep -o 'packets [0-9]*' | head -1)
+  echo "with $impairment: $(cat "$dir/out.0")${dropped:+ ($dropped dropped)}"
   ip netns exec "$hostA" tc qdisc del dev "${tag}va" root
+  ip netns exec "$hostA" nft delete table inet coltrain_netns 2>/dev/null
 else
-  echo "SKIPPED part 3: tc netem is not available here (no sch_netem in this kernel)"
+  echo "SKIPPED part 3: neither tc netem nor nftables with tc tbf works here"
 fi
 
 # ---- 4. the link cut mid-run ------------------------------------------------------------------
