@@ -108,7 +108,7 @@ TEMPLATE_TEST_CASE("element_reduction runs the typed kernels on bytes, dividing 
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMax}) {
     const ElementReduction reduction = element_reduction<TestType>(op);
     CHECK(reduction.dtype == data_type_v<TestType>);
-    CHECK(reduction.element_bytes == sizeof(TestType));
+    CHECK(reduction.element_bytes() == sizeof(TestType));
     std::vector<TestType> expected(a.size());
     reduce_into(expected.data(), a.data(), b.data(), a.size(), op);
     std::vector<TestType> out(a.size());

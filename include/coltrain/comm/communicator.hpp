@@ -726,8 +726,8 @@ class Communicator {
     const int root = call.root;
     const std::byte* input = input_bytes.data();
     std::byte* output = output_bytes.data();
-    const std::size_t input_count = input_bytes.size() / reduction.element_bytes;
-    const std::size_t output_count = output_bytes.size() / reduction.element_bytes;
+    const std::size_t input_count = input_bytes.size() / reduction.element_bytes();
+    const std::size_t output_count = output_bytes.size() / reduction.element_bytes();
     recorded(call, [&] {
       with_transport([&](auto& t) {
         switch (call.collective) {

@@ -80,7 +80,7 @@ inline void native_allreduce(MpiTransport& transport, const std::byte* input, st
   COLTRAIN_CHECK_MPI(MPI_Allreduce(detail::mpi_send_buffer(input, output), output,
                                    detail::mpi_count(count), detail::mpi_datatype(reduction.dtype),
                                    detail::mpi_op(reduction.op), transport.comm()));
-  reduction.finish(output, count * reduction.element_bytes, transport.size());
+  reduction.finish(output, count * reduction.element_bytes(), transport.size());
 }
 
 inline void native_broadcast(MpiTransport& transport, std::byte* data, std::size_t bytes,
@@ -102,7 +102,7 @@ inline void native_allgather(MpiTransport& transport, const std::byte* input, st
 inline void native_reduce_scatter(MpiTransport& transport, const std::byte* input,
                                   std::byte* output, std::size_t count,
                                   const ElementReduction& reduction) {
-  const std::size_t block_bytes = count * reduction.element_bytes;
+  const std::size_t block_bytes = count * reduction.element_bytes();
   const std::size_t mine = block_bytes * static_cast<std::size_t>(transport.rank());
   if (output == input + mine) {
     std::byte* buffer = output - mine;  // the caller's writable buffer, which input views
@@ -125,14 +125,14 @@ inline void native_reduce(MpiTransport& transport, const std::byte* input, std::
   // shared-memory MPI_Reduce crashes on MPI_IN_PLACE once the root has changed between calls.
   std::vector<std::byte> copy;
   if (is_root && input == output) {
-    copy.assign(input, input + count * reduction.element_bytes);
+    copy.assign(input, input + count * reduction.element_bytes());
     input = copy.data();
   }
   // Elsewhere the receive buffer is not MPI's to touch (an in-place caller's output is its input).
   COLTRAIN_CHECK_MPI(MPI_Reduce(input, is_root ? output : nullptr, detail::mpi_count(count),
                                 detail::mpi_datatype(reduction.dtype), detail::mpi_op(reduction.op),
                                 root, transport.comm()));
-  if (is_root) reduction.finish(output, count * reduction.element_bytes, transport.size());
+  if (is_root) reduction.finish(output, count * reduction.element_bytes(), transport.size());
 }
 
 inline void native_barrier(MpiTransport& transport) {

@@ -84,12 +84,12 @@ void divide_by_ranks(T* data, std::size_t n, int ranks) {
 // the chunk's own work. Byte counts and offsets are whole elements.
 struct ElementReduction {
   DataType dtype = DataType::kFloat32;  // of the reduced elements (f16/bf16 arrive widened to f32)
-  std::size_t element_bytes = sizeof(float);
   ReduceOp op = ReduceOp::kSum;
   void (*reduce_bytes)(std::byte* out, const std::byte* a, const std::byte* b, std::size_t bytes,
                        ReduceOp op) = nullptr;
   void (*divide_bytes)(std::byte* data, std::size_t bytes, int ranks) = nullptr;
 
+  std::size_t element_bytes() const { return size_of(dtype); }
   // reduce_into over `bytes` bytes.
   void reduce(std::byte* out, const std::byte* a, const std::byte* b, std::size_t bytes) const {
     reduce_bytes(out, a, b, bytes, op);
@@ -118,7 +118,7 @@ void divide_bytes(std::byte* data, std::size_t bytes, int ranks) {
 
 template <ReducibleElement T>
 ElementReduction element_reduction(ReduceOp op) {
-  return {data_type_v<T>, sizeof(T), op, &detail::reduce_bytes<T>, &detail::divide_bytes<T>};
+  return {data_type_v<T>, op, &detail::reduce_bytes<T>, &detail::divide_bytes<T>};
 }
 
 }  // namespace coltrain::comm

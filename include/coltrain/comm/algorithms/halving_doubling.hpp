@@ -39,7 +39,7 @@ void halving_doubling_allreduce(Tr& transport, const std::byte* input, std::byte
                                 const MessageHeader& call, std::vector<std::byte>& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
-  const std::size_t bytes = count * reduction.element_bytes;
+  const std::size_t bytes = count * reduction.element_bytes();
   detail::copy_bytes(output, input, bytes);
   if (p == 1) return;
   const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
@@ -69,8 +69,8 @@ void halving_doubling_allreduce(Tr& transport, const std::byte* input, std::byte
     const detail::Blocks blocks(count, static_cast<std::size_t>(q));
     auto range_of = [&](std::size_t first, std::size_t last) {
       return detail::ByteRange{
-          blocks.begin(first) * reduction.element_bytes,
-          (blocks.begin(last) - blocks.begin(first)) * reduction.element_bytes};
+          blocks.begin(first) * reduction.element_bytes(),
+          (blocks.begin(last) - blocks.begin(first)) * reduction.element_bytes()};
     };
     scratch.resize(bytes);
     // Recursive halving: keep the half of the window on this rank's side of the bit.

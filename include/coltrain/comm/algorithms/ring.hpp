@@ -126,8 +126,8 @@ template <Transport Tr>
 void ring_reduce_scatter_phase(Tr& transport, const std::byte* input, std::byte* work,
                                std::size_t count, const ElementReduction& reduction,
                                const MessageHeader& call, const AlgorithmTuning& tuning) {
-  const detail::RingLayout ring(transport.size(), transport.rank(), count, reduction.element_bytes,
-                                tuning);
+  const detail::RingLayout ring(transport.size(), transport.rank(), count,
+                                reduction.element_bytes(), tuning);
   auto sends = detail::ring_reduce_scatter_steps(transport, ring, input, work, reduction, call,
                                                  [](detail::ByteRange) {});
   wait_all(transport, std::span(sends));
@@ -141,10 +141,10 @@ void ring_allreduce(Tr& transport, const std::byte* input, std::byte* output, st
                     const AlgorithmTuning& tuning) {
   const int p = transport.size();
   if (p == 1) {
-    detail::copy_bytes(output, input, count * reduction.element_bytes);
+    detail::copy_bytes(output, input, count * reduction.element_bytes());
     return;
   }
-  const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes, tuning);
+  const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes(), tuning);
   std::vector<typename Tr::Request> allgather_sends;
   allgather_sends.reserve(ring.units);
   auto reduce_scatter_sends = detail::ring_reduce_scatter_steps(
@@ -165,13 +165,13 @@ void ring_reduce_scatter(Tr& transport, const std::byte* input, std::byte* outpu
                          const MessageHeader& call, const AlgorithmTuning& tuning,
                          std::vector<std::byte>& scratch) {
   const int p = transport.size();
-  const std::size_t block_bytes = count * reduction.element_bytes;
+  const std::size_t block_bytes = count * reduction.element_bytes();
   if (p == 1) {
     detail::copy_bytes(output, input, block_bytes);
     return;
   }
   const std::size_t total = count * static_cast<std::size_t>(p);
-  scratch.resize(total * reduction.element_bytes);
+  scratch.resize(total * reduction.element_bytes());
   ring_reduce_scatter_phase(transport, input, scratch.data(), total, reduction, call, tuning);
   detail::copy_bytes(output,
                      scratch.data() + block_bytes * static_cast<std::size_t>(transport.rank()),
@@ -249,7 +249,7 @@ void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
   const int p = transport.size();
   const int r = transport.rank();
   const int v = detail::modulo(r - root, p);
-  const std::size_t element_bytes = reduction.element_bytes;
+  const std::size_t element_bytes = reduction.element_bytes();
   if (p == 1) {
     detail::copy_bytes(output, input, count * element_bytes);
     return;

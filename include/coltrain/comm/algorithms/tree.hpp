@@ -123,7 +123,7 @@ void tree_allreduce(Tr& transport, const std::byte* input, std::byte* output, st
                     const AlgorithmTuning& tuning) {
   const int p = transport.size();
   const int r = transport.rank();
-  const std::size_t element_bytes = reduction.element_bytes;
+  const std::size_t element_bytes = reduction.element_bytes();
   if (p == 1) {
     detail::copy_bytes(output, input, count * element_bytes);
     return;
@@ -188,7 +188,7 @@ void tree_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
                  int root, const ElementReduction& reduction, const MessageHeader& call,
                  const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
   const int p = transport.size();
-  const std::size_t element_bytes = reduction.element_bytes;
+  const std::size_t element_bytes = reduction.element_bytes();
   if (p == 1) {
     detail::copy_bytes(output, input, count * element_bytes);
     return;
