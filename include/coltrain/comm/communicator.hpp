@@ -740,7 +740,7 @@ class Communicator {
           case Algorithm::kPairwise:
             return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
           case Algorithm::kBruck:
-            return bruck_alltoall(t, input.data(), output.data(), block_bytes, call);
+            return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
           default:
             return run_native(t, [&](auto& mpi) {
               native_alltoall(mpi, input.data(), output.data(), block_bytes);

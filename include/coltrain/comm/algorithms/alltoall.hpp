@@ -39,41 +39,43 @@ void pairwise_alltoall(Tr& transport, const std::byte* input, std::byte* output,
   }
 }
 
+// `scratch` holds the rotated blocks and one message each way, reused across calls: allocating
+// (and faulting in) three fresh buffers per call cost more than the exchange itself.
 template <Transport Tr>
 void bruck_alltoall(Tr& transport, const std::byte* input, std::byte* output,
-                    std::size_t block_bytes, const MessageHeader& call) {
+                    std::size_t block_bytes, const MessageHeader& call,
+                    std::vector<std::byte>& scratch) {
   const int p = transport.size();
   const int rank = transport.rank();
   const auto block = [&](int i) { return static_cast<std::size_t>(i) * block_bytes; };
-  // rotated[i] is the block for rank + i.
-  std::vector<std::byte> rotated(block(p));
+  if (scratch.size() < 3 * block(p)) scratch.resize(3 * block(p));
+  std::byte* rotated = scratch.data();  // rotated[i] is the block for rank + i
+  std::byte* outgoing = rotated + block(p);
+  std::byte* incoming = outgoing + block(p);
   for (int i = 0; i < p; ++i)
-    detail::copy_bytes(rotated.data() + block(i), input + block((rank + i) % p), block_bytes);
-  std::vector<std::byte> outgoing(block(p));
-  std::vector<std::byte> incoming(block(p));
+    detail::copy_bytes(rotated + block(i), input + block((rank + i) % p), block_bytes);
   for (int k = 1; k < p; k <<= 1) {
     std::size_t packed = 0;
     for (int i = k; i < p; ++i) {
       if ((i & k) == 0) continue;
-      detail::copy_bytes(outgoing.data() + packed, rotated.data() + block(i), block_bytes);
+      detail::copy_bytes(outgoing + packed, rotated + block(i), block_bytes);
       packed += block_bytes;
     }
     const MessageHeader header = detail::message(call, packed);
     std::array<typename Tr::Request, 2> requests{
-        transport.irecv((rank - k + p) % p, header, std::span<std::byte>(incoming.data(), packed)),
-        transport.isend((rank + k) % p, header,
-                        std::span<const std::byte>(outgoing.data(), packed))};
+        transport.irecv((rank - k + p) % p, header, std::span<std::byte>(incoming, packed)),
+        transport.isend((rank + k) % p, header, std::span<const std::byte>(outgoing, packed))};
     wait_all(transport, std::span(requests));
     std::size_t unpacked = 0;
     for (int i = k; i < p; ++i) {
       if ((i & k) == 0) continue;
-      detail::copy_bytes(rotated.data() + block(i), incoming.data() + unpacked, block_bytes);
+      detail::copy_bytes(rotated + block(i), incoming + unpacked, block_bytes);
       unpacked += block_bytes;
     }
   }
   // rotated[i] now holds the block that rank - i sent to this rank.
   for (int i = 0; i < p; ++i)
-    detail::copy_bytes(output + block((rank - i + p) % p), rotated.data() + block(i), block_bytes);
+    detail::copy_bytes(output + block((rank - i + p) % p), rotated + block(i), block_bytes);
 }
 
 // Blocks of any size: rank i sends send_bytes[j] bytes from input + send_offsets[j] to rank j,
