@@ -135,3 +135,32 @@ TEST_CASE("a rank calling another collective gets an error naming both collectiv
     CHECK(ranks_naming_the_mismatch(outcome) >= 1);
   }
 }
+
+TEST_CASE("alltoallv ranks that disagree on a block's count get an error naming both counts",
+          "[comm][errors][mismatch][alltoallv]") {
+  if (coltrain::testing::world_size() < 2) return;
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    INFO(name_of(backend));
+    const Outcome outcome =
+        run_expecting_failure(backend, Algorithm::kPairwise, [](Communicator& c, Algorithm a) {
+          // Every rank sends every rank 1 element, but rank 1 expects 2 from rank 0.
+          const auto p = static_cast<std::size_t>(c.size());
+          std::vector<std::size_t> counts(p, 1), displacements(p);
+          for (std::size_t i = 0; i < p; ++i) displacements[i] = 2 * i;
+          std::vector<std::size_t> expected = counts;
+          if (c.rank() == 1) expected[0] = 2;
+          std::vector<float> input(2 * p, 1.0f), output(2 * p);
+          c.alltoallv(std::span<const float>(input), std::span(counts), std::span(displacements),
+                      std::span(output), std::span(expected), std::span(displacements), a);
+        });
+    // Rank 1 reads rank 0's header and names the mismatch. Rank 0's own blocks all agree, so it
+    // may finish the call; a later call would then find rank 1 gone.
+    if (coltrain::testing::world_rank() == 1) {
+      REQUIRE(outcome.mismatch);
+      CHECK_THAT(*outcome.mismatch, Contains("count differs between ranks") &&
+                                        Contains("rank 1 has 2") && Contains("rank 0 has 1"));
+    }
+    CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
+    CHECK(ranks_naming_the_mismatch(outcome) >= 1);
+  }
+}

@@ -218,6 +218,166 @@ TEMPLATE_TEST_CASE("reduce leaves the reduction on the root", "[comm][reduce]", 
   }
 }
 
+namespace {
+
+// Element i of the block that rank `sender` has for rank `receiver`: distinct for every sender,
+// receiver (5 ranks at most) and i mod 4, and exact in every element type, bf16 included (< 256).
+template <class T>
+T block_value(int sender, int receiver, std::size_t i) {
+  return coltrain::testing::to_element<T>((sender * 5 + receiver) * 4 + static_cast<int>(i % 4));
+}
+
+// Rank `sender`'s p blocks of `count`, block j meant for rank j.
+template <class T>
+std::vector<T> blocks_from(int sender, int p, std::size_t count) {
+  std::vector<T> data;
+  for (int receiver = 0; receiver < p; ++receiver)
+    for (std::size_t i = 0; i < count; ++i) data.push_back(block_value<T>(sender, receiver, i));
+  return data;
+}
+
+// What rank `receiver` holds after an alltoall: block j is what rank j had for it.
+template <class T>
+std::vector<T> blocks_to(int receiver, int p, std::size_t count) {
+  std::vector<T> data;
+  for (int sender = 0; sender < p; ++sender)
+    for (std::size_t i = 0; i < count; ++i) data.push_back(block_value<T>(sender, receiver, i));
+  return data;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("alltoall sends block j of every rank to rank j", "[comm][alltoall]", float,
+                   double, std::int32_t, std::int64_t, coltrain::half, coltrain::bfloat16) {
+  for (Backend backend : kBackends) {
+    Communicator& c = shared_communicator(backend);
+    const int p = c.size();
+    for (Algorithm algorithm : algorithms(backend, Collective::kAlltoall)) {
+      for (std::size_t count : counts(p)) {
+        INFO(name_of(backend) << " " << name_of(algorithm) << " count " << count);
+        const std::vector<TestType> mine = blocks_from<TestType>(c.rank(), p, count);
+        std::vector<TestType> output(mine.size(), coltrain::testing::to_element<TestType>(-7));
+        c.alltoall(std::span<const TestType>(mine), std::span(output), algorithm);
+        CHECK(output == blocks_to<TestType>(c.rank(), p, count));
+        CHECK(mine == blocks_from<TestType>(c.rank(), p, count));  // the input is left alone
+
+        std::vector<TestType> in_place = mine;
+        c.alltoall(std::span(in_place), algorithm);
+        CHECK(in_place == blocks_to<TestType>(c.rank(), p, count));
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("gather collects every rank's block on the root, scatter hands them out",
+                   "[comm][gather][scatter]", float, std::int64_t, coltrain::bfloat16) {
+  for (Backend backend : kBackends) {
+    Communicator& c = shared_communicator(backend);
+    const int p = c.size();
+    const auto blocks = static_cast<std::size_t>(p);
+    for (Algorithm algorithm : algorithms(backend, Collective::kGather)) {
+      for (int root = 0; root < p; ++root) {
+        for (std::size_t count : counts(p)) {
+          INFO(name_of(backend) << " " << name_of(algorithm) << " root " << root << " count "
+                                << count);
+          // Gather: rank r's block is what it has for the root.
+          std::vector<TestType> mine(count);
+          for (std::size_t i = 0; i < count; ++i)
+            mine[i] = block_value<TestType>(c.rank(), root, i);
+          std::vector<TestType> gathered(c.rank() == root ? count * blocks : 0,
+                                         coltrain::testing::to_element<TestType>(-7));
+          c.gather(std::span<const TestType>(mine), std::span(gathered), root, algorithm);
+          if (c.rank() == root) CHECK(gathered == blocks_to<TestType>(root, p, count));
+
+          // Scatter: the root's block j is what it has for rank j.
+          const std::vector<TestType> all =
+              c.rank() == root ? blocks_from<TestType>(root, p, count) : std::vector<TestType>{};
+          std::vector<TestType> received(count, coltrain::testing::to_element<TestType>(-7));
+          c.scatter(std::span<const TestType>(all), std::span(received), root, algorithm);
+          std::vector<TestType> expected(count);
+          for (std::size_t i = 0; i < count; ++i)
+            expected[i] = block_value<TestType>(root, c.rank(), i);
+          CHECK(received == expected);
+        }
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("allgatherv collects blocks of different sizes in rank order",
+                   "[comm][allgatherv]", float, std::int64_t, coltrain::half) {
+  for (Backend backend : kBackends) {
+    Communicator& c = shared_communicator(backend);
+    const int p = c.size();
+    for (Algorithm algorithm : algorithms(backend, Collective::kAllgatherv)) {
+      for (std::size_t shift : {0, 1, 2}) {
+        // Rank i's count: 0, 1 or 600 (several 256-byte chunks), varying with the rank.
+        std::vector<std::size_t> counts;
+        for (int i = 0; i < p; ++i) counts.push_back(std::array{0, 1, 600}[(i + shift) % 3]);
+        INFO(name_of(backend) << " " << name_of(algorithm) << " shift " << shift);
+        std::vector<TestType> expected;
+        for (int i = 0; i < p; ++i)
+          for (std::size_t k = 0; k < counts[static_cast<std::size_t>(i)]; ++k)
+            expected.push_back(block_value<TestType>(i, 0, k));
+        std::vector<TestType> mine;
+        for (std::size_t k = 0; k < counts[static_cast<std::size_t>(c.rank())]; ++k)
+          mine.push_back(block_value<TestType>(c.rank(), 0, k));
+        std::vector<TestType> output(expected.size(), coltrain::testing::to_element<TestType>(-7));
+        c.allgatherv(std::span<const TestType>(mine), std::span(output), std::span(counts),
+                     algorithm);
+        CHECK(output == expected);
+      }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("alltoallv moves blocks of any size between any places", "[comm][alltoallv]",
+                   float, std::int32_t, coltrain::bfloat16) {
+  for (Backend backend : kBackends) {
+    Communicator& c = shared_communicator(backend);
+    const int p = c.size();
+    const auto up = static_cast<std::size_t>(p);
+    const auto me = static_cast<std::size_t>(c.rank());
+    for (Algorithm algorithm : algorithms(backend, Collective::kAlltoallv)) {
+      for (std::size_t shift : {0, 1, 2, 3}) {
+        INFO(name_of(backend) << " " << name_of(algorithm) << " shift " << shift);
+        // Rank i sends rank j (i + 2j + shift) mod 4 elements, 0 included.
+        const auto count = [&](std::size_t from, std::size_t to) {
+          return (from + 2 * to + shift) % 4;
+        };
+        // Send blocks in reverse rank order, receive blocks in rank order, one spare element
+        // after each block: displacements are not the packed ones.
+        std::vector<std::size_t> send_counts(up), send_displacements(up);
+        std::vector<std::size_t> recv_counts(up), recv_displacements(up);
+        std::size_t sent = 0, received = 0;
+        for (std::size_t k = 0; k < up; ++k) {
+          const std::size_t j = up - 1 - k;
+          send_counts[j] = count(me, j);
+          send_displacements[j] = sent;
+          sent += send_counts[j] + 1;
+          recv_counts[k] = count(k, me);
+          recv_displacements[k] = received;
+          received += recv_counts[k] + 1;
+        }
+        const TestType spare = coltrain::testing::to_element<TestType>(-7);
+        std::vector<TestType> input(sent, spare);
+        for (std::size_t j = 0; j < up; ++j)
+          for (std::size_t k = 0; k < send_counts[j]; ++k)
+            input[send_displacements[j] + k] = block_value<TestType>(c.rank(), int(j), k);
+        std::vector<TestType> expected(received, spare);
+        for (std::size_t i = 0; i < up; ++i)
+          for (std::size_t k = 0; k < recv_counts[i]; ++k)
+            expected[recv_displacements[i] + k] = block_value<TestType>(int(i), c.rank(), k);
+        std::vector<TestType> output(received, spare);
+        c.alltoallv(std::span<const TestType>(input), std::span(send_counts),
+                    std::span(send_displacements), std::span(output), std::span(recv_counts),
+                    std::span(recv_displacements), algorithm);
+        CHECK(output == expected);  // the spare elements untouched
+      }
+    }
+  }
+}
+
 TEST_CASE("barrier holds every rank until all have entered", "[comm][barrier]") {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
@@ -249,7 +409,8 @@ TEST_CASE("automatic picks an algorithm the collective has", "[comm][automatic]"
     Communicator& comm = shared_communicator(backend);
     for (Collective collective :
          {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather,
-          Collective::kReduceScatter, Collective::kReduce, Collective::kBarrier}) {
+          Collective::kReduceScatter, Collective::kReduce, Collective::kBarrier,
+          Collective::kAlltoall, Collective::kGather, Collective::kScatter}) {
       for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 16, std::size_t{1} << 26}) {
         const Algorithm chosen = comm.choose(collective, bytes);
         const auto supported = algorithms(backend, collective);
@@ -279,6 +440,24 @@ TEST_CASE("invalid calls are rejected before any communication", "[comm][errors]
                     Catch::Contains("output has 3 elements, expected 4"));
   CHECK_THROWS_WITH(tcp.broadcast(std::span(data), tcp.size()),
                     Catch::Contains("is not a rank of this"));
+  const std::size_t p = static_cast<std::size_t>(tcp.size());
+  std::vector<float> blocks(2 * p + 1);
+  std::vector<float> blocks_out(2 * p + 1);
+  if (p > 1) {  // 2p + 1 elements are not p equal blocks
+    CHECK_THROWS_WITH(tcp.alltoall(std::span<const float>(blocks), std::span(blocks_out)),
+                      Catch::Contains("input has " + std::to_string(2 * p + 1) + " elements"));
+  }
+  std::vector<float> exchange(4 * p);
+  CHECK_THROWS_WITH(tcp.alltoall(std::span<const float>(exchange).first(2 * p),
+                                 std::span(exchange).subspan(p, 2 * p)),
+                    Catch::Contains("input and output overlap"));
+  CHECK_THROWS_WITH(
+      tcp.gather(std::span<const float>(data), std::span(gathered), 0, Algorithm::kNative),
+      Catch::Contains("on the tcp backend gather has tree"));
+  CHECK_THROWS_WITH(tcp.scatter(std::span<const float>(gathered), std::span(data), -1),
+                    Catch::Contains("root -1 is not a rank of this"));
+  CHECK_THROWS_WITH(tcp.alltoall(std::span(exchange), Algorithm::kRing),
+                    Catch::Contains("alltoall has no algorithm 'ring'"));
   // The communicator is still usable: nothing was sent.
   tcp.allreduce(std::span(data));
   CHECK(data[0] == 0.0f);

@@ -27,7 +27,9 @@
 // communicator is not thread-safe: one thread calls it at a time. After a communication error it is
 // unusable.
 
+#include <coltrain/comm/algorithms/alltoall.hpp>
 #include <coltrain/comm/algorithms/barrier.hpp>
+#include <coltrain/comm/algorithms/gather_scatter.hpp>
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
@@ -460,6 +462,125 @@ class Communicator {
     reduce(std::span<const T>(data), data, root, op, algorithm);
   }
 
+  // ---- alltoall: block j of this rank's input goes to rank j, as block rank() of its output;
+  // input and output hold size() blocks of the same count. Host buffers.
+  template <detail::CollectiveElement T>
+  void alltoall(std::span<const T> input, std::span<T> output,
+                Algorithm algorithm = Algorithm::kAutomatic) {
+    require_size(Collective::kAlltoall, "output", output.size(), input.size());
+    const std::size_t count = input.size() / group_size();
+    require_size(Collective::kAlltoall, "input", input.size(), count * group_size());
+    require_host(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output));
+    require_distinct(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output));
+    host_alltoall(std::as_bytes(input), std::as_writable_bytes(output), data_type_v<T>, algorithm);
+  }
+  // In place: data's blocks are replaced by the blocks the other ranks sent (through a copy).
+  template <detail::CollectiveElement T>
+  void alltoall(std::span<T> data, Algorithm algorithm = Algorithm::kAutomatic) {
+    std::vector<std::byte>& copy = alltoall_input_;
+    const auto bytes = std::as_bytes(data);
+    copy.assign(bytes.begin(), bytes.end());
+    const std::span<const T> input(reinterpret_cast<const T*>(copy.data()), data.size());
+    alltoall(input, data, algorithm);
+  }
+
+  // ---- gather: the root's output holds every rank's input in rank order (size() blocks); other
+  // ranks' output may be empty and is not touched. Host buffers.
+  template <detail::CollectiveElement T>
+  void gather(std::span<const T> input, std::span<T> output, int root = 0,
+              Algorithm algorithm = Algorithm::kAutomatic) {
+    require_root(Collective::kGather, root);
+    if (rank() == root)
+      require_size(Collective::kGather, "output", output.size(), input.size() * group_size());
+    require_host(Collective::kGather, std::as_bytes(input), std::as_bytes(output));
+    host_rooted_blocks(Collective::kGather, std::as_bytes(input), std::as_writable_bytes(output),
+                       input.size_bytes(), data_type_v<T>, root, algorithm);
+  }
+
+  // ---- scatter: rank i's output is block i of the root's input (size() blocks); other ranks'
+  // input may be empty and is not read. Host buffers.
+  template <detail::CollectiveElement T>
+  void scatter(std::span<const T> input, std::span<T> output, int root = 0,
+               Algorithm algorithm = Algorithm::kAutomatic) {
+    require_root(Collective::kScatter, root);
+    if (rank() == root)
+      require_size(Collective::kScatter, "input", input.size(), output.size() * group_size());
+    require_host(Collective::kScatter, std::as_bytes(input), std::as_bytes(output));
+    host_rooted_blocks(Collective::kScatter, std::as_bytes(input), std::as_writable_bytes(output),
+                       output.size_bytes(), data_type_v<T>, root, algorithm);
+  }
+
+  // ---- allgatherv: rank i contributes counts[i] elements; output holds them all in rank order
+  // (rank i's at the sum of counts[0..i)). counts has size() entries, the same on every rank;
+  // counts[rank()] is input.size(). Host buffers.
+  template <detail::CollectiveElement T>
+  void allgatherv(std::span<const T> input, std::span<T> output,
+                  std::span<const std::size_t> counts,
+                  Algorithm algorithm = Algorithm::kAutomatic) {
+    require_size(Collective::kAllgatherv, "counts", counts.size(), group_size());
+    require_size(Collective::kAllgatherv, "input (counts[rank])", input.size(),
+                 counts[static_cast<std::size_t>(rank())]);
+    std::vector<std::size_t> bytes(counts.size());
+    std::vector<std::size_t> offsets(counts.size());
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      bytes[i] = counts[i] * sizeof(T);
+      offsets[i] = total * sizeof(T);
+      total += counts[i];
+    }
+    require_size(Collective::kAllgatherv, "output", output.size(), total);
+    require_host(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output));
+    require_distinct(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output));
+    const MessageHeader call = start(Collective::kAllgatherv, data_type_v<T>, total, ReduceOp::kSum,
+                                     0, algorithm, output.size_bytes());
+    const auto* in = reinterpret_cast<const std::byte*>(input.data());
+    auto* out = reinterpret_cast<std::byte*>(output.data());
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        if (call.algorithm == Algorithm::kRing)
+          return ring_allgatherv(t, in, out, bytes, offsets, sizeof(T), call);
+        run_native(t, [&](auto& mpi) { native_allgatherv(mpi, in, out, bytes, offsets); });
+      });
+    });
+  }
+
+  // ---- alltoallv: rank i sends send_counts[j] elements from input[send_displacements[j]] to rank
+  // j, which receives recv_counts[i] of them at output[recv_displacements[i]] (MPI_Alltoallv's
+  // contract; counts and displacements in elements, size() entries each). A sender and receiver
+  // that disagree on a count fail with MismatchError. Host buffers.
+  template <detail::CollectiveElement T>
+  void alltoallv(std::span<const T> input, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displacements, std::span<T> output,
+                 std::span<const std::size_t> recv_counts,
+                 std::span<const std::size_t> recv_displacements,
+                 Algorithm algorithm = Algorithm::kAutomatic) {
+    const BlockLayout sent = block_layout(Collective::kAlltoallv, "send", send_counts,
+                                          send_displacements, input.size(), sizeof(T));
+    const BlockLayout received = block_layout(Collective::kAlltoallv, "receive", recv_counts,
+                                              recv_displacements, output.size(), sizeof(T));
+    const auto self = static_cast<std::size_t>(rank());
+    require_size(Collective::kAlltoallv, "the block this rank sends itself (recv_counts[rank])",
+                 recv_counts[self], send_counts[self]);
+    require_host(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output));
+    require_distinct(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output));
+    const MessageHeader call = start(Collective::kAlltoallv, data_type_v<T>, input.size(),
+                                     ReduceOp::kSum, 0, algorithm, input.size_bytes());
+    const auto* in = reinterpret_cast<const std::byte*>(input.data());
+    auto* out = reinterpret_cast<std::byte*>(output.data());
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        if (call.algorithm == Algorithm::kPairwise) {
+          return pairwise_alltoallv(t, in, sent.bytes, sent.offsets, out, received.bytes,
+                                    received.offsets, sizeof(T), call);
+        }
+        run_native(t, [&](auto& mpi) {
+          native_alltoallv(mpi, in, sent.bytes, sent.offsets, out, received.bytes,
+                           received.offsets);
+        });
+      });
+    });
+  }
+
   // ---- barrier: returns on every rank once all ranks have entered it (over the host backend;
   // it does not wait for device work: synchronize() does) ----
   void barrier(Algorithm algorithm = Algorithm::kAutomatic) {
@@ -551,6 +672,106 @@ class Communicator {
                               "algorithm '" + std::string(name_of(algorithm)) +
                               "' (it has: native, automatic)",
                           context);
+  }
+
+  // Byte sizes and offsets of blocks given in elements, each checked to lie inside a buffer of
+  // `elements` elements.
+  struct BlockLayout {
+    std::vector<std::size_t> bytes;
+    std::vector<std::size_t> offsets;
+  };
+  BlockLayout block_layout(Collective collective, const char* side,
+                           std::span<const std::size_t> counts,
+                           std::span<const std::size_t> displacements, std::size_t elements,
+                           std::size_t element_bytes) const {
+    const std::string name(side);
+    require_size(collective, (name + " counts").c_str(), counts.size(), group_size());
+    require_size(collective, (name + " displacements").c_str(), displacements.size(), group_size());
+    BlockLayout layout;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      if (displacements[i] > elements || counts[i] > elements - displacements[i]) {
+        ErrorContext context;
+        context.rank = rank();
+        context.operation = std::string(name_of(collective));
+        throw InvalidArgument(name + " block " + std::to_string(i) + " (" +
+                                  std::to_string(counts[i]) + " elements at " +
+                                  std::to_string(displacements[i]) + ") passes the end of the " +
+                                  std::to_string(elements) + "-element buffer",
+                              context);
+      }
+      layout.bytes.push_back(counts[i] * element_bytes);
+      layout.offsets.push_back(displacements[i] * element_bytes);
+    }
+    return layout;
+  }
+
+  // alltoall, gather and scatter run on host buffers for now; device buffers are refused.
+  void require_host(Collective collective, std::span<const std::byte> input,
+                    std::span<const std::byte> output) const {
+    if (memory_of_call(collective, input, output) == Memory::kHost) return;
+    ErrorContext context;
+    context.rank = rank();
+    context.operation = std::string(name_of(collective));
+    throw InvalidArgument(std::string(name_of(collective)) +
+                              " takes host buffers; copy device data to the host first",
+                          context);
+  }
+
+  void require_distinct(Collective collective, std::span<const std::byte> input,
+                        std::span<const std::byte> output) const {
+    const bool overlap = !input.empty() && !output.empty() &&
+                         input.data() < output.data() + output.size() &&
+                         output.data() < input.data() + input.size();
+    if (!overlap) return;
+    ErrorContext context;
+    context.rank = rank();
+    context.operation = std::string(name_of(collective));
+    throw InvalidArgument("input and output overlap; use the in-place form", context);
+  }
+
+  void host_alltoall(std::span<const std::byte> input, std::span<std::byte> output, DataType dtype,
+                     Algorithm algorithm) {
+    const std::size_t block_bytes = input.size() / group_size();
+    const MessageHeader call = start(Collective::kAlltoall, dtype, block_bytes / size_of(dtype),
+                                     ReduceOp::kSum, 0, algorithm, input.size());
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        switch (call.algorithm) {
+          case Algorithm::kPairwise:
+            return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
+          case Algorithm::kBruck:
+            return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
+          default:
+            return run_native(t, [&](auto& mpi) {
+              native_alltoall(mpi, input.data(), output.data(), block_bytes);
+            });
+        }
+      });
+    });
+  }
+
+  // Gather and scatter: `block_bytes` per rank; the root's side holds size() blocks.
+  void host_rooted_blocks(Collective collective, std::span<const std::byte> input,
+                          std::span<std::byte> output, std::size_t block_bytes, DataType dtype,
+                          int root, Algorithm algorithm) {
+    const MessageHeader call =
+        start(collective, dtype, block_bytes / size_of(dtype), ReduceOp::kSum, root, algorithm,
+              block_bytes * static_cast<std::size_t>(group_size()));
+    recorded(call, [&] {
+      with_transport([&](auto& t) {
+        const bool gather = collective == Collective::kGather;
+        if (call.algorithm == Algorithm::kTree) {
+          return gather ? binomial_gather(t, input.data(), output.data(), block_bytes, root, call)
+                        : binomial_scatter(t, input.data(), output.data(), block_bytes, root, call);
+        }
+        run_native(t, [&](auto& mpi) {
+          if (gather)
+            native_gather(mpi, input.data(), output.data(), block_bytes, root);
+          else
+            native_scatter(mpi, input.data(), output.data(), block_bytes, root);
+        });
+      });
+    });
   }
 
   // Host broadcast and allgather move bytes of any element type, so they take `data` as bytes.
@@ -653,10 +874,14 @@ class Communicator {
                             ", automatic)");
     }
     if (algorithm == Algorithm::kNative && host_backend_ != Backend::kMpi) {
-      throw InvalidArgument("algorithm 'native' needs the MPI backend; the " +
-                            std::string(name_of(host_backend_)) +
-                            " backend has ring, tree and "
-                            "halving_doubling");
+      std::string others;
+      for (Algorithm a : supported) {
+        if (a != Algorithm::kNative)
+          others += std::string(others.empty() ? "" : ", ") + std::string(name_of(a));
+      }
+      throw InvalidArgument("algorithm 'native' needs the MPI backend; on the " +
+                            std::string(name_of(host_backend_)) + " backend " +
+                            std::string(name_of(collective)) + " has " + others);
     }
     MessageHeader call;
     call.collective = collective;
@@ -788,6 +1013,7 @@ class Communicator {
 #endif
   std::unique_ptr<TcpTransport> tcp_;
   std::vector<std::byte> scratch_;  // the algorithms' partial results, reused across calls
+  std::vector<std::byte> alltoall_input_;  // the in-place alltoall's copy of its input
   std::vector<float> widened_input_;
   std::vector<float> widened_output_;
 #if COLTRAIN_WITH_CUDA

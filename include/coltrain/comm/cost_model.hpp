@@ -114,6 +114,8 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
           return std::min(doubling, rabenseifner);
         }
         case Algorithm::kAutomatic:
+        case Algorithm::kPairwise:
+        case Algorithm::kBruck:
           break;
       }
       break;
@@ -133,6 +135,7 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
       break;
     }
     case Collective::kAllgather:
+    case Collective::kAllgatherv:  // n: the gathered output; blocks of any size, not chunked
     case Collective::kReduceScatter: {
       const double gamma = collective == Collective::kReduceScatter ? c.gamma_us_per_byte : 0;
       if (algorithm == Algorithm::kRing) {
@@ -148,6 +151,26 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
         return lg * c.alpha_us;
       }
       break;
+    case Collective::kAlltoall:
+    case Collective::kAlltoallv: {
+      // n is one rank's input: p blocks of n/p. Pairwise sends each block straight to its rank;
+      // Bruck forwards about half of them at each of lg p steps. MPICH's own picks Bruck for
+      // small blocks and an exchange like pairwise for large ones.
+      const double pairwise = steps * (c.alpha_us + n / p * c.beta_us_per_byte);
+      const double bruck = lg * (c.alpha_us + n / 2 * c.beta_us_per_byte);
+      if (algorithm == Algorithm::kPairwise) return pairwise;
+      if (algorithm == Algorithm::kBruck && collective == Collective::kAlltoall) return bruck;
+      if (algorithm == Algorithm::kNative) return std::min(pairwise, bruck);
+      break;
+    }
+    case Collective::kGather:
+    case Collective::kScatter:
+      // n is the root's whole buffer. A binomial tree (kTree) sends lg p messages along the
+      // longest path and (p-1)/p of n into or out of the root.
+      if (algorithm == Algorithm::kTree || algorithm == Algorithm::kNative) {
+        return lg * c.alpha_us + share * n * c.beta_us_per_byte;
+      }
+      break;
   }
   return std::numeric_limits<double>::infinity();  // the algorithm does not do this collective
 }
@@ -159,6 +182,10 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
   static constexpr Algorithm kRooted[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree};
   static constexpr Algorithm kGatherScatter[] = {Algorithm::kNative, Algorithm::kRing};
   static constexpr Algorithm kBarrier[] = {Algorithm::kNative, Algorithm::kHalvingDoubling};
+  static constexpr Algorithm kAlltoall[] = {Algorithm::kNative, Algorithm::kPairwise,
+                                            Algorithm::kBruck};
+  static constexpr Algorithm kRootedBlocks[] = {Algorithm::kNative, Algorithm::kTree};
+  static constexpr Algorithm kAlltoallv[] = {Algorithm::kNative, Algorithm::kPairwise};
   switch (collective) {
     case Collective::kAllreduce:
       return kAllreduce;
@@ -166,10 +193,18 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
     case Collective::kReduce:
       return kRooted;
     case Collective::kAllgather:
+    case Collective::kAllgatherv:
     case Collective::kReduceScatter:
       return kGatherScatter;
     case Collective::kBarrier:
       return kBarrier;
+    case Collective::kAlltoall:
+      return kAlltoall;
+    case Collective::kGather:
+    case Collective::kScatter:
+      return kRootedBlocks;
+    case Collective::kAlltoallv:
+      return kAlltoallv;
   }
   return {};
 }

@@ -42,7 +42,8 @@ inline std::string describe_call(const MessageHeader& h) {
       h.collective == Collective::kReduceScatter) {
     text += ", op " + std::string(name_of(h.op));
   }
-  if (h.collective == Collective::kBroadcast || h.collective == Collective::kReduce) {
+  if (h.collective == Collective::kBroadcast || h.collective == Collective::kReduce ||
+      h.collective == Collective::kGather || h.collective == Collective::kScatter) {
     text += ", root " + std::to_string(h.root);
   }
   return text + ")";

@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,14 @@ inline int mpi_count(std::size_t count) {
                           "algorithm");
   }
   return static_cast<int>(count);
+}
+
+// mpi_count of each.
+inline std::vector<int> mpi_counts(std::span<const std::size_t> counts) {
+  std::vector<int> result;
+  result.reserve(counts.size());
+  for (std::size_t count : counts) result.push_back(mpi_count(count));
+  return result;
 }
 
 // MPI_IN_PLACE where the caller reduces in place.
@@ -137,6 +146,58 @@ inline void native_reduce(MpiTransport& transport, const std::byte* input, std::
 
 inline void native_barrier(MpiTransport& transport) {
   COLTRAIN_CHECK_MPI(MPI_Barrier(transport.comm()));
+}
+
+// `block_bytes` from every rank to every rank; input and output are distinct.
+inline void native_alltoall(MpiTransport& transport, const std::byte* input, std::byte* output,
+                            std::size_t block_bytes) {
+  const int count = detail::mpi_count(block_bytes);
+  COLTRAIN_CHECK_MPI(
+      MPI_Alltoall(input, count, MPI_BYTE, output, count, MPI_BYTE, transport.comm()));
+}
+
+// Blocks of any size: rank i's `block_bytes[i]` at output + offsets[i] on every rank.
+inline void native_allgatherv(MpiTransport& transport, const std::byte* input, std::byte* output,
+                              std::span<const std::size_t> block_bytes,
+                              std::span<const std::size_t> offsets) {
+  const std::vector<int> counts = detail::mpi_counts(block_bytes);
+  const std::vector<int> displacements = detail::mpi_counts(offsets);
+  const int mine = counts[static_cast<std::size_t>(transport.rank())];
+  COLTRAIN_CHECK_MPI(MPI_Allgatherv(input, mine, MPI_BYTE, output, counts.data(),
+                                    displacements.data(), MPI_BYTE, transport.comm()));
+}
+
+// Blocks of any size, anywhere in the buffers (MPI_Alltoallv in bytes).
+inline void native_alltoallv(MpiTransport& transport, const std::byte* input,
+                             std::span<const std::size_t> send_bytes,
+                             std::span<const std::size_t> send_offsets, std::byte* output,
+                             std::span<const std::size_t> recv_bytes,
+                             std::span<const std::size_t> recv_offsets) {
+  const std::vector<int> send_counts = detail::mpi_counts(send_bytes);
+  const std::vector<int> send_displacements = detail::mpi_counts(send_offsets);
+  const std::vector<int> recv_counts = detail::mpi_counts(recv_bytes);
+  const std::vector<int> recv_displacements = detail::mpi_counts(recv_offsets);
+  COLTRAIN_CHECK_MPI(MPI_Alltoallv(input, send_counts.data(), send_displacements.data(), MPI_BYTE,
+                                   output, recv_counts.data(), recv_displacements.data(), MPI_BYTE,
+                                   transport.comm()));
+}
+
+// The root's output holds every rank's `block_bytes`; other ranks' output is not touched.
+inline void native_gather(MpiTransport& transport, const std::byte* input, std::byte* output,
+                          std::size_t block_bytes, int root) {
+  const int count = detail::mpi_count(block_bytes);
+  const bool is_root = transport.rank() == root;
+  COLTRAIN_CHECK_MPI(MPI_Gather(input, count, MPI_BYTE, is_root ? output : nullptr, count, MPI_BYTE,
+                                root, transport.comm()));
+}
+
+// The root's input holds every rank's `block_bytes`; other ranks' input is not read.
+inline void native_scatter(MpiTransport& transport, const std::byte* input, std::byte* output,
+                           std::size_t block_bytes, int root) {
+  const int count = detail::mpi_count(block_bytes);
+  const bool is_root = transport.rank() == root;
+  COLTRAIN_CHECK_MPI(MPI_Scatter(is_root ? input : nullptr, count, MPI_BYTE, output, count,
+                                 MPI_BYTE, root, transport.comm()));
 }
 
 }  // namespace coltrain::comm

@@ -21,6 +21,11 @@ enum class Collective : std::uint8_t {
   kReduceScatter,
   kReduce,
   kBarrier,
+  kAlltoall,
+  kGather,
+  kScatter,
+  kAllgatherv,
+  kAlltoallv,
 };
 
 enum class ReduceOp : std::uint8_t {
@@ -39,6 +44,8 @@ enum class Algorithm : std::uint8_t {
   kTree,             // pipelined double binary tree: about 2(lg p + k) a + 2nb, k chunks: mid sizes
   kHalvingDoubling,  // Rabenseifner: 2 lg(p) a + 2(p-1)/p nb + (p-1)/p ng; extra steps off 2^k
   kAutomatic,        // picks one of the above from the cost model (comm/cost_model.hpp)
+  kPairwise,         // alltoall: p-1 exchanges, one block each: (p-1)a + (p-1)/p nb
+  kBruck,            // alltoall: lg p exchanges of about half the blocks: lg(p) a + lg(p)/2 nb
 };
 
 // kNccl runs device buffers over NCCL and host buffers over the host backend that bootstrapped it.
@@ -72,13 +79,18 @@ constexpr std::string_view enum_name(
   return "invalid";
 }
 
-inline constexpr std::array<std::pair<std::string_view, Collective>, 6> kCollectiveNames{{
+inline constexpr std::array<std::pair<std::string_view, Collective>, 11> kCollectiveNames{{
     {"allreduce", Collective::kAllreduce},
     {"broadcast", Collective::kBroadcast},
     {"allgather", Collective::kAllgather},
     {"reduce_scatter", Collective::kReduceScatter},
     {"reduce", Collective::kReduce},
     {"barrier", Collective::kBarrier},
+    {"alltoall", Collective::kAlltoall},
+    {"gather", Collective::kGather},
+    {"scatter", Collective::kScatter},
+    {"allgatherv", Collective::kAllgatherv},
+    {"alltoallv", Collective::kAlltoallv},
 }};
 
 inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpNames{{
@@ -89,12 +101,14 @@ inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpN
     {"avg", ReduceOp::kAvg},
 }};
 
-inline constexpr std::array<std::pair<std::string_view, Algorithm>, 5> kAlgorithmNames{{
+inline constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorithmNames{{
     {"native", Algorithm::kNative},
     {"ring", Algorithm::kRing},
     {"tree", Algorithm::kTree},
     {"halving_doubling", Algorithm::kHalvingDoubling},
     {"automatic", Algorithm::kAutomatic},
+    {"pairwise", Algorithm::kPairwise},
+    {"bruck", Algorithm::kBruck},
 }};
 
 inline constexpr std::array<std::pair<std::string_view, Backend>, 3> kBackendNames{{

@@ -13,6 +13,7 @@
 #include <coltrain/comm/reduce_kernels.hpp>
 #include <coltrain/comm/transport.hpp>
 
+#include <array>
 #include <cstddef>
 #include <vector>
 
@@ -201,6 +202,38 @@ void ring_allgather(Tr& transport, const std::byte* input, std::byte* output, st
   }
   std::vector<typename Tr::Request> no_earlier_reads;
   detail::ring_allgather_steps(transport, ring, output, call, sends, no_earlier_reads);
+}
+
+// allgatherv: rank i's `block_bytes[i]` bytes land at output + offsets[i] on every rank. Block
+// rank - s travels one link per step s, whole (not chunked: blocks differ in size); each message's
+// header counts that block's elements, so the ranks' counts are checked pairwise.
+template <Transport Tr>
+void ring_allgatherv(Tr& transport, const std::byte* input, std::byte* output,
+                     std::span<const std::size_t> block_bytes, std::span<const std::size_t> offsets,
+                     std::size_t element_bytes, const MessageHeader& call) {
+  const int p = transport.size();
+  const int rank = transport.rank();
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  detail::copy_bytes(output + offsets[at(rank)], input, block_bytes[at(rank)]);
+  const auto header = [&](int block) {
+    MessageHeader h = detail::message(call, block_bytes[at(block)]);
+    h.count = block_bytes[at(block)] / element_bytes;
+    return h;
+  };
+  const int right = (rank + 1) % p;
+  const int left = (rank - 1 + p) % p;
+  for (int step = 0; step + 1 < p; ++step) {
+    const int sent = detail::modulo(rank - step, p);
+    const int received = detail::modulo(rank - step - 1, p);
+    std::array<typename Tr::Request, 2> requests{
+        transport.irecv(
+            left, header(received),
+            std::span<std::byte>(output + offsets[at(received)], block_bytes[at(received)])),
+        transport.isend(
+            right, header(sent),
+            std::span<const std::byte>(output + offsets[at(sent)], block_bytes[at(sent)]))};
+    wait_all(transport, std::span(requests));
+  }
 }
 
 // A pipelined chain from the root: rank root+v receives each chunk from root+v-1 and forwards it to
