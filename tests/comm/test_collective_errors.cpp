@@ -164,3 +164,37 @@ TEST_CASE("alltoallv ranks that disagree on a block's count get an error naming 
     CHECK(ranks_naming_the_mismatch(outcome) >= 1);
   }
 }
+
+TEST_CASE("a non-blocking call that meets another rank's different blocking call fails its wait",
+          "[comm][errors][mismatch][requests]") {
+  if (coltrain::testing::world_size() < 2) return;
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    INFO(name_of(backend));
+    std::vector<std::string> later_errors;
+    const Outcome outcome =
+        run_expecting_failure(backend, Algorithm::kRing, [&](Communicator& c, Algorithm a) {
+          std::vector<float> data(6, 1.0f);
+          std::vector<float> more(6, 1.0f);
+          if (c.rank() == 0) {
+            Request first = c.iallreduce(std::span(data), ReduceOp::kSum, a);
+            Request second = c.iallreduce(std::span(more), ReduceOp::kSum, a);
+            try {
+              second.wait();  // fails too: the communicator broke under the first
+            } catch (const CommError& e) {
+              later_errors.push_back(e.what());
+            }
+            first.wait();
+          } else {
+            c.broadcast(std::span(data), 0, a);
+          }
+        });
+    CHECK(outcome.failed);
+    CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
+    if (coltrain::testing::world_rank() == 0) CHECK(later_errors.size() == 1);
+    if (outcome.mismatch) {
+      CHECK_THAT(*outcome.mismatch, Contains("collective differs between ranks") &&
+                                        Contains("broadcast") && Contains("allreduce"));
+    }
+    CHECK(ranks_naming_the_mismatch(outcome) >= 1);
+  }
+}

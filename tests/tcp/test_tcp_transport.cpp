@@ -4,6 +4,7 @@
 
 #include "../support/tcp_launch.hpp"
 
+#include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/tcp_transport.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -402,6 +403,39 @@ TEST_CASE("an error in the code of one rank between calls reaches the ranks wait
                Contains("rank 1 stopped with an error at or after allgather #0") &&
                    Contains("the process left while an exception was propagating"));
   }
+}
+
+TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp][requests]") {
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "20";
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        auto comm = coltrain::comm::Communicator::tcp(coltrain::detect_launch_env());
+        std::vector<float> warm(8, 1.0f);
+        comm.allreduce(std::span(warm));
+        if (rank == 2) ::raise(SIGKILL);
+        constexpr int kRequests = 4;
+        std::vector<std::vector<float>> data(kRequests, std::vector<float>(1 << 16, 1.0f));
+        std::vector<coltrain::comm::Request> requests;
+        const auto start = std::chrono::steady_clock::now();
+        for (auto& buffer : data) requests.push_back(comm.iallreduce(std::span(buffer)));
+        int failed = 0;
+        for (const auto& request : requests) {
+          const std::string error = expect_throws<coltrain::CommError>(
+              [&] { request.wait(); }, "a request outstanding when rank 2 died");
+          std::cerr << "rank " << rank << " request " << failed++ << ": " << error << std::endl;
+        }
+        expect(failed == kRequests, "every outstanding request failed");
+        expect(seconds_since(start) < 5, "long before COLTRAIN_TIMEOUT=20");
+      },
+      options);
+  INFO(coltrain::testing::describe(outcomes));
+  for (const int rank : {0, 1}) {
+    CHECK(outcomes[static_cast<std::size_t>(rank)].passed());
+    CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output, Contains("rank 2"));
+  }
+  CHECK(outcomes[2].signal == SIGKILL);
 }
 
 TEST_CASE("strangers at the rendezvous port are turned away and the job goes on", "[tcp]") {

@@ -38,6 +38,8 @@
 #include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/flight_recorder.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/request.hpp>
+#include <coltrain/comm/split.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/tcp_transport.hpp>
 #include <coltrain/comm/types.hpp>
@@ -86,8 +88,8 @@ namespace detail {
 
 #if COLTRAIN_WITH_MPI
 // Initialises MPI when nobody has, and then finalises it when the last communicator using it goes.
-// SERIALIZED: train::DataParallel calls MPI from its communication thread while a step is in flight
-// and from the caller's thread otherwise, never from both at once.
+// MULTIPLE: a communicator's non-blocking calls run on its progress thread while the caller's
+// thread may use another communicator (or MPI itself).
 class MpiSession {
  public:
   MpiSession() {
@@ -95,7 +97,7 @@ class MpiSession {
     COLTRAIN_CHECK_MPI(MPI_Initialized(&initialized));
     if (!initialized) {
       int provided = 0;
-      COLTRAIN_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+      COLTRAIN_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
       owns_mpi_ = true;
     }
   }
@@ -254,6 +256,8 @@ class Communicator {
 
   Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(Communicator&&) noexcept = default;
+  // Finishes the requests still outstanding first (each bounded by the timeout).
+  ~Communicator() { progress_.drain(); }
 
   int rank() const {
     return with_transport([](const auto& t) { return t.rank(); });
@@ -594,7 +598,179 @@ class Communicator {
     });
   }
 
+  // ---- Non-blocking calls: each takes the blocking call's arguments and returns a Request
+  // (comm/request.hpp) at once; the call runs on this communicator's progress thread, after the
+  // calls issued before it, and Request::wait() throws what the blocking call would. Its buffers
+  // must stay valid and untouched until then. Device buffers are not queued: on NCCL the call is
+  // enqueued on stream() as its blocking form is, staged ones complete before the call returns.
+  template <detail::CollectiveElement T>
+  Request iallreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
+                     Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kAllreduce, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { allreduce(input, output, op, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request iallreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum,
+                     Algorithm algorithm = Algorithm::kAutomatic) {
+    return iallreduce(std::span<const T>(data), data, op, algorithm);
+  }
+  template <detail::CollectiveElement T>
+  Request ibroadcast(std::span<T> data, int root = 0, Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kBroadcast, std::as_bytes(data), std::as_bytes(data),
+                 [=, this] { broadcast(data, root, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request iallgather(std::span<const T> input, std::span<T> output,
+                     Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kAllgather, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { allgather(input, output, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request ireduce_scatter(std::span<const T> input, std::span<T> output,
+                          ReduceOp op = ReduceOp::kSum,
+                          Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kReduceScatter, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { reduce_scatter(input, output, op, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request ireduce(std::span<const T> input, std::span<T> output, int root = 0,
+                  ReduceOp op = ReduceOp::kSum, Algorithm algorithm = Algorithm::kAutomatic) {
+    const std::span<T> used_output = rank() == root ? output : std::span<T>();
+    return issue(Collective::kReduce, std::as_bytes(input), std::as_bytes(used_output),
+                 [=, this] { reduce(input, output, root, op, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request ialltoall(std::span<const T> input, std::span<T> output,
+                    Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { alltoall(input, output, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request igather(std::span<const T> input, std::span<T> output, int root = 0,
+                  Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kGather, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { gather(input, output, root, algorithm); });
+  }
+  template <detail::CollectiveElement T>
+  Request iscatter(std::span<const T> input, std::span<T> output, int root = 0,
+                   Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kScatter, std::as_bytes(input), std::as_bytes(output),
+                 [=, this] { scatter(input, output, root, algorithm); });
+  }
+  // The counts (and displacements) are copied: they may go once the call returns.
+  template <detail::CollectiveElement T>
+  Request iallgatherv(std::span<const T> input, std::span<T> output,
+                      std::span<const std::size_t> counts,
+                      Algorithm algorithm = Algorithm::kAutomatic) {
+    return issue(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output),
+                 [=, this, counts = std::vector(counts.begin(), counts.end())] {
+                   allgatherv(input, output, std::span(counts), algorithm);
+                 });
+  }
+  template <detail::CollectiveElement T>
+  Request ialltoallv(std::span<const T> input, std::span<const std::size_t> send_counts,
+                     std::span<const std::size_t> send_displacements, std::span<T> output,
+                     std::span<const std::size_t> recv_counts,
+                     std::span<const std::size_t> recv_displacements,
+                     Algorithm algorithm = Algorithm::kAutomatic) {
+    using Sizes = std::vector<std::size_t>;
+    return issue(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output),
+                 [=, this, sc = Sizes(send_counts.begin(), send_counts.end()),
+                  sd = Sizes(send_displacements.begin(), send_displacements.end()),
+                  rc = Sizes(recv_counts.begin(), recv_counts.end()),
+                  rd = Sizes(recv_displacements.begin(), recv_displacements.end())] {
+                   alltoallv(input, std::span(sc), std::span(sd), output, std::span(rc),
+                             std::span(rd), algorithm);
+                 });
+  }
+  Request ibarrier(Algorithm algorithm = Algorithm::kAutomatic) {
+    return progress_.submit([=, this] { barrier(algorithm); });
+  }
+
+  // ---- split: a new communicator of the ranks that pass the same color, ordered by key and then
+  // by their rank here (MPI_Comm_split's order); nullopt for a negative color. Collective over
+  // this communicator. The new one has this one's backend (MPI_Comm_split; over TCP connections of
+  // its own, made without a rendezvous: comm/split.hpp; ncclCommSplit), options, cost model and
+  // tuning. The two may be used one after another or each from its own thread, and their messages
+  // never meet.
+  std::optional<Communicator> split(int color, int key = 0) {
+    std::optional<Communicator> child = host_split(color, key);
+#if COLTRAIN_WITH_NCCL
+    if (nccl_) {
+      std::unique_ptr<DeviceCollectives> device = nccl_->split(color, key);
+      if (child) {
+        child->nccl_ = std::move(device);
+        child->backend_ = Backend::kNccl;
+        child->start_recording(options_, false);
+      }
+    }
+#endif
+    if (!child) return child;
+    child->cost_model_ = cost_model_;
+    child->device_cost_model_ = device_cost_model_;
+    child->tuning_ = tuning_;
+    child->staging_options_ = staging_options_;
+    child->set_trace_dir(trace_dir());
+    return child;
+  }
+
  private:
+  // Queues `call` on the progress thread for host buffers; runs it at once for device buffers.
+  template <class F>
+  Request issue(Collective collective, std::span<const std::byte> input,
+                std::span<const std::byte> output, F&& call) {
+    if (memory_of_call(collective, input, output) == Memory::kDevice) {
+      call();
+      return Request();
+    }
+    return progress_.submit(std::forward<F>(call));
+  }
+
+  // The host side of split(): the new MPI or TCP communicator.
+  std::optional<Communicator> host_split(int color, int key) {
+    ErrorContext context;
+    context.rank = rank();
+    context.operation = "split";
+#if COLTRAIN_WITH_MPI
+    if (mpi_) {
+      progress_.drain();
+      MPI_Comm raw = MPI_COMM_NULL;
+      COLTRAIN_CHECK_MPI(MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
+      if (raw == MPI_COMM_NULL) return std::nullopt;
+      std::optional<Communicator> child(Communicator(Backend::kMpi));
+      child->mpi_ = std::make_unique<MpiTransport>(raw, options_);  // a duplicate of raw
+      MPI_Comm_free(&raw);
+      child->mpi_session_ = mpi_session_;
+      child->start_recording(options_, false);
+      return child;
+    }
+#endif
+    detail::SplitEntry mine;
+    mine.color = color < 0 ? -1 : color;
+    mine.key = key;
+    mine.nonce = detail::make_nonce();
+    detail::FileDescriptor listener;
+    if (color >= 0) {
+      listener = detail::listen_tcp({tcp_->local_address(), 0}, detail::kSocketBufferBytes,
+                                    "connections of a split communicator", context);
+      mine.address = detail::PeerAddress::of(detail::local_endpoint(listener.get()));
+    }
+    std::vector<detail::SplitEntry> entries(group_size());
+    host_allgather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(entries)),
+                   DataType::kUInt8, Algorithm::kAutomatic);
+    if (color < 0) return std::nullopt;
+    const std::vector<int> members = detail::split_members(entries, mine.color);
+    const auto position = std::find(members.begin(), members.end(), rank()) - members.begin();
+    const int new_rank = static_cast<int>(position);
+    std::vector<detail::FileDescriptor> sockets =
+        detail::connect_split_mesh(entries, members, new_rank, listener, options_, context);
+    std::optional<Communicator> child(Communicator(Backend::kTcp));
+    child->tcp_ = std::make_unique<TcpTransport>(new_rank, std::move(sockets),
+                                                 tcp_->launch_env(), options_);
+    child->start_recording(options_, false);
+    return child;
+  }
+
   explicit Communicator(Backend backend)
       : backend_(backend),
         host_backend_(backend),
@@ -825,8 +1001,11 @@ class Communicator {
 #endif
   }
 
-  void start_recording(const CommOptions& options) {
-    Timeline::instance().set_process(rank(), size());
+  // `names_process`: this communicator's ranks are the process's ranks on the timeline (not a
+  // split's, whose ranks are numbered within their group).
+  void start_recording(const CommOptions& options, bool names_process = true) {
+    options_ = options;
+    if (names_process) Timeline::instance().set_process(rank(), size());
     recorder_->set_identity(rank(), size(), name_of(backend_));
     if (!options.trace_dir.empty()) recorder_->set_trace_dir(options.trace_dir);
   }
@@ -860,9 +1039,11 @@ class Communicator {
     if (timed) span();
   }
 
-  // Validates the algorithm, resolves kAutomatic, and numbers the call.
+  // Validates the algorithm, resolves kAutomatic, and numbers the call; a blocking call first
+  // waits for the requests issued before it.
   MessageHeader start(Collective collective, DataType dtype, std::size_t count, ReduceOp op,
                       int root, Algorithm algorithm, std::size_t bytes) {
+    progress_.drain();
     if (algorithm == Algorithm::kAutomatic) algorithm = choose(collective, bytes);
     const auto supported = algorithms_for(collective);
     if (std::find(supported.begin(), supported.end(), algorithm) == supported.end()) {
@@ -998,8 +1179,12 @@ class Communicator {
     });
   }
 
+  // First: moving a communicator waits for its requests, whose calls hold its address, before any
+  // other member moves.
+  detail::ProgressThread progress_;
   Backend backend_;
   Backend host_backend_;
+  CommOptions options_;
   CostModel cost_model_;
   CostModel device_cost_model_;  // NCCL's, for device buffers
   AlgorithmTuning tuning_;

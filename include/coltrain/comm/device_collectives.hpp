@@ -48,6 +48,9 @@ class DeviceCollectives {
   // Returns once `stream`'s work is done; throws TimeoutError or BackendError at the deadline or on
   // an error.
   virtual void synchronize(cudaStream_t stream) = 0;
+  // The ranks that pass the same color, ordered by key (ncclCommSplit); null for a negative color.
+  // Collective over this communicator's ranks.
+  virtual std::unique_ptr<DeviceCollectives> split(int color, int key) = 0;
 };
 
 // Carries rank 0's words to every rank (the bootstrap's broadcast).

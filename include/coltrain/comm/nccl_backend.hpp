@@ -609,6 +609,31 @@ class NcclBackend final : public DeviceCollectives {
     reduce(input.data(), output.data(), input.size(), data_type_v<T>, root, stream, op);
   }
 
+  // ---- split: ncclCommSplit, with this communicator's options; null for a negative color ----
+  std::unique_ptr<DeviceCollectives> split(int color, int key) override {
+    require_usable();
+    last_call_ = {};
+    last_call_.operation = "NCCL split";
+    const detail::CurrentDevice current(device_);
+    std::unique_ptr<NcclBackend> child(new NcclBackend(device_, options_));
+    child->last_call_.operation = "NCCL split";
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t result = ncclCommSplit(
+        comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->comm_.receive(), &config);
+    if (color < 0) {
+      finish_enqueue(result);
+      return nullptr;
+    }
+    child->finish_enqueue(result);  // the new communicator reports its own progress
+    if (ncclCommUserRank(child->comm_.get(), &child->rank_) != ncclSuccess ||
+        ncclCommCount(child->comm_.get(), &child->size_) != ncclSuccess) {
+      child->fail_nccl(ncclInternalError);
+    }
+    child->device_reduction_ = device_reduction_;
+    return child;
+  }
+
   // ---- barrier: returns once every rank has entered it and `stream`'s earlier work is done.
   // NCCL has none: a one-element allreduce, then synchronize(stream).
   void barrier(cudaStream_t stream) {
@@ -940,6 +965,10 @@ class NcclBackend final : public DeviceCollectives {
       throw;
     }
   }
+
+  // An empty communicator on `device`, which split() fills.
+  NcclBackend(int device, CommOptions options)
+      : device_(device), options_(std::move(options)), comm_(device, options_.timeout) {}
 
   int rank_ = 0;
   int size_ = 1;

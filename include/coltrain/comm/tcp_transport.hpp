@@ -171,6 +171,7 @@ class TcpTransport {
   TcpTransport(int rank, std::vector<detail::FileDescriptor> sockets, const LaunchEnv& env,
                const CommOptions& options)
       : options_(options),
+        env_(env),
         rank_(rank),
         size_(static_cast<int>(sockets.size())),
         spin_before_sleep_(detail::spin_before_sleep(env)) {
@@ -199,6 +200,16 @@ class TcpTransport {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const CommOptions& options() const { return options_; }
+  const LaunchEnv& launch_env() const { return env_; }
+
+  // The address this host uses to reach the other ranks (that of its connection to the first
+  // peer); loopback in a world of one rank.
+  detail::IpAddress local_address() const {
+    for (const PeerChannel& channel : peers_) {
+      if (channel.socket) return detail::local_endpoint(channel.socket.get()).address;
+    }
+    return detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK));
+  }
 
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     detail::PeerChannel& channel = post_check(peer, header, payload.size(), "isend");
@@ -870,6 +881,7 @@ class TcpTransport {
   }
 
   CommOptions options_;
+  LaunchEnv env_;
   int rank_;
   int size_;
   std::chrono::microseconds spin_before_sleep_;
