@@ -15,19 +15,20 @@
 // Gradients are grouped into buckets in reverse state_dict order (the order in which the backward
 // pass finishes them), the first bucket small so that communication starts early. The network
 // reports each parameter whose gradient is final (nn::Context's gradient-ready hook); when all of a
-// bucket's parameters are in, and all earlier buckets have gone, the bucket is handed to a
-// communication thread, which copies the gradients into the bucket's flat buffer, allreduces it
-// (ReduceOp::kAvg) and copies the average back, while the main thread goes on with the backward
-// pass. Buckets go in the same order on every rank. docs/data-parallel.md has details and costs.
+// bucket's parameters are in, and all earlier buckets have gone, the bucket's gradients are copied
+// into its flat buffer and a non-blocking allreduce of it (ReduceOp::kAvg) is issued: the
+// communicator's progress thread reduces it while the main thread goes on with the backward pass.
+// finish_gradient_sync() waits and copies the averages back. Buckets go in the same order on every
+// rank. docs/data-parallel.md has details and costs.
 //
 // 16-bit gradients (half, bfloat16) are widened into f32 bucket buffers, reduced in f32 and
 // rounded once, on the way back: the numerics of the communicator's own f16/bf16 path, with one
 // copy fewer. Bucket sizes count the bytes an allreduce carries (f32 for 16-bit gradients).
 //
-// Threads: the communicator is used by the communication thread while a step is in flight and by
-// the caller's thread otherwise (construction, the helpers at the end), never by both at once. With
-// the MPI backend that is MPI_THREAD_SERIALIZED use, the level Communicator::from_env requests
-// when it initialises MPI itself.
+// Threads: while a step is in flight the communicator's progress thread runs its buckets' requests
+// (comm/request.hpp); blocking calls on it (the helpers at the end) wait for them first. With the
+// MPI backend the program's MPI must allow that (MPI_THREAD_MULTIPLE, which Communicator::from_env
+// requests when it initialises MPI itself; SERIALIZED suffices when no other thread calls MPI).
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/types.hpp>
@@ -39,14 +40,11 @@
 #include <coltrain/train/gradient_buckets.hpp>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -67,7 +65,7 @@ struct DataParallelOptions {
 // pass: launched_during_backward is exact; reduced_before_wait depends on timing.
 struct GradientSyncStats {
   std::size_t buckets = 0;
-  std::size_t launched_during_backward = 0;  // handed to the communication thread by the hook
+  std::size_t launched_during_backward = 0;  // issued by the hook during the backward pass
                                              // (all but the last, which the caller reduces)
   std::size_t reduced_before_wait = 0;       // already averaged when the wait began
   double wait_seconds = 0;                   // time finish_gradient_sync() blocked
@@ -142,8 +140,8 @@ class DataParallel {
   using B = detail::bucket_element_t<T>;
 
  public:
-  // Broadcasts rank 0's parameters and buffers to every rank, checks that all ranks built the same
-  // buckets, and starts the communication thread. Collective: every rank constructs its
+  // Broadcasts rank 0's parameters and buffers to every rank and checks that all ranks built the
+  // same buckets. Collective: every rank constructs its
   // DataParallel at the same point. The network and the communicator must outlive this object.
   // Throws InvalidArgument if the network already has a gradient-ready hook (another DataParallel),
   // MismatchError if ranks disagree on the buckets (different models or options), and the
@@ -169,73 +167,83 @@ class DataParallel {
     });
     buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
     for (const GradientBucket& bucket : buckets_) buffers_.emplace_back(bucket.bytes / sizeof(B));
+    requests_.resize(buckets_.size());
     tracker_ = BucketLaunchTracker(buckets_, grads_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
         [this](const void* parameter) { on_gradient_ready(parameter); });
-    try {
-      thread_ = std::thread([this] { communicate(); });
-    } catch (...) {
-      network_.context().set_gradient_ready_hook(nullptr);
-      throw;
-    }
   }
 
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // Lets the communication thread finish the buckets it was given (each bounded by the
-  // communicator's deadline), then joins it; errors met then are dropped.
+  // Waits for the buckets already issued (each bounded by the communicator's deadline), whose
+  // buffers go with this object; errors met then are dropped.
   ~DataParallel() {
     network_.context().set_gradient_ready_hook(nullptr);
-    {
-      const std::lock_guard lock(mutex_);
-      stopping_ = true;
+    for (std::size_t b = 0; b < next_launch_; ++b) {
+      try {
+        requests_[b].wait();
+      } catch (...) {
+      }
     }
-    work_ready_.notify_all();
-    thread_.join();
   }
 
   // Waits until every bucket of this step is averaged and copied back into the gradients, and
   // returns the seconds it waited (the trainer's "allreduce wait"). Buckets whose parameters were
   // not all reported (a layer outside the protocol) are reduced now, so the result is complete in
-  // any case. Under no_sync() it does nothing and returns 0. Rethrows an error of the
-  // communication thread, prefixed with the bucket, as the same exception type; the communicator
-  // is then unusable, and so is this object (later calls throw CommError).
+  // any case. Under no_sync() it does nothing and returns 0. Rethrows the first bucket's error,
+  // prefixed with the bucket, as the same exception type; the communicator is then unusable, and
+  // so is this object (later calls throw CommError).
   double finish_gradient_sync() {
     throw_if_failed("finish_gradient_sync");
     if (!sync_enabled_) return 0.0;
     const std::size_t launched_during_backward = next_launch_;
-    std::size_t reduced_before_wait = 0;
-    {
-      const std::lock_guard lock(mutex_);
-      reduced_before_wait = completed_;
-    }
-    // The last bucket is ready only when the backward pass ends, so nothing is left to overlap it
-    // with: it is reduced here, on the caller's thread, once the communication thread has
-    // finished the others (in order). That saves two thread wake-ups per step, which are most of
-    // the communication time of a small model with one bucket.
     if (buckets_.empty()) return 0.0;  // a network without parameters
-    const std::size_t last = buckets_.size() - 1;
-    launch(last);
+    std::size_t reduced_before_wait = 0;
+    for (std::size_t b = 0; b < launched_during_backward; ++b) {
+      try {
+        if (requests_[b].test()) ++reduced_before_wait;
+      } catch (...) {
+        ++reduced_before_wait;  // done, with an error: reported below
+      }
+    }
     const Stopwatch watch;
     std::exception_ptr error;
     std::size_t error_bucket = 0;
-    {
-      std::unique_lock lock(mutex_);
-      // Bounded: every allreduce on the communication thread has the communicator's deadline.
-      work_done_.wait(lock, [this] { return completed_ == launched_; });
-      error = std::exchange(error_, nullptr);
-      error_bucket = error_bucket_;
-      launched_ = completed_ = 0;
+    // The last bucket is ready only when the backward pass ends, so nothing is left to overlap it
+    // with: it is reduced here by a blocking call, which first waits for the earlier buckets (in
+    // order). That saves two thread hand-overs per step, which are most of the communication time
+    // of a small model with one bucket.
+    const std::size_t last = buckets_.size() - 1;
+    launch(last);
+    for (std::size_t b = 0; b < last && !error; ++b) {
+      try {
+        requests_[b].wait();
+      } catch (...) {
+        error = std::current_exception();
+        error_bucket = b;
+      }
     }
     if (!error) {
       try {
-        reduce_bucket(last);
+        pack_bucket(last);
+        comm_.allreduce(std::span<B>(buffers_[last]), comm::ReduceOp::kAvg, options_.algorithm);
       } catch (...) {
         error = std::current_exception();
         error_bucket = last;
+      }
+    }
+    if (!error) {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) unpack_bucket(b);
+    } else {
+      // The rest fail at once on the broken communicator; they hold buffers of this object.
+      for (std::size_t b = error_bucket + 1; b < last; ++b) {
+        try {
+          requests_[b].wait();
+        } catch (...) {
+        }
       }
     }
     last_sync_ = {buckets_.size(), launched_during_backward, reduced_before_wait, watch.seconds()};
@@ -419,53 +427,26 @@ class DataParallel {
     launch(tracker_.report(p));  // never the last bucket: finish_gradient_sync() reduces it
   }
 
-  // Hands buckets [next_launch_, end) to the communication thread.
+  // Issues the allreduce of buckets [next_launch_, end).
   void launch(std::size_t end) {
-    if (end <= next_launch_) return;
-    next_launch_ = end;
-    {
-      const std::lock_guard lock(mutex_);
-      launched_ = end;
-    }
-    work_ready_.notify_one();
-  }
-
-  // The communication thread: reduces launched buckets in order; after an error it only counts
-  // them off, since the communicator is unusable.
-  void communicate() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      work_ready_.wait(lock, [this] { return stopping_ || completed_ < launched_; });
-      if (completed_ == launched_) return;  // stopping, and nothing left to do
-      const std::size_t b = completed_;
-      const bool skip = static_cast<bool>(error_);
-      lock.unlock();
-      std::exception_ptr error;
-      if (!skip) {
-        try {
-          reduce_bucket(b);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      lock.lock();
-      if (error) {
-        error_ = error;
-        error_bucket_ = b;
-      }
-      ++completed_;
-      work_done_.notify_all();
+    for (; next_launch_ < end; ++next_launch_) {
+      pack_bucket(next_launch_);
+      requests_[next_launch_] = comm_.iallreduce(std::span<B>(buffers_[next_launch_]),
+                                                 comm::ReduceOp::kAvg, options_.algorithm);
     }
   }
 
-  void reduce_bucket(std::size_t b) {
-    std::vector<B>& buffer = buffers_[b];
-    B* out = buffer.data();
+  // The bucket's gradients into its flat buffer (widened to f32 for 16-bit gradients).
+  void pack_bucket(std::size_t b) {
+    B* out = buffers_[b].data();
     for (std::size_t p : buckets_[b].parameters) {
       for (const T& g : grads_[p]) *out++ = static_cast<B>(g);
     }
-    comm_.allreduce(std::span<B>(buffer), comm::ReduceOp::kAvg, options_.algorithm);
-    const B* in = buffer.data();
+  }
+
+  // The bucket's averages back into the gradients.
+  void unpack_bucket(std::size_t b) {
+    const B* in = buffers_[b].data();
     for (std::size_t p : buckets_[b].parameters) {
       for (T& g : grads_[p]) g = T(*in++);
     }
@@ -489,26 +470,15 @@ class DataParallel {
   std::vector<std::string> names_;
   std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
   std::vector<GradientBucket> buckets_;
-  std::vector<std::vector<B>> buffers_;  // touched by the communication thread only
+  std::vector<std::vector<B>> buffers_;  // a bucket's belongs to its request while in flight
 
-  // The caller's thread only.
   BucketLaunchTracker tracker_;  // this step's reports
-  std::size_t next_launch_ = 0;  // buckets launched this step
+  std::size_t next_launch_ = 0;  // buckets issued this step
+  std::vector<comm::Request> requests_;  // by bucket
   bool sync_enabled_ = true;
   GradientSyncStats last_sync_;
   std::string failure_;  // the error that made the communicator unusable
 
-  // Shared with the communication thread, under mutex_.
-  std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable work_done_;
-  std::size_t launched_ = 0;   // buckets handed over this step
-  std::size_t completed_ = 0;  // buckets done (or skipped after an error)
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::size_t error_bucket_ = 0;
-
-  std::thread thread_;
 };
 
 }  // namespace coltrain::train
