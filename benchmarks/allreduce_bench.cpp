@@ -81,8 +81,8 @@ using coltrain::comm::Communicator;
 using coltrain::comm::ReduceOp;
 
 constexpr const char* kBackendNames[] = {"mpi", "tcp", "nccl", "gloo"};
-constexpr const char* kAlgorithmNames[] = {"native", "ring", "tree", "halving_doubling",
-                                           "automatic"};
+constexpr const char* kAlgorithmNames[] = {"native",   "ring",  "tree",     "halving_doubling",
+                                           "pairwise", "bruck", "automatic"};
 constexpr const char* kCsvHeader =
     "collective,backend,algo,ranks,bytes,count,dtype,op,time_us,p50_us,p99_us,algbw_gbs,busbw_gbs,"
     "wrong";
@@ -180,7 +180,8 @@ void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
       ->check(accepted_by(coltrain::comm::parse_reduce_op, "OP"))
       ->capture_default_str();
   app.add_option("--collective", collective, "the collective to measure")
-      ->check(CLI::IsMember({"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"}))
+      ->check(
+          CLI::IsMember({"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"}))
       ->capture_default_str();
   app.add_option("--backend", options.backends, "backends to compare, comma-separated")
       ->delimiter(',')
@@ -314,15 +315,17 @@ std::optional<std::string> agree_unavailable(const std::optional<std::string>& l
 // ---- sizes ----
 
 bool reduces(Collective collective) {
-  return collective != Collective::kAllgather && collective != Collective::kBroadcast;
+  return collective != Collective::kAllgather && collective != Collective::kBroadcast &&
+         collective != Collective::kAlltoall;
 }
 
 bool per_rank_blocks(Collective collective) {
-  return collective == Collective::kAllgather || collective == Collective::kReduceScatter;
+  return collective == Collective::kAllgather || collective == Collective::kReduceScatter ||
+         collective == Collective::kAlltoall;
 }
 
 // One size of a sweep. Sizes count the full array, as nccl-tests does: the allgather output, the
-// reduce_scatter input.
+// reduce_scatter input, each rank's alltoall input (p blocks).
 struct Case {
   Collective collective;
   DataType dtype;
@@ -331,7 +334,7 @@ struct Case {
   int ranks;
   int rank;
   std::size_t count;  // elements of the full array
-  std::size_t block;  // elements per rank for allgather and reduce_scatter; else count
+  std::size_t block;  // elements per rank for allgather, reduce_scatter and alltoall; else count
   std::size_t bytes() const { return count * coltrain::size_of(dtype); }
 };
 
@@ -592,6 +595,11 @@ class Workspace {
         case Collective::kBroadcast:
           expected = element<T>(inputs.value(c.root, i));
           break;
+        case Collective::kAlltoall:  // block j came from rank j's block for this rank
+          expected = element<T>(inputs.value(static_cast<int>(i / c.block),
+                                             static_cast<std::size_t>(c.rank) * c.block +
+                                                 i % c.block));
+          break;
         case Collective::kReduceScatter:
           expected = expected_reduction<T>(
               inputs.reduced(static_cast<std::size_t>(c.rank) * c.block + i), c.op, c.ranks);
@@ -681,6 +689,7 @@ double bus_factor(Collective collective, int ranks) {
       return 2 * (p - 1) / p;
     case Collective::kAllgather:
     case Collective::kReduceScatter:
+    case Collective::kAlltoall:
       return (p - 1) / p;
     default:
       return 1;
@@ -1043,7 +1052,10 @@ Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<
       return {[&comm, in, out, c, algorithm] { comm.reduce_scatter(in, out, c.op, algorithm); }};
     case Collective::kReduce:
       return {[&comm, in, out, c, algorithm] { comm.reduce(in, out, c.root, c.op, algorithm); }};
-    case Collective::kBarrier:
+    case Collective::kAlltoall:
+      if (in.data() == out.data()) return {[&comm, out, algorithm] { comm.alltoall(out, algorithm); }};
+      return {[&comm, in, out, algorithm] { comm.alltoall(in, out, algorithm); }};
+    default:
       break;
   }
   throw coltrain::InvalidArgument("no such collective in the harness");
@@ -1087,15 +1099,17 @@ template <class T>
 void bench_gloo(const Options& options, const World& world, Report& report) {
 #if COLTRAIN_BENCH_WITH_GLOO
   namespace bench = coltrain::bench;
-  if (options.collective != Collective::kAllreduce) {
-    report.skip("gloo", "the harness runs Gloo's allreduce only");
+  if (options.collective != Collective::kAllreduce && options.collective != Collective::kAlltoall) {
+    report.skip("gloo", "the harness runs Gloo's allreduce and alltoall only");
     return;
   }
   if (options.memory == MemoryKind::kDevice) {
     report.skip("gloo", "Gloo's TCP allreduce takes host memory (--mem device)");
     return;
   }
-  if (std::string why = bench::gloo_unsupported(options.dtype, options.op); !why.empty()) {
+  const bool alltoall = options.collective == Collective::kAlltoall;
+  if (std::string why = bench::gloo_unsupported(options.dtype, options.op);
+      !why.empty() && !alltoall) {
     report.skip("gloo", why);
     return;
   }
@@ -1103,6 +1117,19 @@ void bench_gloo(const Options& options, const World& world, Report& report) {
   if constexpr (!kNarrowFloat<T>) {
     const auto context = std::make_shared<bench::GlooMpiContext>(
         MPI_COMM_WORLD, coltrain::comm::comm_options_from_env().timeout);
+    if (alltoall) {
+      if (runs_in_place(options)) {
+        report.skip("gloo", "Gloo's alltoall works out of place only");
+        return;
+      }
+      const Prepare<T> prepare = [&context](Workspace<T>& workspace, const Case& c) {
+        return Prepared{bench::make_gloo_alltoall<T>(context, workspace.input(),
+                                                     workspace.output(), c.count)};
+      };
+      run_series<T>(options, world, {"gloo", "native", false, "Gloo's alltoall (gloo::alltoall)"},
+                    prepare, {}, report);
+      return;
+    }
     for (const std::string& name : options.algorithms) {
       const auto gloo_algorithm = bench::gloo_allreduce_for(coltrain::comm::parse_algorithm(name));
       if (!gloo_algorithm) {

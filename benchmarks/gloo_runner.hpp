@@ -16,6 +16,7 @@
 #include <gloo/algorithm.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
+#include <gloo/alltoall.h>
 #include <gloo/context.h>
 #include <gloo/transport/address.h>
 #include <gloo/transport/tcp/attr.h>
@@ -156,6 +157,16 @@ std::function<void()> make_gloo_allreduce(const std::shared_ptr<gloo::Context>& 
                                                               detail::gloo_reduction<T>(op));
   }
   return [run] { run->run(); };
+}
+
+// Gloo's alltoall of `count` elements per rank (p blocks) from `input` to `output`, set up once.
+template <class T>
+std::function<void()> make_gloo_alltoall(const std::shared_ptr<gloo::Context>& context,
+                                         T* input, T* output, std::size_t count) {
+  auto options = std::make_shared<gloo::AlltoallOptions>(context);
+  options->setInput(input, count);
+  options->setOutput(output, count);
+  return [options] { gloo::alltoall(*options); };
 }
 
 }  // namespace coltrain::bench

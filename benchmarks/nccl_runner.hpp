@@ -103,6 +103,7 @@ class NcclCommunicator {
     COLTRAIN_CHECK_CUDA(cudaSetDevice(device));
     COLTRAIN_CHECK_CUDA(cudaStreamCreate(&stream_));
     COLTRAIN_CHECK_NCCL(ncclCommInitRank(&comm_, size, id, rank));
+    size_ = size;
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -135,7 +136,21 @@ class NcclCommunicator {
         COLTRAIN_CHECK_NCCL(ncclReduce(input, output, count, type, comm::detail::nccl_reduce_op(op),
                                        root, comm_, stream_));
         return;
-      case comm::Collective::kBarrier:
+      case comm::Collective::kAlltoall: {
+        // NCCL's own pattern for alltoall: one send and one receive per peer in a group.
+        const std::size_t bytes = block * size_of(dtype);
+        COLTRAIN_CHECK_NCCL(ncclGroupStart());
+        for (int peer = 0; peer < size_; ++peer) {
+          const auto offset = static_cast<std::size_t>(peer) * bytes;
+          COLTRAIN_CHECK_NCCL(ncclSend(static_cast<const std::byte*>(input) + offset, block, type,
+                                       peer, comm_, stream_));
+          COLTRAIN_CHECK_NCCL(ncclRecv(static_cast<std::byte*>(output) + offset, block, type, peer,
+                                       comm_, stream_));
+        }
+        COLTRAIN_CHECK_NCCL(ncclGroupEnd());
+        return;
+      }
+      default:
         break;
     }
     throw InvalidArgument("the nccl backend has no " + std::string(comm::name_of(collective)));
@@ -147,6 +162,7 @@ class NcclCommunicator {
  private:
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  int size_ = 1;
 };
 
 #endif  // COLTRAIN_WITH_NCCL

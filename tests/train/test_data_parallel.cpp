@@ -498,7 +498,7 @@ TEST_CASE("misuse mid-step is an error, and destruction mid-step leaves the comm
       CHECK_THROWS_WITH(ddp.all_finite(true), Contains("finish_gradient_sync() first"));
       CHECK_THROWS_AS(ddp.no_sync(), InvalidArgument);
       // What a second backward pass in the same synchronised step would report first. (Not a real
-      // backward pass: it would write gradients that the communication thread is reading.)
+      // backward pass: it would add to gradients whose buckets are already in flight.)
       const void* fc_weight = nullptr;
       net.visit_parameters([&](const std::string& name, auto& p) {
         if (name == "fc.weight") fc_weight = &p;
@@ -508,7 +508,7 @@ TEST_CASE("misuse mid-step is an error, and destruction mid-step leaves the comm
       ddp.finish_gradient_sync();
       CHECK(ddp.all_finite(true));
 
-      // Destroyed with every bucket on the communication thread and no wait.
+      // Destroyed with every bucket issued and none waited for.
       forward_backward(net, samples<Net>(comm.rank(), 1));
     }
     comm.barrier();

@@ -396,7 +396,7 @@ class DataParallel {
     throw_if_failed(what);
     if (tracker_.started()) {
       throw Error(std::string("DataParallel::") + what +
-                      ": gradient buckets of this step may be on the communication thread; call "
+                      ": gradient buckets of this step are still in flight; call "
                       "finish_gradient_sync() first",
                   error_context(what));
     }

@@ -547,7 +547,7 @@ class Trainer {
     if (error.context().peer && *error.context().peer != old_rank)
       failed.push_back(*error.context().peer);
     ddp_ = nullptr;
-    elastic_ddp_.reset();  // joins its communication thread; the old communicator goes next
+    elastic_ddp_.reset();  // waits for its issued buckets; the old communicator goes next
     optimizer_.abandon_step();
     if (in_step_) restore_step_start();
     network_.train();
