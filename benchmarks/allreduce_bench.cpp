@@ -107,6 +107,7 @@ struct Options {
   coltrain::comm::StagingOptions staging;  // device buffers on the mpi and tcp backends
   bool latency = false;
   bool in_place = false;
+  coltrain::comm::WireCompression compression = coltrain::comm::WireCompression::kNone;
   bool progress = false;
   int root = 0;
   std::string csv_path;
@@ -204,6 +205,12 @@ void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
   app.add_flag("--latency", options.latency,
                "time each operation on its own and report the median and 99th percentile");
   app.add_flag("--inplace", options.in_place, "operate in place instead of out of place");
+  std::string compression = "none";
+  app.add_option("--compression", compression,
+                 "f32 allreduce on the mpi and tcp backends, automatic algorithm: send as bf16 or "
+                 "fp16 (sizes and bandwidths count the f32 data)")
+      ->check(accepted_by(coltrain::comm::parse_wire_compression, "FORMAT"))
+      ->capture_default_str();
   app.add_flag("--progress", options.progress,
                "show the progress line on stderr even when it is a pipe (mpiexec makes it one)");
   app.add_option("-r,--root", options.root, "root rank of broadcast and reduce")
@@ -221,6 +228,7 @@ void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
   options.dtype = coltrain::parse_data_type(dtype);
   options.op = coltrain::comm::parse_reduce_op(op);
   options.collective = coltrain::comm::parse_collective(collective);
+  options.compression = coltrain::comm::parse_wire_compression(compression);
   options.memory = memory == "host"     ? MemoryKind::kHost
                    : memory == "pinned" ? MemoryKind::kPinned
                                         : MemoryKind::kDevice;
@@ -1068,21 +1076,36 @@ void bench_coltrain(const Options& options, const World& world, Communicator& co
   const bool mpi = comm.backend() == coltrain::comm::Backend::kMpi;
   const bool staged = options.memory == MemoryKind::kDevice;
   comm.set_staging_options(options.staging);
-  const std::string note = staged ? "staged through pinned host memory in chunks of at most " +
-                                        std::to_string(options.staging.chunk_bytes) +
-                                        " B; automatic chooses per chunk"
-                                  : "";
+  const bool compressed = options.compression != coltrain::comm::WireCompression::kNone;
+  comm.set_wire_compression(options.compression);
+  std::string note = staged ? "staged through pinned host memory in chunks of at most " +
+                                  std::to_string(options.staging.chunk_bytes) +
+                                  " B; automatic chooses per chunk"
+                            : "";
+  if (compressed) {
+    note = std::string("sent as ") + std::string(coltrain::comm::name_of(options.compression)) +
+           ", reduced in f32; bandwidths count the f32 bytes";
+  }
   for (const std::string& name : options.algorithms) {
     const Algorithm algorithm = coltrain::comm::parse_algorithm(name);
     if (std::string why = coltrain_unsupported(options.collective, algorithm, mpi); !why.empty()) {
       report.skip(backend + " / " + name, why);
       continue;
     }
+    if (compressed && (algorithm != Algorithm::kAutomatic || options.collective != Collective::kAllreduce ||
+                       options.dtype != DataType::kFloat32 || staged)) {
+      report.skip(backend + " / " + name,
+                  "--compression applies to f32 allreduce on host buffers with the automatic "
+                  "algorithm");
+      continue;
+    }
     const Prepare<T> prepare = [&](Workspace<T>& workspace, const Case& c) {
       return coltrain_collective(comm, algorithm, workspace, c);
     };
     std::function<std::string(const Case&)> chosen;
-    if (algorithm == Algorithm::kAutomatic) {
+    if (compressed) {
+      chosen = [](const Case&) { return std::string("compressed"); };
+    } else if (algorithm == Algorithm::kAutomatic) {
       chosen = [&comm, &options, staged](const Case& c) {
         const std::size_t bytes = staged ? staged_model_bytes(c, options.staging) : model_bytes(c);
         return std::string(coltrain::comm::name_of(comm.choose(c.collective, bytes)));

@@ -105,6 +105,9 @@ struct Options {
   std::uint64_t seed = 1;
   bool progress = true;
   bool cuda_graph = false;  // replay each training step as a CUDA graph (--device cuda)
+  // How the CPU trainer's gradient allreduces travel: none (f32), bf16 or fp16 (half the bytes,
+  // reduced in f32: comm/algorithms/compressed_allreduce.hpp).
+  std::string grad_compression = "none";
   // Elastic training over TCP (comm/elastic_group.hpp): go on with the survivors when ranks die,
   // down to min_ranks; `join` enters a running elastic job at its next epoch.
   bool elastic = false;
@@ -116,6 +119,10 @@ struct Options {
 inline void add_options(CLI::App& app, Options& o) {
   app.add_option("--backend", o.backend, "mpi, tcp, nccl (--device cuda) or auto")
       ->check(CLI::IsMember({"auto", "mpi", "tcp", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--grad-compression", o.grad_compression,
+                 "gradients on the wire (--device cpu): none, bf16 or fp16, reduced in f32")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}))
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -195,6 +202,10 @@ inline void resolve_and_check(Options& o, const std::string& program) {
   if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
     throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +
                           " trains on the GPU: give --device cuda too");
+  if (o.device == "cuda" && o.grad_compression != "none")
+    throw ct::ConfigError("--grad-compression " + o.grad_compression +
+                          " compresses the CPU trainer's host allreduces; the GPU trainer's "
+                          "device buffers travel uncompressed (use --device cpu)");
 }
 
 inline nlohmann::ordered_json to_json(const Options& o, const std::string& model, int world_size,
@@ -206,6 +217,7 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
   config["device"] = o.device;
   config["cuda_device"] = o.cuda_device ? nlohmann::ordered_json(*o.cuda_device) : nullptr;
   config["cuda_graph"] = o.cuda_graph;
+  config["grad_compression"] = o.grad_compression;
   config["epochs"] = o.epochs;
   config["batch_size_per_rank"] = o.batch_size;
   config["lr"] = o.lr;

@@ -39,7 +39,9 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   ct::nn::Network<Model, T> net({.threads = o.threads, .seed = o.seed});
   // Every rank now holds rank 0's weights (elastic: once the trainer is built).
   std::optional<ct::train::DataParallel<decltype(net)>> ddp;
-  if constexpr (!kElastic) ddp.emplace(net, comm);
+  ct::train::DataParallelOptions ddp_options;
+  ddp_options.compression = ct::comm::parse_wire_compression(o.grad_compression);
+  if constexpr (!kElastic) ddp.emplace(net, comm, ddp_options);
   ct::optim::PrecisionOptimizer<Policy, ct::optim::Sgd> sgd(
       ct::optim::parameters_of(net), ct::optim::Sgd({.lr = o.lr,
                                                      .momentum = o.momentum,
@@ -62,7 +64,7 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   using Trainer = ct::train::Trainer<decltype(net), Policy, ct::optim::Sgd>;
   std::optional<Trainer> trainer;
   if constexpr (kElastic)
-    trainer.emplace(net, sgd, comm, std::move(schedule), std::move(options));
+    trainer.emplace(net, sgd, comm, std::move(schedule), std::move(options), ddp_options);
   else
     trainer.emplace(net, sgd, *ddp, std::move(schedule), std::move(options));
   if (rank == 0)

@@ -198,3 +198,24 @@ TEST_CASE("a non-blocking call that meets another rank's different blocking call
     CHECK(ranks_naming_the_mismatch(outcome) >= 1);
   }
 }
+
+TEST_CASE("a rank that compresses an allreduce the others send as f32 gets an error naming both",
+          "[comm][errors][mismatch][compression]") {
+  if (coltrain::testing::world_size() < 2) return;
+  for (Backend backend : {Backend::kMpi, Backend::kTcp}) {
+    INFO(name_of(backend));
+    const Outcome outcome =
+        run_expecting_failure(backend, Algorithm::kAutomatic, [](Communicator& c, Algorithm a) {
+          std::vector<float> data(1000, 1.0f);
+          const WireCompression wire =
+              c.rank() == 0 ? WireCompression::kBFloat16 : WireCompression::kNone;
+          c.allreduce(std::span(data), ReduceOp::kSum, a, wire);
+        });
+    CHECK(outcome.seconds < std::chrono::duration<double>(kTimeout).count() + 2.0);
+    if (outcome.mismatch) {
+      CHECK_THAT(*outcome.mismatch, Contains("wire compression differs between ranks") &&
+                                        Contains("bf16") && Contains("none"));
+    }
+    CHECK(ranks_naming_the_mismatch(outcome) >= 1);
+  }
+}

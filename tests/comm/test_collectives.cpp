@@ -462,3 +462,96 @@ TEST_CASE("invalid calls are rejected before any communication", "[comm][errors]
   tcp.allreduce(std::span(data));
   CHECK(data[0] == 0.0f);
 }
+
+namespace {
+
+// The value rank r holds at index i in the compression tests: not exact in 16 bits, and near 1 for
+// products so that they stay in f16's range over five ranks.
+float compressible(ReduceOp op, int r, std::size_t i) {
+  if (op == ReduceOp::kProd) return 1.0f + 0.0123f * static_cast<float>((r + i) % 7);
+  return 0.37f * static_cast<float>(r + 1) - 0.0137f * static_cast<float>(i % 311);
+}
+
+template <class F>
+float round_through(float x) {
+  return static_cast<float>(F(x));
+}
+
+// What compressed allreduce defines: each input rounded to F, reduced in f32 in rank order, the
+// result rounded to F once.
+template <class F>
+float compressed_reference(ReduceOp op, int ranks, std::size_t i) {
+  float result = round_through<F>(compressible(op, 0, i));
+  for (int r = 1; r < ranks; ++r) {
+    const float x = round_through<F>(compressible(op, r, i));
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        result = result + x;
+        break;
+      case ReduceOp::kProd:
+        result = result * x;
+        break;
+      case ReduceOp::kMin:
+        result = x < result ? x : result;
+        break;
+      case ReduceOp::kMax:
+        result = result < x ? x : result;
+        break;
+    }
+  }
+  if (op == ReduceOp::kAvg) result = result / static_cast<float>(ranks);
+  return round_through<F>(result);
+}
+
+}  // namespace
+
+TEST_CASE("allreduce with wire compression gives the f32 reduction of the rounded inputs, rounded once",
+          "[comm][allreduce][compression]") {
+  const Backend backend = GENERATE(Backend::kMpi, Backend::kTcp);
+  const WireCompression wire = GENERATE(WireCompression::kBFloat16, WireCompression::kFloat16);
+  CAPTURE(name_of(backend), name_of(wire));
+  Communicator& comm = shared_communicator(backend);
+  const int rank = comm.rank();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin,
+                      ReduceOp::kMax}) {
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
+                              std::size_t{4099}}) {
+      CAPTURE(name_of(op), count);
+      std::vector<float> input(count);
+      for (std::size_t i = 0; i < count; ++i) input[i] = compressible(op, rank, i);
+      std::vector<float> output(count, -1.0f);
+      std::vector<float> in_place = input;
+      std::vector<float> issued = input;
+      comm.allreduce(std::span<const float>(input), std::span(output), op, Algorithm::kAutomatic,
+                     wire);
+      comm.allreduce(std::span(in_place), op, Algorithm::kAutomatic, wire);
+      comm.iallreduce(std::span(issued), op, Algorithm::kAutomatic, wire).wait();
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        const float expected = wire == WireCompression::kFloat16
+                                   ? compressed_reference<half>(op, comm.size(), i)
+                                   : compressed_reference<bfloat16>(op, comm.size(), i);
+        wrong += output[i] != expected || in_place[i] != expected || issued[i] != expected;
+      }
+      CHECK(wrong == 0);
+    }
+  }
+  // The communicator's default applies to f32 calls that do not say, and only to them.
+  comm.set_wire_compression(wire);
+  std::vector<float> halves(10, compressible(ReduceOp::kSum, rank, 5));
+  std::vector<double> doubles(10, 0.1);
+  comm.allreduce(std::span(halves));
+  comm.allreduce(std::span(doubles));
+  comm.set_wire_compression(WireCompression::kNone);
+  CHECK(halves[0] == (wire == WireCompression::kFloat16
+                          ? compressed_reference<half>(ReduceOp::kSum, comm.size(), 5)
+                          : compressed_reference<bfloat16>(ReduceOp::kSum, comm.size(), 5)));
+  CHECK(doubles[0] == Approx(0.1 * comm.size()).epsilon(1e-12));
+  // Compression takes f32 and its own schedule.
+  std::vector<double> wide(4, 1.0);
+  CHECK_THROWS_WITH(comm.allreduce(std::span(wide), ReduceOp::kSum, Algorithm::kAutomatic, wire),
+                    Catch::Contains("wire compression takes f32 data, not f64"));
+  CHECK_THROWS_WITH(comm.allreduce(std::span(halves), ReduceOp::kSum, Algorithm::kRing, wire),
+                    Catch::Contains("pass Algorithm::kAutomatic, not 'ring'"));
+}

@@ -389,6 +389,61 @@ TEMPLATE_TEST_CASE("16-bit gradients are the ranks' average taken in f32 and rou
   }
 }
 
+TEST_CASE("wire-compressed gradients are the same on every rank and within a 16-bit step of the "
+          "average",
+          "[train][data_parallel][compression]") {
+  using Net = nn::Network<Mlp, float>;
+  for (Backend backend : kBackends) {
+    for (comm::WireCompression wire :
+         {comm::WireCompression::kBFloat16, comm::WireCompression::kFloat16}) {
+      INFO(comm::name_of(backend) << ", " << comm::name_of(wire));
+      Communicator& comm = shared_communicator(backend);
+      Net plain({.seed = 5 + static_cast<std::uint64_t>(comm.rank())});
+      Net compressed({.seed = 5 + static_cast<std::uint64_t>(comm.rank())});
+      train::DataParallelOptions options = bucket_caps(256, 2048);
+      train::DataParallel plain_ddp(plain, comm, options);
+      options.compression = wire;
+      train::DataParallel compressed_ddp(compressed, comm, options);
+      forward_backward(plain, samples<Net>(4 * comm.rank(), 4));
+      plain_ddp.finish_gradient_sync();
+      forward_backward(compressed, samples<Net>(4 * comm.rank(), 4));
+      compressed_ddp.finish_gradient_sync();
+      std::vector<float> flat;
+      for (const auto& g : gradients(compressed))
+        for (double v : g) flat.push_back(static_cast<float>(v));
+      CHECK(differences_from_rank0(comm, flat) == 0);
+      // Each rank's gradient is rounded once, and so is the average: within a 16-bit step of the
+      // ranks' mean magnitude plus one of the average's, and in f16 a few subnormal steps (2^-24).
+      Net local({.seed = 5});  // where DataParallel put every rank: rank 0's weights
+      forward_backward(local, samples<Net>(4 * comm.rank(), 4));
+      std::vector<float> magnitudes;
+      for (const auto& g : gradients(local))
+        for (double v : g) magnitudes.push_back(static_cast<float>(std::abs(v)));
+      comm.allreduce(std::span(magnitudes), comm::ReduceOp::kAvg);
+      const bool f16 = wire == comm::WireCompression::kFloat16;
+      const double step = f16 ? 0x1p-10 : 0x1p-7;
+      const double subnormal_steps = f16 ? 4 * 0x1p-24 : 0.0;
+      const auto expected = gradients(plain);
+      const auto got = gradients(compressed);
+      std::size_t wrong = 0;
+      std::size_t at = 0;
+      for (std::size_t p = 0; p < expected.size(); ++p) {
+        for (std::size_t i = 0; i < expected[p].size(); ++i, ++at) {
+          const double bound =
+              step * (magnitudes[at] + std::abs(expected[p][i])) + subnormal_steps;
+          wrong += std::abs(got[p][i] - expected[p][i]) <= bound ? 0 : 1;
+        }
+      }
+      CHECK(wrong == 0);
+    }
+  }
+  nn::Network<Mlp, double> wide({.seed = 1});
+  train::DataParallelOptions options;
+  options.compression = comm::WireCompression::kBFloat16;
+  CHECK_THROWS_AS(train::DataParallel(wide, shared_communicator(kBackends[0]), options),
+                  InvalidArgument);
+}
+
 TEST_CASE("two micro-batches under no_sync and a synchronised one equal one step on all of them",
           "[train][data_parallel][no_sync]") {
   using Net = nn::Network<ConvNet, double>;

@@ -29,6 +29,7 @@
 
 #include <coltrain/comm/algorithms/alltoall.hpp>
 #include <coltrain/comm/algorithms/barrier.hpp>
+#include <coltrain/comm/algorithms/compressed_allreduce.hpp>
 #include <coltrain/comm/algorithms/gather_scatter.hpp>
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
@@ -349,16 +350,37 @@ class Communicator {
 
   // Every call below takes host or device spans (all of one call's buffers in the same memory).
 
-  // ---- allreduce: every rank ends with the reduction of all ranks' input ----
+  // How f32 allreduces on host buffers with Algorithm::kAutomatic travel when the call does not say
+  // (default: kNone). The same on every rank; a rank that differs gets a MismatchError.
+  WireCompression wire_compression() const { return compression_; }
+  void set_wire_compression(WireCompression compression) { compression_ = compression; }
+
+  // ---- allreduce: every rank ends with the reduction of all ranks' input. `compression` (f32 on
+  // host buffers only) sends the data as bf16 or f16 and still reduces it in f32
+  // (algorithms/compressed_allreduce.hpp); unset, the communicator's wire_compression() applies.
   template <detail::CollectiveElement T>
   void allreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
-                 Algorithm algorithm = Algorithm::kAutomatic) {
+                 Algorithm algorithm = Algorithm::kAutomatic,
+                 std::optional<WireCompression> compression = std::nullopt) {
     require_size(Collective::kAllreduce, "output", output.size(), input.size());
+    const auto device_call = [&] {
+      if (compression && *compression != WireCompression::kNone) {
+        throw InvalidArgument("allreduce: wire compression applies to host buffers",
+                              call_context(Collective::kAllreduce));
+      }
+    };
     dispatch(
         memory_of_call(Collective::kAllreduce, std::as_bytes(input), std::as_bytes(output)),
-        [&] { reduce_collective(Collective::kAllreduce, input, output, op, 0, algorithm); },
-        [&](auto& staged) { staged.allreduce(input, output, op, algorithm); },
+        [&] {
+          reduce_collective(Collective::kAllreduce, input, output, op, 0, algorithm,
+                            wire_format<T>(compression, algorithm));
+        },
+        [&](auto& staged) {
+          device_call();
+          staged.allreduce(input, output, op, algorithm);
+        },
         [&](auto& nccl, auto stream) {
+          device_call();
           const Algorithm chosen = algorithm == Algorithm::kAutomatic
                                        ? choose(Collective::kAllreduce, input.size_bytes(),
                                                 Memory::kDevice)
@@ -369,8 +391,9 @@ class Communicator {
   }
   template <detail::CollectiveElement T>
   void allreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum,
-                 Algorithm algorithm = Algorithm::kAutomatic) {
-    allreduce(std::span<const T>(data), data, op, algorithm);
+                 Algorithm algorithm = Algorithm::kAutomatic,
+                 std::optional<WireCompression> compression = std::nullopt) {
+    allreduce(std::span<const T>(data), data, op, algorithm, compression);
   }
 
   // ---- broadcast: root's data to every rank ----
@@ -605,14 +628,16 @@ class Communicator {
   // enqueued on stream() as its blocking form is, staged ones complete before the call returns.
   template <detail::CollectiveElement T>
   Request iallreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
-                     Algorithm algorithm = Algorithm::kAutomatic) {
+                     Algorithm algorithm = Algorithm::kAutomatic,
+                     std::optional<WireCompression> compression = std::nullopt) {
     return issue(Collective::kAllreduce, std::as_bytes(input), std::as_bytes(output),
-                 [=, this] { allreduce(input, output, op, algorithm); });
+                 [=, this] { allreduce(input, output, op, algorithm, compression); });
   }
   template <detail::CollectiveElement T>
   Request iallreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum,
-                     Algorithm algorithm = Algorithm::kAutomatic) {
-    return iallreduce(std::span<const T>(data), data, op, algorithm);
+                     Algorithm algorithm = Algorithm::kAutomatic,
+                     std::optional<WireCompression> compression = std::nullopt) {
+    return iallreduce(std::span<const T>(data), data, op, algorithm, compression);
   }
   template <detail::CollectiveElement T>
   Request ibroadcast(std::span<T> data, int root = 0, Algorithm algorithm = Algorithm::kAutomatic) {
@@ -709,6 +734,7 @@ class Communicator {
     child->cost_model_ = cost_model_;
     child->device_cost_model_ = device_cost_model_;
     child->tuning_ = tuning_;
+    child->compression_ = compression_;
     child->staging_options_ = staging_options_;
     child->set_trace_dir(trace_dir());
     return child;
@@ -1098,10 +1124,42 @@ class Communicator {
     }
   }
 
+  ErrorContext call_context(Collective collective) const {
+    ErrorContext context;
+    context.rank = rank();
+    context.operation = std::string(name_of(collective));
+    return context;
+  }
+
+  // What an allreduce of T travels as: the call's choice, else the communicator's for f32 with
+  // the automatic algorithm. Compression takes f32 and its own schedule, so it refuses other types
+  // and named algorithms.
+  template <class T>
+  WireCompression wire_format(std::optional<WireCompression> requested, Algorithm algorithm) const {
+    if (!requested) {
+      const bool applies = std::is_same_v<T, float> && algorithm == Algorithm::kAutomatic;
+      return applies ? compression_ : WireCompression::kNone;
+    }
+    if (*requested == WireCompression::kNone) return *requested;
+    if (!std::is_same_v<T, float>) {
+      throw InvalidArgument("allreduce: wire compression takes f32 data, not " +
+                                std::string(name_of(data_type_v<T>)),
+                            call_context(Collective::kAllreduce));
+    }
+    if (algorithm != Algorithm::kAutomatic) {
+      throw InvalidArgument("allreduce: wire compression has its own schedule (pairwise "
+                            "reduce-scatter, ring allgather); pass Algorithm::kAutomatic, not '" +
+                                std::string(name_of(algorithm)) + "'",
+                            call_context(Collective::kAllreduce));
+    }
+    return *requested;
+  }
+
   // allreduce, reduce_scatter and reduce. f16/bf16 are widened to f32 around the reduction.
   template <detail::CollectiveElement T>
   void reduce_collective(Collective collective, std::span<const T> input, std::span<T> output,
-                         ReduceOp op, int root, Algorithm algorithm) {
+                         ReduceOp op, int root, Algorithm algorithm,
+                         WireCompression compression = WireCompression::kNone) {
     const std::size_t count =
         collective == Collective::kReduceScatter ? output.size() : input.size();
     if constexpr (detail::kNarrowFloat<T>) {
@@ -1118,8 +1176,12 @@ class Communicator {
         for (std::size_t i = 0; i < output.size(); ++i) output[i] = T(wide_output[i]);
       }
     } else {
-      const MessageHeader call =
+      MessageHeader call =
           start(collective, data_type_v<T>, count, op, root, algorithm, input.size_bytes());
+      if (compression != WireCompression::kNone) {
+        call.algorithm = Algorithm::kPairwise;  // the schedule compressed_allreduce runs
+        call.compression = compression;
+      }
       run_reduction(call, element_reduction<T>(op), std::as_bytes(input),
                     std::as_writable_bytes(output));
     }
@@ -1138,6 +1200,11 @@ class Communicator {
       with_transport([&](auto& t) {
         switch (call.collective) {
           case Collective::kAllreduce:
+            if (call.compression != WireCompression::kNone) {
+              return compressed_allreduce(t, reinterpret_cast<const float*>(input),
+                                          reinterpret_cast<float*>(output), input_count, call.op,
+                                          call, tuning_, scratch_);
+            }
             switch (call.algorithm) {
               case Algorithm::kRing:
                 return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
@@ -1188,6 +1255,7 @@ class Communicator {
   CostModel cost_model_;
   CostModel device_cost_model_;  // NCCL's, for device buffers
   AlgorithmTuning tuning_;
+  WireCompression compression_ = WireCompression::kNone;
   StagingOptions staging_options_;
   std::uint64_t sequence_ = 0;
   // On the heap: SIGUSR1's thread holds its address while the communicator moves.

@@ -8,6 +8,7 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -25,7 +26,8 @@ struct MessageHeader {
   DataType dtype = DataType::kFloat32;  // the caller's element type (f16/bf16 travel as f32)
   ReduceOp op = ReduceOp::kSum;
   std::int32_t root = 0;
-  std::uint32_t reserved = 0;
+  WireCompression compression = WireCompression::kNone;  // what an f32 allreduce travels as
+  std::array<std::uint8_t, 3> reserved{};
   std::uint64_t sequence = 0;  // the collective's number on its communicator, from 0
   std::uint64_t count = 0;     // the element count the caller passed
   std::uint64_t bytes = 0;     // payload bytes that follow this header
@@ -42,6 +44,8 @@ inline std::string describe_call(const MessageHeader& h) {
       h.collective == Collective::kReduceScatter) {
     text += ", op " + std::string(name_of(h.op));
   }
+  if (h.compression != WireCompression::kNone)
+    text += ", wire " + std::string(name_of(h.compression));
   if (h.collective == Collective::kBroadcast || h.collective == Collective::kReduce ||
       h.collective == Collective::kGather || h.collective == Collective::kScatter) {
     text += ", root " + std::to_string(h.root);
@@ -93,6 +97,10 @@ inline void check_header(const MessageHeader& expected, const MessageHeader& rec
   }
   if (received.root != expected.root) {
     differ("root", std::to_string(expected.root), std::to_string(received.root));
+  }
+  if (received.compression != expected.compression) {
+    differ("wire compression", std::string(name_of(expected.compression)),
+           std::string(name_of(received.compression)));
   }
   if (received.algorithm != expected.algorithm) {
     differ("algorithm", std::string(name_of(expected.algorithm)),

@@ -54,6 +54,10 @@ enum class Backend : std::uint8_t { kMpi, kTcp, kNccl };
 // Where a collective's buffers live: host memory (pageable or pinned) or CUDA device memory.
 enum class Memory : std::uint8_t { kHost, kDevice };
 
+// How an f32 allreduce travels (Horovod's Compression.fp16): as f32, or rounded to bf16 or f16 on
+// the wire, half the bytes, and still reduced in f32 (algorithms/compressed_allreduce.hpp).
+enum class WireCompression : std::uint8_t { kNone, kBFloat16, kFloat16 };
+
 namespace detail {
 
 template <class Enum, std::size_t N>
@@ -122,6 +126,12 @@ inline constexpr std::array<std::pair<std::string_view, Memory>, 2> kMemoryNames
     {"device", Memory::kDevice},
 }};
 
+inline constexpr std::array<std::pair<std::string_view, WireCompression>, 3> kCompressionNames{{
+    {"none", WireCompression::kNone},
+    {"bf16", WireCompression::kBFloat16},
+    {"fp16", WireCompression::kFloat16},
+}};
+
 }  // namespace detail
 
 constexpr std::string_view name_of(Collective c) {
@@ -137,6 +147,9 @@ constexpr std::string_view name_of(Backend b) {
   return detail::enum_name(b, detail::kBackendNames);
 }
 constexpr std::string_view name_of(Memory m) { return detail::enum_name(m, detail::kMemoryNames); }
+constexpr std::string_view name_of(WireCompression c) {
+  return detail::enum_name(c, detail::kCompressionNames);
+}
 
 inline Collective parse_collective(std::string_view text) {
   return detail::parse_enum(text, detail::kCollectiveNames, "collective");
@@ -152,6 +165,9 @@ inline Backend parse_backend(std::string_view text) {
 }
 inline Memory parse_memory(std::string_view text) {
   return detail::parse_enum(text, detail::kMemoryNames, "memory");
+}
+inline WireCompression parse_wire_compression(std::string_view text) {
+  return detail::parse_enum(text, detail::kCompressionNames, "wire compression");
 }
 
 }  // namespace coltrain::comm

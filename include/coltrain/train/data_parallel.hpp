@@ -59,6 +59,9 @@ struct DataParallelOptions {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   std::size_t bucket_bytes = std::size_t{25} << 20;
   comm::Algorithm algorithm = comm::Algorithm::kAutomatic;  // of the gradient allreduces
+  // How the f32 buckets travel: as f32, or as bf16 or f16 and still reduced in f32
+  // (comm/algorithms/compressed_allreduce.hpp; the algorithm must then be automatic).
+  comm::WireCompression compression = comm::WireCompression::kNone;
 };
 
 // What the last finish_gradient_sync() saw, to show that communication overlapped the backward
@@ -152,6 +155,13 @@ class DataParallel {
         options_(options),
         rank_(communicator.rank()),
         world_size_(communicator.size()) {
+    if (options_.compression != comm::WireCompression::kNone &&
+        (!std::is_same_v<B, float> || options_.algorithm != comm::Algorithm::kAutomatic)) {
+      throw InvalidArgument(
+          "DataParallel: wire compression takes f32 (or 16-bit) gradients and the automatic "
+          "algorithm",
+          error_context("construct"));
+    }
     if (network_.context().gradient_ready_hook()) {
       throw InvalidArgument(
           "DataParallel: the network already has a gradient-ready hook (is it "
@@ -229,7 +239,8 @@ class DataParallel {
     if (!error) {
       try {
         pack_bucket(last);
-        comm_.allreduce(std::span<B>(buffers_[last]), comm::ReduceOp::kAvg, options_.algorithm);
+        comm_.allreduce(std::span<B>(buffers_[last]), comm::ReduceOp::kAvg, options_.algorithm,
+                        options_.compression);
       } catch (...) {
         error = std::current_exception();
         error_bucket = last;
@@ -431,8 +442,9 @@ class DataParallel {
   void launch(std::size_t end) {
     for (; next_launch_ < end; ++next_launch_) {
       pack_bucket(next_launch_);
-      requests_[next_launch_] = comm_.iallreduce(std::span<B>(buffers_[next_launch_]),
-                                                 comm::ReduceOp::kAvg, options_.algorithm);
+      requests_[next_launch_] =
+          comm_.iallreduce(std::span<B>(buffers_[next_launch_]), comm::ReduceOp::kAvg,
+                           options_.algorithm, options_.compression);
     }
   }
 
