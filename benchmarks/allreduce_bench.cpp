@@ -181,8 +181,8 @@ void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
       ->check(accepted_by(coltrain::comm::parse_reduce_op, "OP"))
       ->capture_default_str();
   app.add_option("--collective", collective, "the collective to measure")
-      ->check(
-          CLI::IsMember({"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"}))
+      ->check(CLI::IsMember(
+          {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"}))
       ->capture_default_str();
   app.add_option("--backend", options.backends, "backends to compare, comma-separated")
       ->delimiter(',')
@@ -604,9 +604,9 @@ class Workspace {
           expected = element<T>(inputs.value(c.root, i));
           break;
         case Collective::kAlltoall:  // block j came from rank j's block for this rank
-          expected = element<T>(inputs.value(static_cast<int>(i / c.block),
-                                             static_cast<std::size_t>(c.rank) * c.block +
-                                                 i % c.block));
+          expected =
+              element<T>(inputs.value(static_cast<int>(i / c.block),
+                                      static_cast<std::size_t>(c.rank) * c.block + i % c.block));
           break;
         case Collective::kReduceScatter:
           expected = expected_reduction<T>(
@@ -1061,7 +1061,8 @@ Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<
     case Collective::kReduce:
       return {[&comm, in, out, c, algorithm] { comm.reduce(in, out, c.root, c.op, algorithm); }};
     case Collective::kAlltoall:
-      if (in.data() == out.data()) return {[&comm, out, algorithm] { comm.alltoall(out, algorithm); }};
+      if (in.data() == out.data())
+        return {[&comm, out, algorithm] { comm.alltoall(out, algorithm); }};
       return {[&comm, in, out, algorithm] { comm.alltoall(in, out, algorithm); }};
     default:
       break;
@@ -1092,8 +1093,9 @@ void bench_coltrain(const Options& options, const World& world, Communicator& co
       report.skip(backend + " / " + name, why);
       continue;
     }
-    if (compressed && (algorithm != Algorithm::kAutomatic || options.collective != Collective::kAllreduce ||
-                       options.dtype != DataType::kFloat32 || staged)) {
+    if (compressed &&
+        (algorithm != Algorithm::kAutomatic || options.collective != Collective::kAllreduce ||
+         options.dtype != DataType::kFloat32 || staged)) {
       report.skip(backend + " / " + name,
                   "--compression applies to f32 allreduce on host buffers with the automatic "
                   "algorithm");
@@ -1146,8 +1148,8 @@ void bench_gloo(const Options& options, const World& world, Report& report) {
         return;
       }
       const Prepare<T> prepare = [&context](Workspace<T>& workspace, const Case& c) {
-        return Prepared{bench::make_gloo_alltoall<T>(context, workspace.input(),
-                                                     workspace.output(), c.count)};
+        return Prepared{
+            bench::make_gloo_alltoall<T>(context, workspace.input(), workspace.output(), c.count)};
       };
       run_series<T>(options, world, {"gloo", "native", false, "Gloo's alltoall (gloo::alltoall)"},
                     prepare, {}, report);

@@ -161,8 +161,8 @@ std::function<void()> make_gloo_allreduce(const std::shared_ptr<gloo::Context>& 
 
 // Gloo's alltoall of `count` elements per rank (p blocks) from `input` to `output`, set up once.
 template <class T>
-std::function<void()> make_gloo_alltoall(const std::shared_ptr<gloo::Context>& context,
-                                         T* input, T* output, std::size_t count) {
+std::function<void()> make_gloo_alltoall(const std::shared_ptr<gloo::Context>& context, T* input,
+                                         T* output, std::size_t count) {
   auto options = std::make_shared<gloo::AlltoallOptions>(context);
   options->setInput(input, count);
   options->setOutput(output, count);

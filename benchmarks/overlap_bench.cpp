@@ -12,12 +12,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -111,8 +111,7 @@ int main(int argc, char** argv) {
                   "%s, %d ranks, %zu bytes, %s computation %.2f ms, allreduce %.2f ms, overlapped "
                   "%.2f ms: %+.1f%% over the computation (medians of %d rounds)%s",
                   std::string(name_of(comm.backend())).c_str(), comm.size(), bytes, kind.c_str(),
-                  c * 1e3,
-                  a * 1e3, o * 1e3, (o - c) / c * 100, rounds, sink > 0 ? "" : " ");
+                  c * 1e3, a * 1e3, o * 1e3, (o - c) / c * 100, rounds, sink > 0 ? "" : " ");
     logger.print_root(line);
     return 0;
   } catch (const std::exception& e) {

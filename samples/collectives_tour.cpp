@@ -87,14 +87,16 @@ int tour(Communicator& comm, const coltrain::Logger& logger) {
   for (std::size_t j = 0; j < p; ++j) outgoing[j] = rank * 100 + static_cast<std::int32_t>(j);
   comm.alltoall(std::span<const std::int32_t>(outgoing), std::span(incoming));
   right = true;
-  for (std::size_t j = 0; j < p; ++j) right &= incoming[j] == static_cast<std::int32_t>(j) * 100 + rank;
+  for (std::size_t j = 0; j < p; ++j)
+    right &= incoming[j] == static_cast<std::int32_t>(j) * 100 + rank;
   checker.check("alltoall", right);
 
   // gather and scatter, rooted at the last rank.
   std::vector<std::int32_t> gathered(rank == root ? p : 0);
   comm.gather(std::span(&mine, 1), std::span(gathered), root);
   right = true;
-  for (std::size_t r = 0; r < gathered.size(); ++r) right &= gathered[r] == static_cast<std::int32_t>(r * 10);
+  for (std::size_t r = 0; r < gathered.size(); ++r)
+    right &= gathered[r] == static_cast<std::int32_t>(r * 10);
   checker.check("gather", right);
   std::vector<std::int32_t> piece(1);
   comm.scatter(std::span<const std::int32_t>(gathered), std::span(piece), root);
@@ -103,12 +105,15 @@ int tour(Communicator& comm, const coltrain::Logger& logger) {
   // allgatherv: rank r contributes r + 1 elements.
   std::vector<std::size_t> counts(p);
   std::iota(counts.begin(), counts.end(), std::size_t{1});
-  const std::vector<float> variable(counts[static_cast<std::size_t>(rank)], static_cast<float>(rank));
+  const std::vector<float> variable(counts[static_cast<std::size_t>(rank)],
+                                    static_cast<float>(rank));
   std::vector<float> all_variable(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
-  comm.allgatherv(std::span(variable), std::span(all_variable), std::span<const std::size_t>(counts));
+  comm.allgatherv(std::span(variable), std::span(all_variable),
+                  std::span<const std::size_t>(counts));
   right = true;
   for (std::size_t r = 0, at = 0; r < p; ++r)
-    for (std::size_t k = 0; k < counts[r]; ++k) right &= all_variable[at++] == static_cast<float>(r);
+    for (std::size_t k = 0; k < counts[r]; ++k)
+      right &= all_variable[at++] == static_cast<float>(r);
   checker.check("allgatherv", right);
 
   // alltoallv: one element to every rank, two to the next one.
@@ -148,7 +153,8 @@ int tour(Communicator& comm, const coltrain::Logger& logger) {
   for (int i = 1; i < 200000; ++i) work += 1.0 / i;
   coltrain::comm::wait_all(requests);
   right = work > 0;
-  for (const auto& bucket : buckets) right &= bucket == std::vector<float>(1 << 16, static_cast<float>(size));
+  for (const auto& bucket : buckets)
+    right &= bucket == std::vector<float>(1 << 16, static_cast<float>(size));
   checker.check("iallreduce x4, overlapped with computation, wait_all", right);
 
   Request barrier = comm.ibarrier();
@@ -163,8 +169,8 @@ int main() {
   try {
     const coltrain::LaunchEnv env = coltrain::detect_launch_env();
     const coltrain::Logger logger(env.rank, env.world_size);
-    logger.print_root("coltrain ", coltrain::BuildConfig::kVersion, " collectives tour: ",
-                      env.world_size, " ranks");
+    logger.print_root("coltrain ", coltrain::BuildConfig::kVersion,
+                      " collectives tour: ", env.world_size, " ranks");
     const bool mpi_launch =
         env.launcher == coltrain::Launcher::kMpich || env.launcher == coltrain::Launcher::kOpenMpi;
     int failures = 0;

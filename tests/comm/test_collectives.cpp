@@ -506,17 +506,18 @@ float compressed_reference(ReduceOp op, int ranks, std::size_t i) {
 
 }  // namespace
 
-TEST_CASE("allreduce with wire compression gives the f32 reduction of the rounded inputs, rounded once",
-          "[comm][allreduce][compression]") {
+TEST_CASE(
+    "allreduce with wire compression gives the f32 reduction of the rounded inputs, rounded once",
+    "[comm][allreduce][compression]") {
   const Backend backend = GENERATE(Backend::kMpi, Backend::kTcp);
   const WireCompression wire = GENERATE(WireCompression::kBFloat16, WireCompression::kFloat16);
   CAPTURE(name_of(backend), name_of(wire));
   Communicator& comm = shared_communicator(backend);
   const int rank = comm.rank();
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin,
-                      ReduceOp::kMax}) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000},
-                              std::size_t{4099}}) {
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax}) {
+    for (std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{4099}}) {
       CAPTURE(name_of(op), count);
       std::vector<float> input(count);
       for (std::size_t i = 0; i < count; ++i) input[i] = compressible(op, rank, i);

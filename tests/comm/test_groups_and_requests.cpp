@@ -220,8 +220,8 @@ TEST_CASE("every non-blocking call gives its blocking call's result, mixed with 
   CHECK(requests[0].test());
   CHECK(requests[1].test());
   requests.push_back(comm.iallgather(std::span(mine), std::span(gathered)));
-  requests.push_back(comm.ireduce_scatter(std::span<const std::int32_t>(blocks),
-                                          std::span(scattered)));
+  requests.push_back(
+      comm.ireduce_scatter(std::span<const std::int32_t>(blocks), std::span(scattered)));
   requests.push_back(comm.ialltoall(std::span<const std::int32_t>(blocks), std::span(exchanged)));
   requests.push_back(comm.ireduce(std::span<const std::int32_t>(blocks), std::span(at_root), root));
   requests.push_back(comm.igather(std::span(mine), std::span(gathered_at_root), root));
@@ -252,8 +252,8 @@ TEST_CASE("every non-blocking call gives its blocking call's result, mixed with 
   }
   for (std::size_t i = 0; i < exchanged.size(); ++i) {
     const auto from = static_cast<std::int32_t>(i / kCount);
-    CHECK(exchanged[i] ==
-          from * 1000 + rank * static_cast<std::int32_t>(kCount) + static_cast<std::int32_t>(i % kCount));
+    CHECK(exchanged[i] == from * 1000 + rank * static_cast<std::int32_t>(kCount) +
+                              static_cast<std::int32_t>(i % kCount));
   }
   if (rank == root) {
     for (std::size_t i = 0; i < at_root.size(); ++i)
@@ -262,7 +262,8 @@ TEST_CASE("every non-blocking call gives its blocking call's result, mixed with 
   }
   std::size_t at = 0;
   for (std::size_t r = 0; r < p; ++r)
-    for (std::size_t k = 0; k < counts[r]; ++k) CHECK(gathered_variable[at++] == static_cast<std::int64_t>(r + 1));
+    for (std::size_t k = 0; k < counts[r]; ++k)
+      CHECK(gathered_variable[at++] == static_cast<std::int64_t>(r + 1));
   for (std::size_t r = 0; r < p; ++r) CHECK(from_each[r] == static_cast<std::int32_t>(r));
 }
 

@@ -389,9 +389,10 @@ TEMPLATE_TEST_CASE("16-bit gradients are the ranks' average taken in f32 and rou
   }
 }
 
-TEST_CASE("wire-compressed gradients are the same on every rank and within a 16-bit step of the "
-          "average",
-          "[train][data_parallel][compression]") {
+TEST_CASE(
+    "wire-compressed gradients are the same on every rank and within a 16-bit step of the "
+    "average",
+    "[train][data_parallel][compression]") {
   using Net = nn::Network<Mlp, float>;
   for (Backend backend : kBackends) {
     for (comm::WireCompression wire :
@@ -429,8 +430,7 @@ TEST_CASE("wire-compressed gradients are the same on every rank and within a 16-
       std::size_t at = 0;
       for (std::size_t p = 0; p < expected.size(); ++p) {
         for (std::size_t i = 0; i < expected[p].size(); ++i, ++at) {
-          const double bound =
-              step * (magnitudes[at] + std::abs(expected[p][i])) + subnormal_steps;
+          const double bound = step * (magnitudes[at] + std::abs(expected[p][i])) + subnormal_steps;
           wrong += std::abs(got[p][i] - expected[p][i]) <= bound ? 0 : 1;
         }
       }

@@ -761,7 +761,8 @@ class Communicator {
     if (mpi_) {
       progress_.drain();
       MPI_Comm raw = MPI_COMM_NULL;
-      COLTRAIN_CHECK_MPI(MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
+      COLTRAIN_CHECK_MPI(
+          MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
       if (raw == MPI_COMM_NULL) return std::nullopt;
       std::optional<Communicator> child(Communicator(Backend::kMpi));
       child->mpi_ = std::make_unique<MpiTransport>(raw, options_);  // a duplicate of raw
@@ -791,8 +792,8 @@ class Communicator {
     std::vector<detail::FileDescriptor> sockets =
         detail::connect_split_mesh(entries, members, new_rank, listener, options_, context);
     std::optional<Communicator> child(Communicator(Backend::kTcp));
-    child->tcp_ = std::make_unique<TcpTransport>(new_rank, std::move(sockets),
-                                                 tcp_->launch_env(), options_);
+    child->tcp_ =
+        std::make_unique<TcpTransport>(new_rank, std::move(sockets), tcp_->launch_env(), options_);
     child->start_recording(options_, false);
     return child;
   }
@@ -1142,15 +1143,16 @@ class Communicator {
     }
     if (*requested == WireCompression::kNone) return *requested;
     if (!std::is_same_v<T, float>) {
-      throw InvalidArgument("allreduce: wire compression takes f32 data, not " +
-                                std::string(name_of(data_type_v<T>)),
-                            call_context(Collective::kAllreduce));
+      throw InvalidArgument(
+          "allreduce: wire compression takes f32 data, not " + std::string(name_of(data_type_v<T>)),
+          call_context(Collective::kAllreduce));
     }
     if (algorithm != Algorithm::kAutomatic) {
-      throw InvalidArgument("allreduce: wire compression has its own schedule (pairwise "
-                            "reduce-scatter, ring allgather); pass Algorithm::kAutomatic, not '" +
-                                std::string(name_of(algorithm)) + "'",
-                            call_context(Collective::kAllreduce));
+      throw InvalidArgument(
+          "allreduce: wire compression has its own schedule (pairwise "
+          "reduce-scatter, ring allgather); pass Algorithm::kAutomatic, not '" +
+              std::string(name_of(algorithm)) + "'",
+          call_context(Collective::kAllreduce));
     }
     return *requested;
   }

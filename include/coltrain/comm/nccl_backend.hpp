@@ -619,8 +619,8 @@ class NcclBackend final : public DeviceCollectives {
     child->last_call_.operation = "NCCL split";
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const ncclResult_t result = ncclCommSplit(
-        comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, child->comm_.receive(), &config);
+    const ncclResult_t result = ncclCommSplit(comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color,
+                                              key, child->comm_.receive(), &config);
     if (color < 0) {
       finish_enqueue(result);
       return nullptr;

@@ -57,7 +57,8 @@ inline std::vector<FileDescriptor> connect_split_mesh(std::span<const SplitEntry
   const int size = static_cast<int>(members.size());
   if (size == 1) return std::vector<FileDescriptor>(1);
   AddressTable table{entries[static_cast<std::size_t>(members.front())].nonce, {}};
-  for (int parent : members) table.entries.push_back(entries[static_cast<std::size_t>(parent)].address);
+  for (int parent : members)
+    table.entries.push_back(entries[static_cast<std::size_t>(parent)].address);
   const Logger logger(new_rank, size);
   return connect_full_mesh(new_rank, size, table, listener, hash_job_id(options.job_id), options,
                            logger, context);

@@ -490,7 +490,6 @@ class DataParallel {
   bool sync_enabled_ = true;
   GradientSyncStats last_sync_;
   std::string failure_;  // the error that made the communicator unusable
-
 };
 
 }  // namespace coltrain::train
