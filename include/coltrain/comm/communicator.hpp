@@ -764,7 +764,7 @@ class Communicator {
       COLTRAIN_CHECK_MPI(
           MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
       if (raw == MPI_COMM_NULL) return std::nullopt;
-      std::optional<Communicator> child(Communicator(Backend::kMpi));
+      auto child = std::optional<Communicator>(Communicator(Backend::kMpi));
       child->mpi_ = std::make_unique<MpiTransport>(raw, options_);  // a duplicate of raw
       MPI_Comm_free(&raw);
       child->mpi_session_ = mpi_session_;
@@ -791,7 +791,7 @@ class Communicator {
     const int new_rank = static_cast<int>(position);
     std::vector<detail::FileDescriptor> sockets =
         detail::connect_split_mesh(entries, members, new_rank, listener, options_, context);
-    std::optional<Communicator> child(Communicator(Backend::kTcp));
+    auto child = std::optional<Communicator>(Communicator(Backend::kTcp));
     child->tcp_ =
         std::make_unique<TcpTransport>(new_rank, std::move(sockets), tcp_->launch_env(), options_);
     child->start_recording(options_, false);
