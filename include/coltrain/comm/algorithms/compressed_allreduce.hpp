@@ -46,16 +46,18 @@ void compressed_allreduce_as(Tr& transport, const float* input, float* output, s
   const std::size_t segment = (count + ranks - 1) / ranks;
   const std::size_t words = segment * ranks;
   const std::size_t wire_bytes = words * sizeof(std::uint16_t);
-  const std::size_t needed = 3 * wire_bytes + 2 * segment * sizeof(float);
-  if (scratch.size() < needed) scratch.resize(needed);
-  auto* packed = reinterpret_cast<std::uint16_t*>(scratch.data());
+  const std::size_t float_bytes = 2 * segment * sizeof(float);
+  if (scratch.size() < float_bytes + 3 * wire_bytes) scratch.resize(float_bytes + 3 * wire_bytes);
+  // The floats first, where the allocation is aligned; the 16-bit words after them.
+  auto* reduced = reinterpret_cast<float*>(scratch.data());
+  float* widened = reduced + segment;
+  auto* packed = reinterpret_cast<std::uint16_t*>(scratch.data() + float_bytes);
   auto* received = packed + words;
   auto* gathered = received + words;
-  auto* reduced = reinterpret_cast<float*>(scratch.data() + 3 * wire_bytes);
-  float* widened = reduced + segment;
 
   encode_wire<F>(input, packed, count);
-  std::memset(packed + count, 0, (words - count) * sizeof(std::uint16_t));
+  // No memset of nothing: with count 0 the scratch may be empty, its data() null.
+  if (words > count) std::memset(packed + count, 0, (words - count) * sizeof(std::uint16_t));
   pairwise_alltoall(transport, reinterpret_cast<const std::byte*>(packed),
                     reinterpret_cast<std::byte*>(received), segment * sizeof(std::uint16_t), call);
   decode_wire<F>(received, reduced, segment);
