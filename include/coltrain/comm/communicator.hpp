@@ -827,9 +827,7 @@ class Communicator {
     const bool same = output.empty() || output.data() == input.data();
     const Memory out = same ? in : detail::memory_of(output.data());
     if (!input.empty() && in != out) {
-      ErrorContext context;
-      context.rank = rank();
-      context.operation = std::string(name_of(collective));
+      const ErrorContext context = call_context(collective);
       throw InvalidArgument("input is " + std::string(name_of(in)) + " memory but output is " +
                                 std::string(name_of(out)) +
                                 " memory; a call's buffers must live in the same memory",
@@ -868,9 +866,7 @@ class Communicator {
   // NCCL runs only its own collectives, except allreduce (which has ring and tree too).
   void require_nccl_native(Collective collective, Algorithm algorithm) const {
     if (algorithm == Algorithm::kAutomatic || algorithm == Algorithm::kNative) return;
-    ErrorContext context;
-    context.rank = rank();
-    context.operation = std::string(name_of(collective));
+    const ErrorContext context = call_context(collective);
     throw InvalidArgument(std::string(name_of(collective)) + " on NCCL device buffers has no "
                               "algorithm '" + std::string(name_of(algorithm)) +
                               "' (it has: native, automatic)",
@@ -893,9 +889,7 @@ class Communicator {
     BlockLayout layout;
     for (std::size_t i = 0; i < counts.size(); ++i) {
       if (displacements[i] > elements || counts[i] > elements - displacements[i]) {
-        ErrorContext context;
-        context.rank = rank();
-        context.operation = std::string(name_of(collective));
+        const ErrorContext context = call_context(collective);
         throw InvalidArgument(name + " block " + std::to_string(i) + " (" +
                                   std::to_string(counts[i]) + " elements at " +
                                   std::to_string(displacements[i]) + ") passes the end of the " +
@@ -912,9 +906,7 @@ class Communicator {
   void require_host(Collective collective, std::span<const std::byte> input,
                     std::span<const std::byte> output) const {
     if (memory_of_call(collective, input, output) == Memory::kHost) return;
-    ErrorContext context;
-    context.rank = rank();
-    context.operation = std::string(name_of(collective));
+    const ErrorContext context = call_context(collective);
     throw InvalidArgument(std::string(name_of(collective)) +
                               " takes host buffers; copy device data to the host first",
                           context);
@@ -926,9 +918,7 @@ class Communicator {
                          input.data() < output.data() + output.size() &&
                          output.data() < input.data() + input.size();
     if (!overlap) return;
-    ErrorContext context;
-    context.rank = rank();
-    context.operation = std::string(name_of(collective));
+    const ErrorContext context = call_context(collective);
     throw InvalidArgument("input and output overlap; use the in-place form", context);
   }
 
@@ -1105,9 +1095,7 @@ class Communicator {
   void require_size(Collective collective, const char* what, std::size_t actual,
                     std::size_t expected) const {
     if (actual != expected) {
-      ErrorContext context;
-      context.rank = rank();
-      context.operation = std::string(name_of(collective));
+      const ErrorContext context = call_context(collective);
       throw InvalidArgument(std::string(what) + " has " + std::to_string(actual) +
                                 " elements, expected " + std::to_string(expected),
                             context);
@@ -1116,9 +1104,7 @@ class Communicator {
 
   void require_root(Collective collective, int root) const {
     if (root < 0 || root >= size()) {
-      ErrorContext context;
-      context.rank = rank();
-      context.operation = std::string(name_of(collective));
+      const ErrorContext context = call_context(collective);
       throw InvalidArgument("root " + std::to_string(root) + " is not a rank of this " +
                                 std::to_string(size()) + "-rank communicator",
                             context);
