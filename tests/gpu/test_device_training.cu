@@ -9,6 +9,7 @@
 #include "../support/temp_dir.hpp"
 #include "../support/thread_ranks.hpp"
 
+#include <coltrain/core/env_count.hpp>
 #include <coltrain/cuda/nn.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
 #include <coltrain/cuda/train/data_parallel.cuh>
@@ -172,7 +173,11 @@ TEST_CASE("DeviceDataParallel over staged TCP: 2 ranks average to one rank on th
 
 TEST_CASE("DeviceTrainer: a resumed run equals an uninterrupted one bit for bit") {
   using Net = nn::Network<models::MnistConvNet, float, tensor::Cuda>;
-  const data::ImageDataset train_set = mnist_subset(512);
+  // Under racecheck each step takes seconds: COLTRAIN_GPU_TEST_IMAGES=128 keeps every kernel and
+  // both epochs' resume path at a quarter of the steps.
+  const auto images = static_cast<std::int64_t>(
+      detail::count_from_env("COLTRAIN_GPU_TEST_IMAGES", 512, 8192, "training images"));
+  const data::ImageDataset train_set = mnist_subset(images);
   const data::ImageDataset test_set = mnist_subset(128);
   const auto run = [&](const std::filesystem::path& dir, std::int64_t epochs, bool resume) {
     std::vector<std::vector<float>> weights;

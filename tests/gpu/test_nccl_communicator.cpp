@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -582,4 +583,34 @@ TEST_CASE("the front door with device memory asked for picks NCCL, and COLTRAIN_
   DeviceBuffer data(64 * sizeof(float));
   named.allreduce(std::span<float>(static_cast<float*>(data.get()), 64));
   named.synchronize();
+}
+
+TEST_CASE("split on NCCL: ncclCommSplit gives a working one-rank child, a negative color none",
+          "[nccl][tcp]") {
+  using coltrain::comm::Backend;
+  using coltrain::comm::Communicator;
+  Communicator parent = Communicator::from_env(Backend::kNccl, options_with_timeout(60s));
+  CHECK_FALSE(parent.split(-1, 0).has_value());
+  std::optional<Communicator> child = parent.split(7, 3);
+  REQUIRE(child.has_value());
+  CHECK(child->backend() == Backend::kNccl);
+  CHECK(child->size() == 1);
+  CHECK(child->rank() == 0);
+  std::mt19937 random(29);
+  const Bytes input = random_elements(DataType::kFloat32, 4097, random);
+  DeviceBuffer in(input.size());
+  DeviceBuffer out(input.size());
+  in.upload(input);
+  out.poison();
+  const std::span<const float> in_span(static_cast<const float*>(in.get()), 4097);
+  const std::span<float> out_span(static_cast<float*>(out.get()), 4097);
+  // Calls on the child and the parent interleave; each communicator's results stay its own.
+  child->allreduce(in_span, out_span, ReduceOp::kSum);
+  parent.allreduce(out_span, ReduceOp::kMax);
+  child->synchronize();
+  parent.synchronize();
+  CHECK_SAME_ELEMENTS(out.download(), input, DataType::kFloat32);
+  std::vector<int> host{4, 5};
+  child->allreduce(std::span(host), ReduceOp::kSum);  // host spans on the child's TCP bootstrap
+  CHECK(host == std::vector<int>{4, 5});
 }

@@ -621,11 +621,13 @@ class NcclBackend final : public DeviceCollectives {
     config.blocking = 0;
     const ncclResult_t result = ncclCommSplit(comm_.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color,
                                               key, child->comm_.receive(), &config);
-    if (color < 0) {
-      finish_enqueue(result);
-      return nullptr;
-    }
-    child->finish_enqueue(result);  // the new communicator reports its own progress
+    // NCCL runs the split as a job of this communicator, which stays busy until the job ends,
+    // even where the call returned ncclSuccess (NCCL 2.28 on an H200: the next split was refused
+    // as "before the previous operation returned ncclSuccess"), and hands out the new one only
+    // then: until it does, the child's handle is null and cannot be asked for its progress.
+    finish_enqueue(result == ncclSuccess ? ncclInProgress : result);
+    if (color < 0) return nullptr;
+    child->wait_until_ready();
     if (ncclCommUserRank(child->comm_.get(), &child->rank_) != ncclSuccess ||
         ncclCommCount(child->comm_.get(), &child->size_) != ncclSuccess) {
       child->fail_nccl(ncclInternalError);
@@ -778,6 +780,25 @@ class NcclBackend final : public DeviceCollectives {
       }
     }
     if (result != ncclSuccess) fail_nccl(result);
+  }
+
+  // Waits for a communicator that NCCL is still setting up (one a split returned) to be ready,
+  // bounded by the timeout: its handle appears when the job that makes it ends.
+  void wait_until_ready() {
+    const Deadline deadline(options_.timeout);
+    ncclResult_t state = ncclInProgress;
+    for (unsigned polls = 0; state == ncclInProgress; ++polls) {
+      if (comm_.get() != nullptr) {
+        if (const ncclResult_t got = ncclCommGetAsyncError(comm_.get(), &state);
+            got != ncclSuccess) {
+          fail_nccl(got);
+        }
+        if (state != ncclInProgress) break;
+      }
+      if (deadline.expired()) fail_timeout();
+      detail::poll_backoff(polls);
+    }
+    if (state != ncclSuccess) fail_nccl(state);
   }
 
   void check_async_error() {
