@@ -1,6 +1,6 @@
 // A tour of coltrain's collective API, one call after another, each result checked: the blocking
-// collectives, the variable-count ones, split into groups, and the non-blocking calls with their
-// requests. docs/collectives.md describes every call.
+// collectives, the variable-count ones, split into groups, the non-blocking calls with their
+// requests, and point-to-point messages. docs/collectives.md describes every call.
 //
 //   mpiexec -n 4 build/samples/collectives_tour            # MPI, then TCP
 //   COLTRAIN_BACKEND=tcp scripts/launch_local 3 build/samples/collectives_tour
@@ -160,6 +160,20 @@ int tour(Communicator& comm, const coltrain::Logger& logger) {
   Request barrier = comm.ibarrier();
   barrier.wait();
   checker.check("ibarrier", barrier.test());
+
+  // send/recv: a halo exchange around the ring, receives posted first; a tag tells messages apart.
+  if (size > 1) {
+    const int right_rank = (rank + 1) % size;
+    const int left_rank = (rank + size - 1) % size;
+    const std::vector<double> halo(8, rank);
+    std::vector<double> from_left(8, -1.0);
+    Request receive = comm.irecv(std::span(from_left), left_rank, /*tag=*/1);
+    Request send = comm.isend(std::span<const double>(halo), right_rank, /*tag=*/1);
+    const Request exchange[] = {receive, send};
+    coltrain::comm::wait_all(exchange);
+    checker.check("isend/irecv around the ring, wait_all",
+                  from_left == std::vector<double>(8, left_rank));
+  }
   return checker.failures();
 }
 

@@ -405,7 +405,7 @@ TEST_CASE("an error in the code of one rank between calls reaches the ranks wait
   }
 }
 
-TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp][requests]") {
+TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp][requests][p2p]") {
   LaunchOptions options;
   options.env["COLTRAIN_TIMEOUT"] = "20";
   const auto outcomes = launch_ranks(
@@ -419,6 +419,8 @@ TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp
         std::vector<std::vector<float>> data(kRequests, std::vector<float>(1 << 16, 1.0f));
         std::vector<coltrain::comm::Request> requests;
         const auto start = std::chrono::steady_clock::now();
+        std::vector<double> message(1000);  // a receive of a message rank 2 was to send
+        requests.push_back(comm.irecv(std::span(message), 2, 7));
         for (auto& buffer : data) requests.push_back(comm.iallreduce(std::span(buffer)));
         int failed = 0;
         for (const auto& request : requests) {
@@ -426,7 +428,7 @@ TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp
               [&] { request.wait(); }, "a request outstanding when rank 2 died");
           std::cerr << "rank " << rank << " request " << failed++ << ": " << error << std::endl;
         }
-        expect(failed == kRequests, "every outstanding request failed");
+        expect(failed == kRequests + 1, "every outstanding request failed");
         expect(seconds_since(start) < 5, "long before COLTRAIN_TIMEOUT=20");
       },
       options);
@@ -436,6 +438,31 @@ TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp
     CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output, Contains("rank 2"));
   }
   CHECK(outcomes[2].signal == SIGKILL);
+}
+
+TEST_CASE("a receive whose send never comes times out with the tag and the rank", "[tcp][p2p]") {
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "1";
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        auto comm = coltrain::comm::Communicator::tcp(coltrain::detect_launch_env());
+        if (rank == 0) {
+          std::vector<float> data(4);
+          const std::string error = expect_throws<coltrain::TimeoutError>(
+              [&] { comm.recv(std::span(data), 1, 3); }, "a receive rank 1 never sends");
+          std::cerr << "rank 0: " << error << std::endl;
+          expect(error.find("send_recv #0 (tag 3, f32, count 4) from rank 1") != std::string::npos,
+                 "the error names the message and the rank");
+        } else {
+          // Alive and answering, but never sending: the inquiry finds both ranks waiting.
+          std::vector<float> data(4);
+          static_cast<void>(expect_throws<coltrain::CommError>(
+              [&] { comm.recv(std::span(data), 0, 3); }, "rank 0's receive fails too"));
+        }
+      },
+      options);
+  require_all_passed(outcomes);
 }
 
 TEST_CASE("strangers at the rendezvous port are turned away and the job goes on", "[tcp]") {

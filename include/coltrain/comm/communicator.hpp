@@ -38,6 +38,7 @@
 #include <coltrain/comm/cost_model.hpp>
 #include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/flight_recorder.hpp>
+#include <coltrain/comm/message_book.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/request.hpp>
 #include <coltrain/comm/split.hpp>
@@ -76,6 +77,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -712,6 +714,34 @@ class Communicator {
     return progress_.submit([=, this] { barrier(algorithm); });
   }
 
+  // ---- send / recv: a message from this rank to `peer`, received there by recv with this rank
+  // and the same tag (0 to kMaxTag). Messages between two ranks with one tag arrive in the order
+  // they were sent; with different tags, and against the collectives, in any order (MPI's rules):
+  // a message never meets a collective's receive. The receive's count and dtype must be the
+  // sender's, or both fail with MismatchError. Host buffers; a rank cannot send to itself.
+  // isend/irecv post the message at once and return; it progresses whenever this communicator
+  // moves bytes (any call on it, or wait/test on any of its requests). The buffer must stay valid
+  // and untouched until the request completes. ----
+  static constexpr int kMaxTag = 16000;
+
+  template <detail::CollectiveElement T>
+  void send(std::span<const T> data, int peer, int tag = 0) {
+    isend(data, peer, tag).wait();
+  }
+  template <detail::CollectiveElement T>
+  void recv(std::span<T> data, int peer, int tag = 0) {
+    irecv(data, peer, tag).wait();
+  }
+  template <detail::CollectiveElement T>
+  Request isend(std::span<const T> data, int peer, int tag = 0) {
+    return post_message(true, peer, tag, data_type_v<T>, data.size(), std::as_bytes(data), {});
+  }
+  template <detail::CollectiveElement T>
+  Request irecv(std::span<T> data, int peer, int tag = 0) {
+    return post_message(false, peer, tag, data_type_v<T>, data.size(), {},
+                        std::as_writable_bytes(data));
+  }
+
   // ---- split: a new communicator of the ranks that pass the same color, ordered by key and then
   // by their rank here (MPI_Comm_split's order); nullopt for a negative color. Collective over
   // this communicator. The new one has this one's backend (MPI_Comm_split; over TCP connections of
@@ -751,6 +781,71 @@ class Communicator {
     }
     return progress_.submit(std::forward<F>(call));
   }
+
+  // isend/irecv: checks the arguments, numbers the message within its rank pair and tag, and posts
+  // it to the transport once the progress thread has finished the calls issued before it.
+  Request post_message(bool sending, int peer, int tag, DataType dtype, std::size_t count,
+                       std::span<const std::byte> outgoing, std::span<std::byte> incoming) {
+    ErrorContext context = call_context(Collective::kSendRecv);
+    context.peer = peer;
+    const char* call = sending ? "send" : "recv";
+    if (peer < 0 || peer >= size() || peer == rank()) {
+      throw InvalidArgument(
+          std::string(call) + ": rank " + std::to_string(peer) +
+              (peer == rank()
+                   ? " is this rank; a rank does not send to itself"
+                   : " is not a rank of this " + std::to_string(size()) + "-rank communicator"),
+          context);
+    }
+    if (tag < 0 || tag > kMaxTag) {
+      throw InvalidArgument(std::string(call) + ": tag " + std::to_string(tag) + " is outside 0.." +
+                                std::to_string(kMaxTag),
+                            context);
+    }
+    const std::span<const std::byte> buffer = sending ? outgoing : incoming;
+    if (memory_of_call(Collective::kSendRecv, buffer, buffer) != Memory::kHost) {
+      throw InvalidArgument(
+          std::string(call) + " takes host buffers; copy device data to the host first", context);
+    }
+    MessageHeader header;
+    header.collective = Collective::kSendRecv;
+    header.algorithm = Algorithm::kNative;
+    header.dtype = dtype;
+    header.root = tag;
+    header.count = count;
+    header.bytes = buffer.size();
+    header.sequence = (sending ? sent_ : received_)[{peer, tag}]++;
+    progress_.drain();  // the transport is this thread's once the queued calls are done
+    if (!messages_.book)
+      messages_.book = std::make_shared<detail::MessageBook>(progress_.drainer());
+    return with_transport([&](auto& t) {
+      const auto request =
+          sending ? t.isend(peer, header, outgoing) : t.irecv(peer, header, incoming);
+      return messages_.book->add([transport = &t, request](bool block) {
+        if (!block) return transport->test(request);
+        transport->wait(request);
+        return true;
+      });
+    });
+  }
+
+  // Owns the message book; closes it (failing what is pending) before the transport it drives
+  // goes, which is why it is declared after the transports.
+  struct MessageBookHandle {
+    std::shared_ptr<detail::MessageBook> book;
+    MessageBookHandle() = default;
+    MessageBookHandle(MessageBookHandle&&) noexcept = default;
+    MessageBookHandle& operator=(MessageBookHandle&& other) noexcept {
+      if (this != &other) {
+        if (book) book->close();
+        book = std::move(other.book);
+      }
+      return *this;
+    }
+    ~MessageBookHandle() {
+      if (book) book->close();
+    }
+  };
 
   // The host side of split(): the new MPI or TCP communicator.
   std::optional<Communicator> host_split(int color, int key) {
@@ -1253,6 +1348,9 @@ class Communicator {
   std::unique_ptr<MpiTransport> mpi_;
 #endif
   std::unique_ptr<TcpTransport> tcp_;
+  MessageBookHandle messages_;                         // after the transports: goes before them
+  std::map<std::pair<int, int>, std::uint64_t> sent_;  // messages per (peer, tag), both ways
+  std::map<std::pair<int, int>, std::uint64_t> received_;
   std::vector<std::byte> scratch_;  // the algorithms' partial results, reused across calls
   std::vector<std::byte> alltoall_input_;  // the in-place alltoall's copy of its input
   std::vector<float> widened_input_;

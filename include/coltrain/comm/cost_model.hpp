@@ -171,6 +171,8 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
         return lg * c.alpha_us + share * n * c.beta_us_per_byte;
       }
       break;
+    case Collective::kSendRecv:
+      break;
   }
   return std::numeric_limits<double>::infinity();  // the algorithm does not do this collective
 }
@@ -205,6 +207,8 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
       return kRootedBlocks;
     case Collective::kAlltoallv:
       return kAlltoallv;
+    case Collective::kSendRecv:
+      break;  // a message, not a collective: no algorithm to choose
   }
   return {};
 }

@@ -25,10 +25,11 @@ struct MessageHeader {
   Algorithm algorithm = Algorithm::kRing;
   DataType dtype = DataType::kFloat32;  // the caller's element type (f16/bf16 travel as f32)
   ReduceOp op = ReduceOp::kSum;
-  std::int32_t root = 0;
+  std::int32_t root = 0;                                 // the root rank; a send/recv message's tag
   WireCompression compression = WireCompression::kNone;  // what an f32 allreduce travels as
   std::array<std::uint8_t, 3> reserved{};
-  std::uint64_t sequence = 0;  // the collective's number on its communicator, from 0
+  std::uint64_t sequence = 0;  // the collective's number on its communicator, from 0;
+                               // a send/recv's number between its two ranks with its tag
   std::uint64_t count = 0;     // the element count the caller passed
   std::uint64_t bytes = 0;     // payload bytes that follow this header
 };
@@ -38,6 +39,10 @@ namespace detail {
 
 inline std::string describe_call(const MessageHeader& h) {
   std::string text(name_of(h.collective));
+  if (h.collective == Collective::kSendRecv) {  // root carries the tag; no algorithm
+    return text + " #" + std::to_string(h.sequence) + " (tag " + std::to_string(h.root) + ", " +
+           std::string(name_of(h.dtype)) + ", count " + std::to_string(h.count) + ")";
+  }
   text += " #" + std::to_string(h.sequence) + " (" + std::string(name_of(h.algorithm)) + ", " +
           std::string(name_of(h.dtype)) + ", count " + std::to_string(h.count);
   if (h.collective == Collective::kAllreduce || h.collective == Collective::kReduce ||
@@ -96,7 +101,8 @@ inline void check_header(const MessageHeader& expected, const MessageHeader& rec
     differ("reduction op", std::string(name_of(expected.op)), std::string(name_of(received.op)));
   }
   if (received.root != expected.root) {
-    differ("root", std::to_string(expected.root), std::to_string(received.root));
+    differ(expected.collective == Collective::kSendRecv ? "tag" : "root",
+           std::to_string(expected.root), std::to_string(received.root));
   }
   if (received.compression != expected.compression) {
     differ("wire compression", std::string(name_of(expected.compression)),

@@ -6,7 +6,8 @@
 // latency instead of two) and two otherwise (the header, then the payload straight from and into
 // the caller's buffers). Both sides know the expected size, and the header is checked before any
 // payload is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot
-// time out.
+// time out. Send/recv messages (collective kSendRecv) travel on MPI tags of their own, two per
+// user tag, so MPI matches them by tag and apart from the collectives' messages.
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
@@ -84,8 +85,8 @@ class MpiTransport {
         std::memcpy(op.frame.data() + sizeof header, payload.data(), payload.size());
       frame_bytes += payload.size();
     }
-    post(op, MPI_Isend(op.frame.data(), static_cast<int>(frame_bytes), MPI_BYTE, peer, kHeaderTag,
-                       comm_, &op.requests[0]));
+    post(op, MPI_Isend(op.frame.data(), static_cast<int>(frame_bytes), MPI_BYTE, peer,
+                       op.header_tag, comm_, &op.requests[0]));
     if (!packed) post_payload(op, const_cast<std::byte*>(payload.data()), payload.size());
     return {requests_begin_ + operations_.size() - 1};
   }
@@ -94,7 +95,7 @@ class MpiTransport {
     Operation& op = start(peer, expected, /*is_send=*/false);
     op.payload = payload;
     post(op, MPI_Irecv(op.frame.data(), static_cast<int>(op.frame.size()), MPI_BYTE, peer,
-                       kHeaderTag, comm_, &op.requests[0]));
+                       op.header_tag, comm_, &op.requests[0]));
     // The payload's receive is posted only after the header checked out (in wait), so a mismatched
     // peer's data never lands in the caller's buffer.
     return {requests_begin_ + operations_.size() - 1};
@@ -104,26 +105,37 @@ class MpiTransport {
     throw_if_broken();
     if (request.index < requests_begin_) return;  // completed and retired
     Operation& op = operations_.at(request.index - requests_begin_);
-    try {
+    guarded([&] {
       while (!op.done) progress(op);
-    } catch (const Error& e) {
-      broken_ = e.what();
-      abandon_pending();
-      throw;
-    }
-    while (!operations_.empty() && operations_.front().done) {
-      operations_.pop_front();
-      ++requests_begin_;
-    }
+    });
+    retire_completed();
   }
+
+  // Tests `request` once without blocking; throws as wait() does.
+  bool test(Request request) {
+    throw_if_broken();
+    if (request.index < requests_begin_) return true;
+    Operation& op = operations_.at(request.index - requests_begin_);
+    bool done = false;
+    guarded([&] { done = test_once(op); });
+    retire_completed();
+    return done;
+  }
+
+  // The largest send/recv tag: two MPI tags each, above the collectives', within the 32767 that
+  // every MPI allows (MPI_TAG_UB).
+  static constexpr int kMaxUserTag = 16000;
 
  private:
   static constexpr int kHeaderTag = 1;
   static constexpr int kPayloadTag = 2;
+  static constexpr int kFirstUserTag = 16;  // send/recv tag t: header 16 + 2t, payload 17 + 2t
   // MPI counts are ints: larger payloads go as several messages of at most this many bytes.
   static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
 
   struct Operation {
+    int header_tag = kHeaderTag;
+    int payload_tag = kPayloadTag;
     bool is_send = false;
     bool done = false;
     bool header_checked = false;
@@ -144,8 +156,30 @@ class MpiTransport {
     op.is_send = is_send;
     op.peer = peer;
     op.header = header;
+    if (header.collective == Collective::kSendRecv) {
+      op.header_tag = kFirstUserTag + 2 * header.root;
+      op.payload_tag = op.header_tag + 1;
+    }
     op.requests.push_back(MPI_REQUEST_NULL);
     return op;
+  }
+
+  template <class F>
+  void guarded(F&& work) {
+    try {
+      std::forward<F>(work)();
+    } catch (const Error& e) {
+      broken_ = e.what();
+      abandon_pending();
+      throw;
+    }
+  }
+
+  void retire_completed() {
+    while (!operations_.empty() && operations_.front().done) {
+      operations_.pop_front();
+      ++requests_begin_;
+    }
   }
 
   void post(Operation& op, int status) {
@@ -156,10 +190,10 @@ class MpiTransport {
     for (std::size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
       const int piece = static_cast<int>(std::min(kMaxMessageBytes, bytes - offset));
       MPI_Request& request = op.requests.emplace_back(MPI_REQUEST_NULL);
-      post(op,
-           op.is_send
-               ? MPI_Isend(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_, &request)
-               : MPI_Irecv(data + offset, piece, MPI_BYTE, op.peer, kPayloadTag, comm_, &request));
+      post(op, op.is_send ? MPI_Isend(data + offset, piece, MPI_BYTE, op.peer, op.payload_tag,
+                                      comm_, &request)
+                          : MPI_Irecv(data + offset, piece, MPI_BYTE, op.peer, op.payload_tag,
+                                      comm_, &request));
     }
   }
 
@@ -168,24 +202,7 @@ class MpiTransport {
     const Deadline deadline(options_.timeout);
     Stopwatch spinning;
     while (true) {
-      bool all_done = true;
-      // By index: receiving the header may append the payload's requests.
-      for (std::size_t i = 0; i < op.requests.size(); ++i) {
-        if (op.requests[i] == MPI_REQUEST_NULL) continue;
-        int flag = 0;
-        MPI_Status status;
-        const int rc = MPI_Test(&op.requests[i], &flag, &status);
-        if (rc != MPI_SUCCESS) fail(op, rc, "MPI_Test");
-        if (!flag) {
-          all_done = false;
-          break;
-        }
-        if (!op.is_send && i == 0) on_header_received(op, status);
-      }
-      if (all_done) {
-        op.done = true;
-        return;
-      }
+      if (test_once(op)) return;
       if (deadline.expired()) {
         ErrorContext context = context_for(op);
         throw TimeoutError(std::string("no progress for ") +
@@ -197,6 +214,22 @@ class MpiTransport {
       // Ranks that outnumber the cores give the core away between polls after a short spin.
       if (shares_cores_ && spinning.microseconds() > 50.0) std::this_thread::yield();
     }
+  }
+
+  // Tests the operation's requests in order; marks it done once all are. Returns op.done.
+  bool test_once(Operation& op) {
+    // By index: receiving the header may append the payload's requests.
+    for (std::size_t i = 0; i < op.requests.size(); ++i) {
+      if (op.requests[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&op.requests[i], &flag, &status);
+      if (rc != MPI_SUCCESS) fail(op, rc, "MPI_Test");
+      if (!flag) return false;
+      if (!op.is_send && i == 0) on_header_received(op, status);
+    }
+    op.done = true;
+    return true;
   }
 
   void on_header_received(Operation& op, const MPI_Status& status) {

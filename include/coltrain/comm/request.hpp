@@ -30,6 +30,9 @@ struct RequestState {
   std::condition_variable finished;
   bool done = false;
   std::exception_ptr error;
+  // Set for a send/recv message, which progresses where it is waited for or tested (block true:
+  // until it completes); set once, before the request is handed out.
+  std::function<void(bool block)> advance;
 
   void complete(std::exception_ptr failure) {
     {
@@ -55,6 +58,7 @@ class Request {
 
   void wait() const {
     if (!state_) return;
+    if (state_->advance) state_->advance(true);
     std::unique_lock lock(state_->mutex);
     state_->finished.wait(lock, [&] { return state_->done; });
     if (state_->error) std::rethrow_exception(state_->error);
@@ -62,6 +66,7 @@ class Request {
 
   bool test() const {
     if (!state_) return true;
+    if (state_->advance) state_->advance(false);
     const std::lock_guard lock(state_->mutex);
     if (state_->done && state_->error) std::rethrow_exception(state_->error);
     return state_->done;
@@ -108,7 +113,7 @@ class ProgressThread {
 
   // Queues `call`; the request completes when it has run.
   Request submit(std::function<void()> call) {
-    if (!worker_) worker_ = std::make_unique<Worker>();
+    if (!worker_) worker_ = std::make_shared<Worker>();
     return worker_->submit(std::move(call));
   }
 
@@ -116,6 +121,30 @@ class ProgressThread {
   // calls are the ones being waited for.
   void drain() noexcept {
     if (worker_ && std::this_thread::get_id() != worker_->id()) worker_->drain();
+  }
+
+ private:
+  class Worker;
+
+ public:
+  // drain() that stays valid where this object moves (it holds the thread), for send/recv
+  // requests, which drain before they drive the transport.
+  class Drainer {
+   public:
+    Drainer() = default;
+    explicit Drainer(std::shared_ptr<Worker> worker) : worker_(std::move(worker)) {}
+    void operator()() const noexcept {
+      if (worker_ && std::this_thread::get_id() != worker_->id()) worker_->drain();
+    }
+
+   private:
+    std::shared_ptr<Worker> worker_;
+  };
+
+  // Starts the thread if it has not started.
+  Drainer drainer() {
+    if (!worker_) worker_ = std::make_shared<Worker>();
+    return Drainer(worker_);
   }
 
  private:
@@ -186,7 +215,7 @@ class ProgressThread {
     std::thread thread_;  // last: starts once the members above exist
   };
 
-  std::unique_ptr<Worker> worker_;
+  std::shared_ptr<Worker> worker_;
 };
 
 }  // namespace detail

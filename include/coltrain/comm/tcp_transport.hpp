@@ -12,6 +12,10 @@
 //   caller's buffer. The rest of the payload is then read straight into the caller's buffer, with
 //   the inbox as a second iovec, so one recvmsg() finishes a payload and picks up the next header.
 //   Small messages thus cost one read each, or less, and large ones are not copied.
+// - Send/recv messages (header collective kSendRecv) are matched by tag, not by their place in the
+//   stream: each is read whole into a buffer when it arrives, wherever it is in the stream, and
+//   handed to the first receive posted for its tag (one copy), so that messages and collectives
+//   never wait for each other's receives.
 // - Waiting: non-blocking attempts catch a reply that is about to arrive (a loopback round trip is
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
@@ -103,6 +107,13 @@ struct PendingReceive {
   std::size_t received = 0;  // payload bytes in place
 };
 
+// A posted receive of a send/recv message: matched by tag (expected.root) in arrival order.
+struct PendingTaggedReceive {
+  MessageHeader expected;
+  std::span<std::byte> payload;
+  bool done = false;
+};
+
 // A message read ahead of its receive while this rank looked for notices behind it (a rank that
 // has waited a while parks what blocks its streams, so that a notice can reach it).
 struct ParkedMessage {
@@ -133,8 +144,18 @@ struct PeerChannel {
   bool data_waiting = false;
   std::deque<ParkedMessage> parked;  // read ahead; served before the inbox. Only while no receive
                                      // is posted: a posted receive takes them first
+  std::deque<ParkedMessage> tagged;  // send/recv messages that arrived, in arrival order
+  std::deque<PendingTaggedReceive> tagged_receives;  // in posting order; done ones leave the front
+  std::uint64_t tagged_receives_begin = 0;           // the ticket of tagged_receives.front()
+  std::size_t tagged_pending = 0;                    // posted and not done
 
-  bool idle() const { return sends.empty() && receives.empty(); }
+  bool idle() const { return sends.empty() && receives.empty() && tagged_pending == 0; }
+  // The message being read into a buffer of its own (parked or tagged), if one is half read.
+  ParkedMessage* arriving() {
+    if (!tagged.empty() && !tagged.back().complete()) return &tagged.back();
+    if (!parked.empty() && !parked.back().complete()) return &parked.back();
+    return nullptr;
+  }
   std::size_t inbox_size() const { return inbox_end - inbox_begin; }
   // Moves what the inbox holds (a partial header, or a notice's start) to its front, to make room.
   void compact_inbox() {
@@ -154,6 +175,7 @@ class TcpTransport {
   struct Request {
     int peer = -1;
     bool is_send = false;
+    bool tagged = false;  // a send/recv message's receive, matched by tag
     std::uint64_t ticket = 0;
   };
 
@@ -216,24 +238,53 @@ class TcpTransport {
     channel.sends.push_back({header, payload, 0});
     last_call_ = header;
     activate(peer);
-    return {peer, true, channel.sends_posted++};
+    return {peer, true, false, channel.sends_posted++};
   }
 
   Request irecv(int peer, const MessageHeader& expected, std::span<std::byte> payload) {
     detail::PeerChannel& channel = post_check(peer, expected, payload.size(), "irecv");
     if (!channel.inbox) channel.inbox = std::make_unique<std::byte[]>(detail::kInboxBytes);
+    if (expected.collective == Collective::kSendRecv) {
+      channel.tagged_receives.push_back({expected, payload, false});
+      ++channel.tagged_pending;
+      last_call_ = expected;
+      activate(peer);
+      return {peer, false, true,
+              channel.tagged_receives_begin + channel.tagged_receives.size() - 1};
+    }
     channel.receives.push_back({expected, payload, false, 0});
     channel.data_waiting = false;
     last_call_ = expected;
     activate(peer);
-    return {peer, false, channel.receives_posted++};
+    return {peer, false, false, channel.receives_posted++};
   }
 
   void wait(Request request) {
     throw_if_broken("wait");
     if (complete(request)) return;
+    guarded([&] { progress_until(request); });
+  }
+
+  // Moves what can move without blocking, then says whether `request` is complete. Throws as
+  // wait() does.
+  bool test(Request request) {
+    throw_if_broken("test");
+    if (complete(request)) return true;
+    guarded([&] {
+      throw_verdict_if_any();
+      progress_active_peers();
+    });
+    return complete(request);
+  }
+
+ private:
+  using PeerChannel = detail::PeerChannel;
+
+  // Runs `work` on the progress engine; an error breaks the transport down (see the header).
+  template <class F>
+  void guarded(F&& work) {
     try {
-      progress_until(request);
+      std::forward<F>(work)();
     } catch (const std::exception& e) {
       // A lost connection is often a peer that broke down after an earlier failure: its notice
       // may be waiting on a socket this rank was not reading (it was sending there). That
@@ -250,9 +301,6 @@ class TcpTransport {
       throw;
     }
   }
-
- private:
-  using PeerChannel = detail::PeerChannel;
 
   ErrorContext context(int peer, const MessageHeader& header) const {
     ErrorContext result;
@@ -303,6 +351,10 @@ class TcpTransport {
   bool complete(const Request& request) const {
     if (request.peer < 0) return true;
     const PeerChannel& channel = peers_[static_cast<std::size_t>(request.peer)];
+    if (request.tagged) {
+      return request.ticket < channel.tagged_receives_begin ||
+             channel.tagged_receives[request.ticket - channel.tagged_receives_begin].done;
+    }
     return request.ticket <
            (request.is_send ? channel.sends_completed : channel.receives_completed);
   }
@@ -312,19 +364,7 @@ class TcpTransport {
     awaited_ = request;
     Clock::time_point last_progress = Clock::now();
     while (true) {
-      bool progressed = false;
-      for (std::size_t i = 0; i < active_.size();) {
-        PeerChannel& channel = peers_[static_cast<std::size_t>(active_[i])];
-        if (!channel.sends.empty()) progressed |= progress_sends(active_[i], channel);
-        if (!channel.receives.empty()) progressed |= progress_receives(active_[i], channel);
-        if (channel.idle()) {
-          channel.active = false;
-          active_[i] = active_.back();
-          active_.pop_back();
-        } else {
-          ++i;
-        }
-      }
+      const bool progressed = progress_active_peers();
       if (complete(request)) return;
       const Clock::time_point now = Clock::now();
       const Clock::duration waited = now - last_progress;
@@ -349,6 +389,92 @@ class TcpTransport {
         sleep_until_ready(Deadline(sleep));
       }
     }
+  }
+
+  // One non-blocking pass over the peers with pending work. Returns whether bytes moved.
+  bool progress_active_peers() {
+    bool progressed = false;
+    for (std::size_t i = 0; i < active_.size();) {
+      PeerChannel& channel = peers_[static_cast<std::size_t>(active_[i])];
+      if (!channel.sends.empty()) progressed |= progress_sends(active_[i], channel);
+      if (!channel.receives.empty()) progressed |= progress_receives(active_[i], channel);
+      if (channel.tagged_pending > 0) progressed |= progress_tagged(active_[i], channel);
+      if (channel.idle()) {
+        channel.active = false;
+        active_[i] = active_.back();
+        active_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    return progressed;
+  }
+
+  // Send/recv receives from `peer`: reads the stream when no collective receive does (a
+  // collective's message in front stops it, as in read_idle_peer), then hands arrived messages to
+  // the receives of their tags. Returns whether bytes moved.
+  bool progress_tagged(int peer, PeerChannel& channel) {
+    bool progressed = false;
+    if (channel.receives.empty() && watched_for_notices(channel)) progressed = read_idle_peer(peer);
+    progressed |= match_tagged(peer, channel);
+    if (channel.tagged_pending > 0 && channel.gone) {
+      for (const detail::PendingTaggedReceive& receive : channel.tagged_receives) {
+        if (!receive.done)
+          throw_connection_error(peer, receive.expected, "peer closed the connection", true);
+      }
+    }
+    return progressed;
+  }
+
+  // Hands each whole send/recv message to the first pending receive of its tag (per tag, messages
+  // and receives pair in order). Returns whether any was handed over.
+  bool match_tagged(int peer, PeerChannel& channel) {
+    bool matched = false;
+    for (auto message = channel.tagged.begin();
+         message != channel.tagged.end() && channel.tagged_pending > 0;) {
+      if (!message->complete()) break;  // the last one, still arriving
+      const auto receive =
+          std::find_if(channel.tagged_receives.begin(), channel.tagged_receives.end(),
+                       [&](const detail::PendingTaggedReceive& r) {
+                         return !r.done && r.expected.root == message->header.root;
+                       });
+      if (receive == channel.tagged_receives.end()) {
+        ++message;
+        continue;
+      }
+      check_header(receive->expected, message->header, rank_, peer);
+      if (!message->payload.empty())
+        std::memcpy(receive->payload.data(), message->payload.data(), message->payload.size());
+      receive->done = true;
+      --channel.tagged_pending;
+      message = channel.tagged.erase(message);
+      matched = true;
+    }
+    while (!channel.tagged_receives.empty() && channel.tagged_receives.front().done) {
+      channel.tagged_receives.pop_front();
+      ++channel.tagged_receives_begin;
+    }
+    return matched;
+  }
+
+  // A send/recv message's header was read from the inbox: it goes to a buffer of its own, with the
+  // payload bytes the inbox already holds; the rest is read from the socket into it.
+  void take_tagged(PeerChannel& channel, const MessageHeader& header) {
+    detail::ParkedMessage& message =
+        channel.tagged.emplace_back(detail::ParkedMessage{header, {}, 0});
+    message.payload.resize(header.bytes);
+    fill_from_inbox(channel, message);
+  }
+
+  static void fill_from_inbox(PeerChannel& channel, detail::ParkedMessage& message) {
+    const std::size_t take =
+        std::min(channel.inbox_size(), message.payload.size() - message.received);
+    if (take > 0) {
+      std::memcpy(message.payload.data() + message.received,
+                  channel.inbox.get() + channel.inbox_begin, take);
+    }
+    message.received += take;
+    channel.inbox_begin += take;
   }
 
   // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`. The
@@ -445,9 +571,13 @@ class TcpTransport {
       std::array<iovec, 2> iov;
       std::size_t count = 0;
       std::size_t direct = 0;
+      detail::ParkedMessage* tagged = nullptr;  // a send/recv message in front, half read
       if (front.header_checked) {
         direct = front.payload.size() - front.received;
         iov[count++] = {front.payload.data() + front.received, direct};
+      } else if ((tagged = channel.arriving()) != nullptr) {
+        direct = tagged->payload.size() - tagged->received;
+        iov[count++] = {tagged->payload.data() + tagged->received, direct};
       }
       const std::size_t room = detail::kInboxBytes - channel.inbox_end;
       iov[count++] = {channel.inbox.get() + channel.inbox_end, room};
@@ -467,7 +597,7 @@ class TcpTransport {
       progressed = true;
       const auto got = static_cast<std::size_t>(received);
       const std::size_t into_payload = std::min(got, direct);
-      front.received += into_payload;
+      (tagged != nullptr ? tagged->received : front.received) += into_payload;
       channel.inbox_end += got - into_payload;
       drain_inbox(peer, channel);
       if (got < direct + room) return progressed;  // the socket has nothing more for now
@@ -480,6 +610,12 @@ class TcpTransport {
   bool drain_inbox(int peer, PeerChannel& channel) {
     bool progressed = serve_parked(peer, channel);
     if (!channel.parked.empty()) return progressed;  // the inbox holds what came after them
+    if (detail::ParkedMessage* message = channel.arriving()) {  // a send/recv message, half read
+      const std::size_t before = message->received;
+      fill_from_inbox(channel, *message);
+      progressed |= message->received != before;
+      if (!message->complete()) return progressed;
+    }
     while (!channel.receives.empty()) {
       detail::PendingReceive& front = channel.receives.front();
       if (!front.header_checked) {
@@ -493,6 +629,12 @@ class TcpTransport {
         MessageHeader header;
         std::memcpy(&header, channel.inbox.get() + channel.inbox_begin, detail::kHeaderBytes);
         channel.inbox_begin += detail::kHeaderBytes;
+        progressed = true;
+        if (header.magic == kMessageMagic && header.collective == Collective::kSendRecv) {
+          take_tagged(channel, header);  // a message between collective messages: set aside
+          if (!channel.tagged.back().complete()) return progressed;
+          continue;
+        }
         check_header(front.expected, header, rank_, peer);
         front.header_checked = true;
         progressed = true;
@@ -540,6 +682,16 @@ class TcpTransport {
     const std::string peer = "rank " + std::to_string(request.peer);
     std::string what;
     MessageHeader header;
+    if (request.tagged) {
+      header = channel.tagged_receives[request.ticket - channel.tagged_receives_begin].expected;
+      return TimeoutError("rank " + std::to_string(rank_) + " made no progress for " +
+                              detail::format_seconds(options_.timeout) +
+                              " (COLTRAIN_TIMEOUT) waiting to receive " +
+                              detail::describe_call(header) + " from " + peer +
+                              "; no message with its tag has arrived (" + peer +
+                              " has not sent it, or sent a collective's message first)",
+                          context(request.peer, header));
+    }
     if (request.is_send) {
       const detail::PendingSend& op =
           channel.sends[static_cast<std::size_t>(request.ticket - channel.sends_completed)];
@@ -695,35 +847,39 @@ class TcpTransport {
   // its inbox. A notice is acted on; a message header waits for its receive, or, while parking_, is
   // read whole into `parked` and the stream read on; an end of stream marks the peer gone (an error
   // only once something is awaited from it).
-  void read_idle_peer(int peer) {
+  // Returns whether bytes were read. A send/recv message is always read whole (into `tagged`).
+  bool read_idle_peer(int peer) {
     PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
     if (!channel.inbox) channel.inbox = std::make_unique<std::byte[]>(detail::kInboxBytes);
     if (parking_) channel.data_waiting = false;
+    bool progressed = false;
     while (!channel.gone && !channel.data_waiting) {
       channel.compact_inbox();
       std::byte* into = channel.inbox.get() + channel.inbox_end;
       std::size_t want =
           detail::kHeaderBytes - std::min(channel.inbox_size(), detail::kHeaderBytes);
-      if (!channel.parked.empty() && !channel.parked.back().complete()) {
+      detail::ParkedMessage* message = channel.arriving();
+      if (message != nullptr) {
         // The rest of a parked payload: from the inbox first, then straight from the socket.
-        detail::ParkedMessage& message = channel.parked.back();
-        const std::size_t take =
-            std::min(channel.inbox_size(), message.payload.size() - message.received);
-        std::memcpy(message.payload.data() + message.received,
-                    channel.inbox.get() + channel.inbox_begin, take);
-        message.received += take;
-        channel.inbox_begin += take;
-        if (message.complete()) continue;
-        into = message.payload.data() + message.received;
-        want = message.payload.size() - message.received;
+        fill_from_inbox(channel, *message);
+        if (message->complete()) continue;
+        into = message->payload.data() + message->received;
+        want = message->payload.size() - message->received;
       } else if (channel.inbox_size() >= detail::kHeaderBytes) {
         if (!starts_with_notice(channel)) {
           MessageHeader header;
           std::memcpy(&header, channel.inbox.get() + channel.inbox_begin, sizeof header);
+          const bool ours = header.magic == kMessageMagic;
+          if (ours && header.collective == Collective::kSendRecv) {
+            channel.inbox_begin += sizeof header;
+            take_tagged(channel, header);
+            progressed = true;
+            continue;
+          }
           // Not ours, or no parking yet: the receive that comes for it deals with it.
-          if (!parking_ || header.magic != kMessageMagic) {
+          if (!parking_ || !ours) {
             channel.data_waiting = true;
-            return;
+            return progressed;
           }
           channel.inbox_begin += sizeof header;
           channel.parked.push_back({header, std::vector<std::byte>(header.bytes), 0});
@@ -735,6 +891,7 @@ class TcpTransport {
                                                  n.text_bytes, kMaxNoticeText));
         if (channel.inbox_size() >= whole) {
           take_notice(peer, channel, true);
+          progressed = true;
           continue;
         }
         want = whole - channel.inbox_size();
@@ -744,14 +901,18 @@ class TcpTransport {
         channel.gone = true;
       } else if (got < 0) {
         const int error = errno;
-        if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return;
+        if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return progressed;
         channel.gone = true;
-      } else if (into == channel.inbox.get() + channel.inbox_end) {
-        channel.inbox_end += static_cast<std::size_t>(got);
       } else {
-        channel.parked.back().received += static_cast<std::size_t>(got);
+        progressed = true;
+        if (message != nullptr) {
+          message->received += static_cast<std::size_t>(got);
+        } else {
+          channel.inbox_end += static_cast<std::size_t>(got);
+        }
       }
     }
+    return progressed;
   }
 
   // Hands parked messages to the posted receives, in order: checks each header, copies the

@@ -26,6 +26,7 @@ enum class Collective : std::uint8_t {
   kScatter,
   kAllgatherv,
   kAlltoallv,
+  kSendRecv,  // a point-to-point message (Communicator::send/recv), not a collective
 };
 
 enum class ReduceOp : std::uint8_t {
@@ -83,7 +84,7 @@ constexpr std::string_view enum_name(
   return "invalid";
 }
 
-inline constexpr std::array<std::pair<std::string_view, Collective>, 11> kCollectiveNames{{
+inline constexpr std::array<std::pair<std::string_view, Collective>, 12> kCollectiveNames{{
     {"allreduce", Collective::kAllreduce},
     {"broadcast", Collective::kBroadcast},
     {"allgather", Collective::kAllgather},
@@ -95,6 +96,7 @@ inline constexpr std::array<std::pair<std::string_view, Collective>, 11> kCollec
     {"scatter", Collective::kScatter},
     {"allgatherv", Collective::kAllgatherv},
     {"alltoallv", Collective::kAlltoallv},
+    {"send_recv", Collective::kSendRecv},
 }};
 
 inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpNames{{
