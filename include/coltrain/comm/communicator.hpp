@@ -803,10 +803,7 @@ class Communicator {
                             context);
     }
     const std::span<const std::byte> buffer = sending ? outgoing : incoming;
-    if (memory_of_call(Collective::kSendRecv, buffer, buffer) != Memory::kHost) {
-      throw InvalidArgument(
-          std::string(call) + " takes host buffers; copy device data to the host first", context);
-    }
+    require_host(Collective::kSendRecv, buffer, buffer);
     MessageHeader header;
     header.collective = Collective::kSendRecv;
     header.algorithm = Algorithm::kNative;

@@ -624,10 +624,10 @@ class NcclBackend final : public DeviceCollectives {
     // NCCL runs the split as a job of this communicator, which stays busy until the job ends,
     // even where the call returned ncclSuccess (NCCL 2.28 on an H200: the next split was refused
     // as "before the previous operation returned ncclSuccess"), and hands out the new one only
-    // then: until it does, the child's handle is null and cannot be asked for its progress.
+    // then: the child is polled once its handle appears.
     finish_enqueue(result == ncclSuccess ? ncclInProgress : result);
     if (color < 0) return nullptr;
-    child->wait_until_ready();
+    child->finish_enqueue(ncclInProgress);
     if (ncclCommUserRank(child->comm_.get(), &child->rank_) != ncclSuccess ||
         ncclCommCount(child->comm_.get(), &child->size_) != ncclSuccess) {
       child->fail_nccl(ncclInternalError);
@@ -769,36 +769,20 @@ class NcclBackend final : public DeviceCollectives {
 
   // Completes an enqueueing call: a non-blocking communicator may still be working on it
   // (ncclInProgress), and no other NCCL call may come before it is done.
+  // Polls until the communicator is done with what was enqueued, within the timeout. A
+  // communicator that a split is still making has no handle yet: it appears when the job ends.
   void finish_enqueue(ncclResult_t result) {
     const Deadline deadline(options_.timeout);
     for (unsigned polls = 0; result == ncclInProgress; ++polls) {
       if (deadline.expired()) fail_timeout();
       detail::poll_backoff(polls);
+      if (comm_.get() == nullptr) continue;
       if (const ncclResult_t got = ncclCommGetAsyncError(comm_.get(), &result);
           got != ncclSuccess) {
         fail_nccl(got);
       }
     }
     if (result != ncclSuccess) fail_nccl(result);
-  }
-
-  // Waits for a communicator that NCCL is still setting up (one a split returned) to be ready,
-  // bounded by the timeout: its handle appears when the job that makes it ends.
-  void wait_until_ready() {
-    const Deadline deadline(options_.timeout);
-    ncclResult_t state = ncclInProgress;
-    for (unsigned polls = 0; state == ncclInProgress; ++polls) {
-      if (comm_.get() != nullptr) {
-        if (const ncclResult_t got = ncclCommGetAsyncError(comm_.get(), &state);
-            got != ncclSuccess) {
-          fail_nccl(got);
-        }
-        if (state != ncclInProgress) break;
-      }
-      if (deadline.expired()) fail_timeout();
-      detail::poll_backoff(polls);
-    }
-    if (state != ncclSuccess) fail_nccl(state);
   }
 
   void check_async_error() {

@@ -467,14 +467,16 @@ class TcpTransport {
   }
 
   static void fill_from_inbox(PeerChannel& channel, detail::ParkedMessage& message) {
-    const std::size_t take =
-        std::min(channel.inbox_size(), message.payload.size() - message.received);
-    if (take > 0) {
-      std::memcpy(message.payload.data() + message.received,
-                  channel.inbox.get() + channel.inbox_begin, take);
-    }
-    message.received += take;
+    message.received += take_from_inbox(
+        channel, std::span(message.payload).subspan(message.received));
+  }
+
+  // Moves what the inbox holds, up to into.size() bytes, to the front of `into`; returns how many.
+  static std::size_t take_from_inbox(PeerChannel& channel, std::span<std::byte> into) {
+    const std::size_t take = std::min(channel.inbox_size(), into.size());
+    if (take > 0) std::memcpy(into.data(), channel.inbox.get() + channel.inbox_begin, take);
     channel.inbox_begin += take;
+    return take;
   }
 
   // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`. The
@@ -640,14 +642,9 @@ class TcpTransport {
         progressed = true;
       }
       const std::size_t take =
-          std::min(channel.inbox_size(), front.payload.size() - front.received);
-      if (take > 0) {
-        std::memcpy(front.payload.data() + front.received,
-                    channel.inbox.get() + channel.inbox_begin, take);
-        channel.inbox_begin += take;
-        front.received += take;
-        progressed = true;
-      }
+          take_from_inbox(channel, front.payload.subspan(front.received));
+      front.received += take;
+      progressed |= take > 0;
       if (front.received < front.payload.size()) return progressed;
       channel.receives.pop_front();
       ++channel.receives_completed;
@@ -684,15 +681,10 @@ class TcpTransport {
     MessageHeader header;
     if (request.tagged) {
       header = channel.tagged_receives[request.ticket - channel.tagged_receives_begin].expected;
-      return TimeoutError("rank " + std::to_string(rank_) + " made no progress for " +
-                              detail::format_seconds(options_.timeout) +
-                              " (COLTRAIN_TIMEOUT) waiting to receive " +
-                              detail::describe_call(header) + " from " + peer +
-                              "; no message with its tag has arrived (" + peer +
-                              " has not sent it, or sent a collective's message first)",
-                          context(request.peer, header));
-    }
-    if (request.is_send) {
+      what = "to receive " + detail::describe_call(header) + " from " + peer +
+             "; no message with its tag has arrived (" + peer +
+             " has not sent it, or sent a collective's message first)";
+    } else if (request.is_send) {
       const detail::PendingSend& op =
           channel.sends[static_cast<std::size_t>(request.ticket - channel.sends_completed)];
       header = op.header;
@@ -708,7 +700,8 @@ class TcpTransport {
                                       std::to_string(op.payload.size()) + " payload bytes arrived"
                                 : std::string("its header has not arrived"));
     }
-    if (request.ticket > (request.is_send ? channel.sends_completed : channel.receives_completed)) {
+    if (!request.tagged &&
+        request.ticket > (request.is_send ? channel.sends_completed : channel.receives_completed)) {
       what += ", behind earlier messages that have not gone through either";
     }
     return TimeoutError("rank " + std::to_string(rank_) + " made no progress for " +
