@@ -71,9 +71,13 @@ endfunction()
 # argument (a wrapper that prepares its inputs first).
 function(coltrain_add_gpu_test)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;LINK;RUN_WITH" ${ARGN})
-  add_executable(${ARG_NAME} ${ARG_SOURCES} "${PROJECT_SOURCE_DIR}/tests/support/catch_gpu_main.cpp")
-  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings Catch2::Catch2
-                                            CUDA::cudart ${ARG_LINK})
+  if(NOT TARGET coltrain_catch_gpu_main)
+    _coltrain_catch_main_library(coltrain_catch_gpu_main catch_gpu_main.cpp)
+    target_link_libraries(coltrain_catch_gpu_main PUBLIC CUDA::cudart)
+  endif()
+  add_executable(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_gpu_main
+                                            ${ARG_LINK})
   add_test(NAME ${ARG_NAME} COMMAND ${ARG_RUN_WITH} $<TARGET_FILE:${ARG_NAME}>)
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS gpu TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
                                               SKIP_RETURN_CODE ${COLTRAIN_SKIP_RETURN_CODE})

@@ -10,7 +10,7 @@
 //
 // That build compiles ResNet-20 at fp32 alone; -DCOLTRAIN_SAMPLE_MODEL=resnet32, resnet56 or
 // resnet18 and -DCOLTRAIN_SAMPLE_PRECISION=fp16 or bf16 compile another (=all: every one, at
-// several times the compile time). CMake's build/samples/cifar_resnet has them all.
+// several times the compile time); CMake takes the same macros as cache variables.
 #ifndef COLTRAIN_SAMPLE_MODEL
 #define COLTRAIN_SAMPLE_MODEL resnet20
 #endif

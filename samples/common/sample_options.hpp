@@ -8,8 +8,7 @@
 // otherwise; =all for every one), and a run-time choice outside it is an error naming the macro to
 // rebuild with. cifar_resnet.cpp chooses its models the same way (COLTRAIN_SAMPLE_MODEL), and the
 // device likewise (COLTRAIN_SAMPLE_DEVICE: cuda under nvcc, cpu otherwise; =all compiles both into
-// an nvcc build). The CMake build compiles every model and precision (samples/CMakeLists.txt says
-// why in one translation unit).
+// an nvcc build). CMake takes the same macros as cache variables (samples/CMakeLists.txt).
 
 #include <coltrain/coltrain.hpp>
 
