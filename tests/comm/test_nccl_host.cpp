@@ -96,7 +96,7 @@ TEST_CASE("every DataType maps to the NCCL type of the same width and kind", "[n
                            "f64, f16, bf16, i32, i64 and u8"));
 }
 
-TEST_CASE("every ReduceOp maps to its NCCL op; avg is NCCL's own", "[nccl]") {
+TEST_CASE("every ReduceOp maps to its NCCL op, avg is NCCL's own", "[nccl]") {
   CHECK(detail::nccl_reduce_op(ReduceOp::kSum) == ncclSum);
   CHECK(detail::nccl_reduce_op(ReduceOp::kProd) == ncclProd);
   CHECK(detail::nccl_reduce_op(ReduceOp::kMin) == ncclMin);

@@ -41,7 +41,7 @@ TEST_CASE("log level names parse, and unknown names are rejected", "[log]") {
   CHECK_THROWS_WITH(coltrain::parse_log_level("verbose"), Contains("'verbose'"));
 }
 
-TEST_CASE("COLTRAIN_LOG_LEVEL chooses the level; a bad value names the variable", "[log]") {
+TEST_CASE("COLTRAIN_LOG_LEVEL chooses the level, a bad value names the variable", "[log]") {
   ::setenv("COLTRAIN_LOG_LEVEL", "debug", 1);
   CHECK(coltrain::log_level_from_env() == coltrain::LogLevel::kDebug);
   ::setenv("COLTRAIN_LOG_LEVEL", "loud", 1);

@@ -60,7 +60,7 @@ TEST_CASE("taken plus the remainder's shares hold every sample once", "[epoch_pl
   }
 }
 
-TEST_CASE("a remainder that does not divide is padded; with drop_last it is cut", "[epoch_plan]") {
+TEST_CASE("a remainder that does not divide is padded, with drop_last it is cut", "[epoch_plan]") {
   const data::EpochPlan plan{{10, 11, 12, 13, 14, 15, 16}, 2, false};  // shares of 4, padded
   const data::EpochPlan rest = plan.remainder(1, 3);  // positions 2.. untaken: 12 13 14 15 16
   CHECK(rest.samples == Indices{12, 13, 14, 15, 16});

@@ -234,7 +234,7 @@ TEST_CASE("Adam matches the double-precision update rule over several steps", "[
   CHECK(adam.step_count(0) == 5);
 }
 
-TEST_CASE("Adam adds L2 decay to the gradient; AdamW decays the value", "[optim][adam]") {
+TEST_CASE("Adam adds L2 decay to the gradient, AdamW decays the value", "[optim][adam]") {
   SECTION("Adam") {
     std::vector<Param> params{{"w", {2.0f}, {0.5f}}, {"b", {2.0f}, {0.5f}, false}};
     Adam adam(Adam::Options{.lr = 0.1, .weight_decay = 0.5});

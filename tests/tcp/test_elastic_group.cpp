@@ -177,7 +177,7 @@ TEST_CASE("a joiner is admitted when the ranks agree, not at the launch", "[elas
 }
 
 #if COLTRAIN_WITH_OPENSSL
-TEST_CASE("with a secret, regroups and joiners prove it; a joiner with another is refused",
+TEST_CASE("with a secret, regroups and joiners prove it, a joiner with another is refused",
           "[elastic][auth]") {
   Job job;
   job.secret = std::make_shared<const comm::AuthSecret>("0123456789abcdef0123456789abcdef", "test");

@@ -366,7 +366,7 @@ void exact_allreduce(int rank, int world_size) {
 
 }  // namespace
 
-TEST_CASE("a job whose ranks share the secret runs; a rank with another or none is refused",
+TEST_CASE("a job whose ranks share the secret runs, a rank with another or none is refused",
           "[auth][tcp]") {
   LaunchOptions options;
   options.env["COLTRAIN_AUTH_TOKEN"] = kSecret;
