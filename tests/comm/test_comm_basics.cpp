@@ -8,8 +8,10 @@
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/shm_channel.hpp>
 #include <coltrain/comm/types.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -205,8 +207,8 @@ TEST_CASE("on NCCL device buffers automatic weighs NCCL's own allreduce against 
   // large arrays and the tree, with its lg p latency, mid-sized ones on many ranks.
   CostModel slow_native = nccl;
   slow_native.native.beta_us_per_byte = 4 * nccl.point_to_point.beta_us_per_byte;
-  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 2, std::size_t{1} << 30,
-                              true) == Algorithm::kRing);
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 2, std::size_t{1} << 30, true) ==
+        Algorithm::kRing);
   CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 64, std::size_t{4} << 20,
                               true) == Algorithm::kTree);
   CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 8, 8, true) ==
@@ -214,8 +216,8 @@ TEST_CASE("on NCCL device buffers automatic weighs NCCL's own allreduce against 
   // Without the reduction kernel, and for the other collectives, NCCL's own is all there is.
   CHECK(choose_nccl_algorithm(slow_native, Collective::kAllreduce, 8, std::size_t{1} << 30,
                               false) == Algorithm::kNative);
-  CHECK(choose_nccl_algorithm(slow_native, Collective::kBroadcast, 8, std::size_t{1} << 30,
-                              true) == Algorithm::kNative);
+  CHECK(choose_nccl_algorithm(slow_native, Collective::kBroadcast, 8, std::size_t{1} << 30, true) ==
+        Algorithm::kNative);
   CHECK(nccl_algorithms_for(Collective::kAllreduce, true).size() == 3);
   CHECK(nccl_algorithms_for(Collective::kAllgather, true).size() == 1);
   // NCCL's native allreduce is the cheaper of its ring and tree, with no MPICH doubling term: on 8
@@ -225,7 +227,7 @@ TEST_CASE("on NCCL device buffers automatic weighs NCCL's own allreduce against 
         Approx(2 * 7 * nccl.native.alpha_us + 2.0 * 7 / 8 * n * nccl.native.beta_us_per_byte));
 }
 
-TEST_CASE("COLTRAIN_TIMEOUT sets the timeout; bad values name the variable", "[comm][options]") {
+TEST_CASE("COLTRAIN_TIMEOUT sets the timeout, bad values name the variable", "[comm][options]") {
   ::setenv("COLTRAIN_TIMEOUT", "2.5", 1);
   CHECK(comm_options_from_env().timeout == std::chrono::milliseconds(2500));
   ::setenv("COLTRAIN_TIMEOUT", "soon", 1);
@@ -234,4 +236,30 @@ TEST_CASE("COLTRAIN_TIMEOUT sets the timeout; bad values name the variable", "[c
   CHECK_THROWS_AS(comm_options_from_env(), ConfigError);
   ::unsetenv("COLTRAIN_TIMEOUT");
   CHECK(comm_options_from_env().timeout == std::chrono::seconds(300));
+}
+
+TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the variable",
+          "[comm][options]") {
+  ::unsetenv("COLTRAIN_SHM");
+  CHECK(comm_options_from_env().shared_memory);
+  ::setenv("COLTRAIN_SHM", "0", 1);
+  CHECK_FALSE(comm_options_from_env().shared_memory);
+  ::setenv("COLTRAIN_SHM", "1", 1);
+  CHECK(comm_options_from_env().shared_memory);
+  ::setenv("COLTRAIN_SHM", "off", 1);
+  CHECK_THROWS_WITH(comm_options_from_env(), Contains("COLTRAIN_SHM=off"));
+  ::unsetenv("COLTRAIN_SHM");
+}
+
+TEST_CASE("the shared-memory ring size shrinks with the ranks on a host, within bounds",
+          "[comm][shm]") {
+  using coltrain::comm::detail::shm_ring_bytes;
+  CHECK(shm_ring_bytes(1) == std::size_t{4} << 20);
+  CHECK(shm_ring_bytes(3) == std::size_t{4} << 20);
+  CHECK(shm_ring_bytes(7) == std::size_t{2} << 20);
+  CHECK(shm_ring_bytes(15) == std::size_t{1} << 20);
+  CHECK(shm_ring_bytes(1000) == std::size_t{256} << 10);
+  // Up to 64 ranks on a host a rank's rings stay within 32 MiB; beyond, the 256 KiB floor holds.
+  for (int peers : {1, 2, 5, 7, 15, 31, 63})
+    CHECK(2 * static_cast<std::size_t>(peers) * shm_ring_bytes(peers) <= (std::size_t{32} << 20));
 }

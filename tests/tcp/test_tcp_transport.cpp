@@ -9,13 +9,18 @@
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -71,6 +76,27 @@ std::string expect_throws(const Body& body, const std::string& what) {
   throw std::runtime_error("expectation failed: " + what + " did not throw the expected error");
 }
 
+// The path between ranks of one host: shared memory (the default) or loopback TCP (COLTRAIN_SHM=0).
+// The tests of data and of failures run on both.
+LaunchOptions on_either_path(LaunchOptions options = {}) {
+  const std::string shm = GENERATE(as<std::string>{}, "1", "0");
+  UNSCOPED_INFO("COLTRAIN_SHM=" << shm);
+  options.env["COLTRAIN_SHM"] = shm;
+  return options;
+}
+
+// Whether this rank's transport reaches every peer the way COLTRAIN_SHM asks for.
+void expect_path(const TcpTransport& transport) {
+  const bool shm = std::string(std::getenv("COLTRAIN_SHM")) == "1";
+  for (int peer = 0; peer < transport.size(); ++peer) {
+    if (peer == transport.rank()) continue;
+    expect(transport.shares_memory_with(peer) == shm,
+           "rank " + std::to_string(peer) +
+               (shm ? " is reached through shared memory"
+                    : " is reached through TCP (COLTRAIN_SHM=0)"));
+  }
+}
+
 void require_all_passed(const std::vector<RankOutcome>& outcomes) {
   INFO(coltrain::testing::describe(outcomes));
   for (const RankOutcome& outcome : outcomes) CHECK(outcome.passed());
@@ -81,77 +107,88 @@ void require_all_passed(const std::vector<RankOutcome>& outcomes) {
 TEST_CASE("ring neighbours exchange messages of every size both ways at once", "[tcp]") {
   const int world_size = GENERATE(1, 2, 3, 4, 5);
   CAPTURE(world_size);
-  const auto outcomes = launch_ranks(world_size, [](int rank) {
-    TcpTransport transport = connect_from_env();
-    const int n = transport.size();
-    expect(transport.rank() == rank, "rank() is RANK");
-    if (n == 1) {
-      expect_throws<coltrain::InvalidArgument>([&] { transport.isend(0, header_of(0, 0), {}); },
-                                               "a send to oneself");
-      return;
-    }
-    const int right = (rank + 1) % n;
-    const int left = (rank + n - 1) % n;
-    const std::vector<std::size_t> sizes = {0, 1, 40, 1 << 20, 64 << 20};
-    for (std::uint64_t sequence = 0; sequence < sizes.size(); ++sequence) {
-      const std::size_t bytes = sizes[sequence];
-      const std::vector<std::byte> outgoing = payload_of(rank, sequence, bytes);
-      std::vector<std::byte> incoming(bytes);
-      const auto send = transport.isend(right, header_of(sequence, bytes), outgoing);
-      const auto receive = transport.irecv(left, header_of(sequence, bytes), incoming);
-      // Receive first: the send must progress while this waits, or ranks would deadlock.
-      transport.wait(receive);
-      transport.wait(send);
-      transport.wait(send);  // a completed request returns at once
-      expect(incoming == payload_of(left, sequence, bytes),
-             "the " + std::to_string(bytes) + "-byte message from rank " + std::to_string(left) +
-                 " arrived intact");
-    }
-  });
+  const LaunchOptions options = on_either_path();
+  const auto outcomes = launch_ranks(
+      world_size,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        expect_path(transport);
+        const int n = transport.size();
+        expect(transport.rank() == rank, "rank() is RANK");
+        if (n == 1) {
+          expect_throws<coltrain::InvalidArgument>([&] { transport.isend(0, header_of(0, 0), {}); },
+                                                   "a send to oneself");
+          return;
+        }
+        const int right = (rank + 1) % n;
+        const int left = (rank + n - 1) % n;
+        const std::vector<std::size_t> sizes = {0, 1, 40, 1 << 20, 64 << 20};
+        for (std::uint64_t sequence = 0; sequence < sizes.size(); ++sequence) {
+          const std::size_t bytes = sizes[sequence];
+          const std::vector<std::byte> outgoing = payload_of(rank, sequence, bytes);
+          std::vector<std::byte> incoming(bytes);
+          const auto send = transport.isend(right, header_of(sequence, bytes), outgoing);
+          const auto receive = transport.irecv(left, header_of(sequence, bytes), incoming);
+          // Receive first: the send must progress while this waits, or ranks would deadlock.
+          transport.wait(receive);
+          transport.wait(send);
+          transport.wait(send);  // a completed request returns at once
+          expect(incoming == payload_of(left, sequence, bytes),
+                 "the " + std::to_string(bytes) + "-byte message from rank " +
+                     std::to_string(left) + " arrived intact");
+        }
+      },
+      options);
   require_all_passed(outcomes);
 }
 
 TEST_CASE("many small messages arrive intact and in posting order", "[tcp]") {
-  const auto outcomes = launch_ranks(3, [](int rank) {
-    TcpTransport transport = connect_from_env();
-    const int n = transport.size();
-    constexpr std::uint64_t kMessages = 2000;
-    auto size_of = [](std::uint64_t sequence) { return static_cast<std::size_t>(sequence % 97); };
-    std::vector<std::vector<std::byte>> outgoing;
-    std::vector<std::vector<std::byte>> incoming;
-    std::vector<TcpTransport::Request> requests;
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == rank) continue;
-      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
-        const std::size_t bytes = size_of(sequence);
-        outgoing.push_back(payload_of(rank, sequence, bytes));
-        incoming.emplace_back(bytes);
-        requests.push_back(transport.isend(peer, header_of(sequence, bytes), outgoing.back()));
-        requests.push_back(transport.irecv(peer, header_of(sequence, bytes), incoming.back()));
-      }
-    }
-    // Newest first: waiting on a late request completes the earlier ones on the way.
-    for (auto it = requests.rbegin(); it != requests.rend(); ++it) transport.wait(*it);
-    std::size_t index = 0;
-    for (int peer = 0; peer < n; ++peer) {
-      if (peer == rank) continue;
-      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence, ++index) {
-        expect(incoming[index] == payload_of(peer, sequence, size_of(sequence)),
-               "message #" + std::to_string(sequence) + " from rank " + std::to_string(peer));
-      }
-    }
+  const LaunchOptions options = on_either_path();
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        const int n = transport.size();
+        constexpr std::uint64_t kMessages = 2000;
+        auto size_of = [](std::uint64_t sequence) {
+          return static_cast<std::size_t>(sequence % 97);
+        };
+        std::vector<std::vector<std::byte>> outgoing;
+        std::vector<std::vector<std::byte>> incoming;
+        std::vector<TcpTransport::Request> requests;
+        for (int peer = 0; peer < n; ++peer) {
+          if (peer == rank) continue;
+          for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+            const std::size_t bytes = size_of(sequence);
+            outgoing.push_back(payload_of(rank, sequence, bytes));
+            incoming.emplace_back(bytes);
+            requests.push_back(transport.isend(peer, header_of(sequence, bytes), outgoing.back()));
+            requests.push_back(transport.irecv(peer, header_of(sequence, bytes), incoming.back()));
+          }
+        }
+        // Newest first: waiting on a late request completes the earlier ones on the way.
+        for (auto it = requests.rbegin(); it != requests.rend(); ++it) transport.wait(*it);
+        std::size_t index = 0;
+        for (int peer = 0; peer < n; ++peer) {
+          if (peer == rank) continue;
+          for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence, ++index) {
+            expect(incoming[index] == payload_of(peer, sequence, size_of(sequence)),
+                   "message #" + std::to_string(sequence) + " from rank " + std::to_string(peer));
+          }
+        }
 
-    // A receive posted after its message arrived.
-    const int peer = rank == 0 ? 1 : 0;
-    if (rank == 2) return;
-    const std::vector<std::byte> late = payload_of(rank, kMessages, 1000);
-    std::vector<std::byte> got(1000);
-    const auto send = transport.isend(peer, header_of(kMessages, 1000), late);
-    transport.wait(send);
-    std::this_thread::sleep_for(100ms);
-    transport.wait(transport.irecv(peer, header_of(kMessages, 1000), got));
-    expect(got == payload_of(peer, kMessages, 1000), "the late receive got its message");
-  });
+        // A receive posted after its message arrived.
+        const int peer = rank == 0 ? 1 : 0;
+        if (rank == 2) return;
+        const std::vector<std::byte> late = payload_of(rank, kMessages, 1000);
+        std::vector<std::byte> got(1000);
+        const auto send = transport.isend(peer, header_of(kMessages, 1000), late);
+        transport.wait(send);
+        std::this_thread::sleep_for(100ms);
+        transport.wait(transport.irecv(peer, header_of(kMessages, 1000), got));
+        expect(got == payload_of(peer, kMessages, 1000), "the late receive got its message");
+      },
+      options);
   require_all_passed(outcomes);
 }
 
@@ -165,60 +202,68 @@ TEST_CASE("messages that arrive while their receiver waits long on another rank 
   auto size_of = [](std::uint64_t sequence) {
     return sequence % 3 == 2 ? std::size_t{3} << 20 : static_cast<std::size_t>(sequence * 100);
   };
-  const auto outcomes = launch_ranks(3, [&](int rank) {
-    TcpTransport transport = connect_from_env();
-    std::vector<std::byte> token(8);
-    if (rank == 0) {
-      std::vector<std::vector<std::byte>> outgoing;
-      std::vector<TcpTransport::Request> sends;
-      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
-        outgoing.push_back(payload_of(0, sequence, size_of(sequence)));
-        sends.push_back(
-            transport.isend(1, header_of(sequence, size_of(sequence)), outgoing.back()));
-      }
-      for (const auto& send : sends) transport.wait(send);
-    } else if (rank == 2) {
-      std::this_thread::sleep_for(600ms);
-      transport.wait(transport.isend(1, header_of(0, 8), token));
-    } else {
-      transport.wait(transport.irecv(2, header_of(0, 8), token));
-      for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
-        std::vector<std::byte> incoming(size_of(sequence));
-        transport.wait(transport.irecv(0, header_of(sequence, incoming.size()), incoming));
-        expect(incoming == payload_of(0, sequence, incoming.size()),
-               "message #" + std::to_string(sequence) + " from rank 0");
-      }
-    }
-  });
+  const LaunchOptions options = on_either_path();
+  const auto outcomes = launch_ranks(
+      3,
+      [&](int rank) {
+        TcpTransport transport = connect_from_env();
+        std::vector<std::byte> token(8);
+        if (rank == 0) {
+          std::vector<std::vector<std::byte>> outgoing;
+          std::vector<TcpTransport::Request> sends;
+          for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+            outgoing.push_back(payload_of(0, sequence, size_of(sequence)));
+            sends.push_back(
+                transport.isend(1, header_of(sequence, size_of(sequence)), outgoing.back()));
+          }
+          for (const auto& send : sends) transport.wait(send);
+        } else if (rank == 2) {
+          std::this_thread::sleep_for(600ms);
+          transport.wait(transport.isend(1, header_of(0, 8), token));
+        } else {
+          transport.wait(transport.irecv(2, header_of(0, 8), token));
+          for (std::uint64_t sequence = 0; sequence < kMessages; ++sequence) {
+            std::vector<std::byte> incoming(size_of(sequence));
+            transport.wait(transport.irecv(0, header_of(sequence, incoming.size()), incoming));
+            expect(incoming == payload_of(0, sequence, incoming.size()),
+                   "message #" + std::to_string(sequence) + " from rank 0");
+          }
+        }
+      },
+      options);
   require_all_passed(outcomes);
 }
 
 TEST_CASE("a count that differs between ranks is a MismatchError naming both", "[tcp]") {
-  const auto outcomes = launch_ranks(2, [](int rank) {
-    TcpTransport transport = connect_from_env();
-    MessageHeader header = header_of(7, 40);
-    header.collective = coltrain::comm::Collective::kAllreduce;
-    header.dtype = coltrain::DataType::kFloat32;
-    header.count = 10;
-    std::vector<std::byte> buffer(40);
-    if (rank == 1) {
-      transport.wait(transport.isend(0, header, buffer));
-      // Rank 0 breaks on the mismatch and tells this rank why: it hears of it at once.
-      const auto start = std::chrono::steady_clock::now();
-      const std::string lost = expect_throws<coltrain::MismatchError>(
-          [&] { transport.wait(transport.irecv(0, header, buffer)); }, "waiting on rank 0");
-      std::cerr << "rank 1 saw: " << lost << std::endl;
-      expect(seconds_since(start) < 5, "rank 1 learned of the failure before its timeout");
-      return;
-    }
-    header.count = 12;  // same bytes, different count: only the header check can tell
-    const std::string mismatch = expect_throws<coltrain::MismatchError>(
-        [&] { transport.wait(transport.irecv(1, header, buffer)); }, "a mismatched receive");
-    std::cerr << "rank 0 saw: " << mismatch << std::endl;
-    const std::string later = expect_throws<coltrain::CommError>(
-        [&] { transport.isend(1, header, buffer); }, "a send after the error");
-    std::cerr << "rank 0 then saw: " << later << std::endl;
-  });
+  const LaunchOptions options = on_either_path();
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        MessageHeader header = header_of(7, 40);
+        header.collective = coltrain::comm::Collective::kAllreduce;
+        header.dtype = coltrain::DataType::kFloat32;
+        header.count = 10;
+        std::vector<std::byte> buffer(40);
+        if (rank == 1) {
+          transport.wait(transport.isend(0, header, buffer));
+          // Rank 0 breaks on the mismatch and tells this rank why: it hears of it at once.
+          const auto start = std::chrono::steady_clock::now();
+          const std::string lost = expect_throws<coltrain::MismatchError>(
+              [&] { transport.wait(transport.irecv(0, header, buffer)); }, "waiting on rank 0");
+          std::cerr << "rank 1 saw: " << lost << std::endl;
+          expect(seconds_since(start) < 5, "rank 1 learned of the failure before its timeout");
+          return;
+        }
+        header.count = 12;  // same bytes, different count: only the header check can tell
+        const std::string mismatch = expect_throws<coltrain::MismatchError>(
+            [&] { transport.wait(transport.irecv(1, header, buffer)); }, "a mismatched receive");
+        std::cerr << "rank 0 saw: " << mismatch << std::endl;
+        const std::string later = expect_throws<coltrain::CommError>(
+            [&] { transport.isend(1, header, buffer); }, "a send after the error");
+        std::cerr << "rank 0 then saw: " << later << std::endl;
+      },
+      options);
   require_all_passed(outcomes);
   CHECK_THAT(outcomes[0].output, Contains("count differs between ranks: rank 0 has 12, rank 1 has "
                                           "10") &&
@@ -234,7 +279,7 @@ TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it",
   const bool killed = GENERATE(true, false);
   CAPTURE(killed);
   constexpr int kVictim = 3;
-  LaunchOptions options;
+  LaunchOptions options = on_either_path();
   options.env["COLTRAIN_TIMEOUT"] = "10";
   const auto outcomes = launch_ranks(
       4,
@@ -293,28 +338,32 @@ TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it",
 }
 
 TEST_CASE("a receive that never gets its message times out, and the peer hears of it", "[tcp]") {
-  const auto outcomes = launch_ranks(2, [](int rank) {
-    coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
-    options.timeout = rank == 0 ? 1s : 10s;
-    TcpTransport transport(coltrain::detect_launch_env(), options);
-    std::vector<std::byte> buffer(8);
-    const int peer = 1 - rank;
-    const auto start = std::chrono::steady_clock::now();
-    if (rank == 0) {
-      const std::string timeout = expect_throws<coltrain::TimeoutError>(
-          [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
-      std::cerr << "rank 0 saw: " << timeout << std::endl;
-      const double elapsed = seconds_since(start);
-      expect(elapsed >= 0.95 && elapsed < 3,
-             "timed out after about 1 s, took " + std::to_string(elapsed) + " s");
-      return;
-    }
-    // Rank 0 gives up after 1 s and says why; this rank must not wait out its 10 s.
-    const std::string lost = expect_throws<coltrain::TimeoutError>(
-        [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
-    std::cerr << "rank 1 saw: " << lost << std::endl;
-    expect(seconds_since(start) < 4, "heard of rank 0's failure well before its own timeout");
-  });
+  const LaunchOptions options = on_either_path();
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
+        options.timeout = rank == 0 ? 1s : 10s;
+        TcpTransport transport(coltrain::detect_launch_env(), options);
+        std::vector<std::byte> buffer(8);
+        const int peer = 1 - rank;
+        const auto start = std::chrono::steady_clock::now();
+        if (rank == 0) {
+          const std::string timeout = expect_throws<coltrain::TimeoutError>(
+              [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
+          std::cerr << "rank 0 saw: " << timeout << std::endl;
+          const double elapsed = seconds_since(start);
+          expect(elapsed >= 0.95 && elapsed < 3,
+                 "timed out after about 1 s, took " + std::to_string(elapsed) + " s");
+          return;
+        }
+        // Rank 0 gives up after 1 s and says why; this rank must not wait out its 10 s.
+        const std::string lost = expect_throws<coltrain::TimeoutError>(
+            [&] { transport.wait(transport.irecv(peer, header_of(3, 8), buffer)); }, "waiting");
+        std::cerr << "rank 1 saw: " << lost << std::endl;
+        expect(seconds_since(start) < 4, "heard of rank 0's failure well before its own timeout");
+      },
+      options);
   require_all_passed(outcomes);
   CHECK_THAT(outcomes[0].output, Contains("made no progress for 1 s (COLTRAIN_TIMEOUT) waiting to "
                                           "receive allgather #3") &&
@@ -334,7 +383,7 @@ TEST_CASE("a rank that stops taking part is named by every rank along the chain 
   // stopped or busy process would): rank 3 waits on it, rank 0 on rank 3, rank 1 on rank 0. Each
   // would blame its own neighbour; the inquiry names rank 2 on every rank.
   constexpr int kRanks = 4, kStopped = 2;
-  LaunchOptions options;
+  LaunchOptions options = on_either_path();
   options.env["COLTRAIN_TIMEOUT"] = "1";
   const auto outcomes = launch_ranks(
       kRanks,
@@ -371,7 +420,7 @@ TEST_CASE("a rank that stops taking part is named by every rank along the chain 
 
 TEST_CASE("an error in the code of one rank between calls reaches the ranks waiting on it",
           "[tcp]") {
-  LaunchOptions options;
+  LaunchOptions options = on_either_path();
   options.env["COLTRAIN_TIMEOUT"] = "20";
   const auto outcomes = launch_ranks(
       3,
@@ -406,7 +455,7 @@ TEST_CASE("an error in the code of one rank between calls reaches the ranks wait
 }
 
 TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp][requests][p2p]") {
-  LaunchOptions options;
+  LaunchOptions options = on_either_path();
   options.env["COLTRAIN_TIMEOUT"] = "20";
   const auto outcomes = launch_ranks(
       3,
@@ -441,7 +490,7 @@ TEST_CASE("a rank that dies fails every request outstanding on its peers", "[tcp
 }
 
 TEST_CASE("a receive whose send never comes times out with the tag and the rank", "[tcp][p2p]") {
-  LaunchOptions options;
+  LaunchOptions options = on_either_path();
   options.env["COLTRAIN_TIMEOUT"] = "1";
   const auto outcomes = launch_ranks(
       2,
@@ -572,7 +621,7 @@ TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communi
   require_all_passed(outcomes);
 }
 
-TEST_CASE("COLTRAIN_SOCKET_IFNAME picks the data interface; an unknown one is named", "[tcp]") {
+TEST_CASE("COLTRAIN_SOCKET_IFNAME picks the data interface, an unknown one is named", "[tcp]") {
   LaunchOptions options;
   options.env["COLTRAIN_SOCKET_IFNAME"] = "lo";
   const auto outcomes = launch_ranks(
@@ -652,4 +701,112 @@ TEST_CASE("an IPv6 MASTER_ADDR works, with or without brackets", "[tcp]") {
   namespace detail = coltrain::comm::detail;
   CHECK(detail::resolve_address(master, "MASTER_ADDR", {}).is_v6());
   CHECK(detail::names_loopback_only(master));
+}
+
+namespace {
+
+// The names of coltrain's shared-memory segments in /dev/shm.
+std::vector<std::string> segment_names() {
+  std::vector<std::string> names;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(coltrain::comm::detail::kShmNamePrefix)) names.push_back(name);
+  }
+  return names;
+}
+
+bool segment_exists(const std::string& name) {
+  return std::filesystem::exists(std::filesystem::path("/dev/shm") / name);
+}
+
+void create_segment_file(const std::string& name) {
+  const int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("shared memory: a dead creator's segment is removed, a live one's is left alone",
+          "[tcp][shm]") {
+  // A previous job's creator killed between creating a segment and its peer's unlink leaves the
+  // name behind; the next job on the host removes it. A process that still exists may be another
+  // job's rank in the middle of its setup: its names stay.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  REQUIRE(::waitpid(child, nullptr, 0) == child);  // its process id now names no process
+  const std::string stale =
+      std::string(coltrain::comm::detail::kShmNamePrefix) + std::to_string(child) + ".00000000";
+  const std::string live = std::string(coltrain::comm::detail::kShmNamePrefix) +
+                           std::to_string(::getpid()) + ".00000001";
+  create_segment_file(stale);
+  create_segment_file(live);
+  const auto outcomes = launch_ranks(2, [](int) {
+    TcpTransport transport = connect_from_env();
+    for (int peer = 0; peer < transport.size(); ++peer) {
+      if (peer != transport.rank())
+        expect(transport.shares_memory_with(peer), "the ranks share memory");
+    }
+  });
+  require_all_passed(outcomes);
+  CHECK_FALSE(segment_exists(stale));
+  CHECK(segment_exists(live));
+  ::shm_unlink(("/" + live).c_str());
+}
+
+TEST_CASE("shared memory: two jobs on one host at once keep their bytes apart", "[tcp][shm]") {
+  // Ranks 0-1 are one job, ranks 2-3 another (their own MASTER_PORT and ranks), both at once.
+  const int second_port = coltrain::testing::free_tcp_port();
+  const auto before = segment_names();
+  const auto outcomes = launch_ranks(4, [second_port](int launched) {
+    const int job = launched / 2;
+    if (job == 1) ::setenv("MASTER_PORT", std::to_string(second_port).c_str(), 1);
+    for (const char* name : {"RANK", "LOCAL_RANK"})
+      ::setenv(name, std::to_string(launched % 2).c_str(), 1);
+    for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}) ::setenv(name, "2", 1);
+    TcpTransport transport = connect_from_env();
+    const int rank = transport.rank(), peer = 1 - rank;
+    expect(transport.shares_memory_with(peer), "the job's two ranks share memory");
+    for (std::uint64_t sequence = 0; sequence < 20; ++sequence) {
+      const std::size_t bytes = (sequence * 7919) % (3 << 20);
+      const auto outgoing = payload_of(10 * job + rank, sequence, bytes);
+      std::vector<std::byte> incoming(bytes);
+      const auto send = transport.isend(peer, header_of(sequence, bytes), outgoing);
+      transport.wait(transport.irecv(peer, header_of(sequence, bytes), incoming));
+      transport.wait(send);
+      expect(incoming == payload_of(10 * job + peer, sequence, bytes),
+             "job " + std::to_string(job) + "'s message " + std::to_string(sequence) +
+                 " came from its own peer, intact");
+    }
+  });
+  require_all_passed(outcomes);
+  CHECK(segment_names() == before);  // every segment was unlinked once both ranks had it mapped
+}
+
+TEST_CASE("shared memory: a killed rank is named at once and leaves no segment behind",
+          "[tcp][shm]") {
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "20";
+  const auto before = segment_names();
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes = launch_ranks(
+      3,
+      [](int rank) {
+        TcpTransport transport = connect_from_env();
+        if (rank == 2) ::raise(SIGKILL);
+        std::vector<std::byte> incoming(1 << 20);
+        const auto error = expect_throws<coltrain::PeerLostError>(
+            [&] { transport.wait(transport.irecv(2, header_of(0, incoming.size()), incoming)); },
+            "a receive from the killed rank");
+        expect(error.find("rank 2") != std::string::npos, "the error names rank 2: " + error);
+      },
+      options);
+  CHECK(seconds_since(start) < 10);  // well within COLTRAIN_TIMEOUT
+  INFO(coltrain::testing::describe(outcomes));
+  CHECK(outcomes[0].passed());
+  CHECK(outcomes[1].passed());
+  CHECK(outcomes[2].signal == SIGKILL);
+  CHECK(segment_names() == before);
 }

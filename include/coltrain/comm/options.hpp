@@ -1,7 +1,7 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
-// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, and the shared
-// secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
+// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM, and
+// the shared secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
 #include <coltrain/comm/auth.hpp>
 #include <coltrain/core/config.hpp>
@@ -30,6 +30,9 @@ struct CommOptions {
   std::filesystem::path trace_dir;
   // The job's shared secret: with one, every TCP connection of the job proves it both ways.
   AuthSettings auth;
+  // Whether the TCP backend moves the bytes of ranks on one host through shared memory
+  // (comm/shm_channel.hpp); both ranks of a pair must want it. COLTRAIN_SHM=0 turns it off.
+  bool shared_memory = true;
 };
 
 namespace detail {
@@ -65,6 +68,12 @@ inline CommOptions comm_options_from_env() {
     options.socket_ifname = ifname;
   }
   if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
+  if (const char* shm = detail::nonempty_env("COLTRAIN_SHM")) {
+    const std::string value = shm;
+    if (value != "0" && value != "1")
+      throw ConfigError("COLTRAIN_SHM=" + value + ": expected 1 (the default) or 0");
+    options.shared_memory = value == "1";
+  }
   options.auth = auth_settings_from_env();
   for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
     if (const char* id = detail::nonempty_env(name)) {

@@ -16,6 +16,9 @@
 //   stream: each is read whole into a buffer when it arrives, wherever it is in the stream, and
 //   handed to the first receive posted for its tag (one copy), so that messages and collectives
 //   never wait for each other's receives.
+// - Peers on this host: the same stream runs through a pair of shared-memory rings
+//   (comm/shm_channel.hpp) in place of the socket, which then carries only doorbells and the end of
+//   the stream; everything above (headers, inbox, notices, deadlines) is the same for both.
 // - Waiting: non-blocking attempts catch a reply that is about to arrive (a loopback round trip is
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
@@ -32,6 +35,7 @@
 #include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/shm_channel.hpp>
 #include <coltrain/comm/socket.hpp>
 #include <coltrain/comm/tcp_rendezvous.hpp>
 #include <coltrain/comm/transport.hpp>
@@ -128,6 +132,9 @@ struct ParkedMessage {
 // direction; ticket t is complete once t < completed.
 struct PeerChannel {
   FileDescriptor socket;
+  // A peer on this host: the stream's bytes go through shared memory, and the socket carries
+  // doorbells and the end of the stream (comm/shm_channel.hpp).
+  std::unique_ptr<ShmStream> shm;
   std::deque<PendingSend> sends;
   std::deque<PendingReceive> receives;
   std::uint64_t sends_posted = 0;
@@ -197,10 +204,18 @@ class TcpTransport {
         rank_(rank),
         size_(static_cast<int>(sockets.size())),
         spin_before_sleep_(detail::spin_before_sleep(env)) {
+    std::vector<std::unique_ptr<detail::ShmStream>> shared =
+        detail::setup_shared_memory(rank, sockets, options, Logger(rank, size_));
     peers_.resize(sockets.size());
     for (std::size_t peer = 0; peer < sockets.size(); ++peer) {
       peers_[peer].socket = std::move(sockets[peer]);
+      peers_[peer].shm = std::move(shared[peer]);
     }
+  }
+
+  // Whether `peer`'s bytes go through shared memory (a rank on this host).
+  bool shares_memory_with(int peer) const {
+    return peers_.at(static_cast<std::size_t>(peer)).shm != nullptr;
   }
 
   // A moved-from transport may only be destroyed or assigned to.
@@ -467,8 +482,8 @@ class TcpTransport {
   }
 
   static void fill_from_inbox(PeerChannel& channel, detail::ParkedMessage& message) {
-    message.received += take_from_inbox(
-        channel, std::span(message.payload).subspan(message.received));
+    message.received +=
+        take_from_inbox(channel, std::span(message.payload).subspan(message.received));
   }
 
   // Moves what the inbox holds, up to into.size() bytes, to the front of `into`; returns how many.
@@ -492,24 +507,31 @@ class TcpTransport {
     }
     ready_.clear();
     ready_peers_.clear();
+    bool rings_busy = false;  // a shared-memory ring changed while the flags went up
     for (int peer = 0; peer < size_; ++peer) {
-      const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
       if (peer == rank_ || !channel.socket) continue;
       const bool read = !channel.receives.empty() || watched_for_notices(channel);
-      const short events =
-          static_cast<short>((channel.sends.empty() ? 0 : POLLOUT) | (read ? POLLIN : 0));
+      const bool write = !channel.sends.empty();
+      short events = static_cast<short>((write ? POLLOUT : 0) | (read ? POLLIN : 0));
       if (events == 0) continue;
+      if (channel.shm) {  // the socket brings doorbells for both directions
+        rings_busy |= !channel.shm->prepare_to_sleep(read, write);
+        events = POLLIN;
+      }
       ready_.push_back({channel.socket.get(), events, 0});
       ready_peers_.push_back(peer);
     }
-    if (::poll(ready_.data(), ready_.size(), detail::poll_timeout_ms(deadline)) < 0 &&
+    if (::poll(ready_.data(), ready_.size(), rings_busy ? 0 : detail::poll_timeout_ms(deadline)) <
+            0 &&
         errno != EINTR) {
       detail::throw_system_error("poll the peer connections", errno, context("wait"));
     }
     for (std::size_t i = 0; i < ready_.size(); ++i) {
-      const PeerChannel& channel = peers_[static_cast<std::size_t>(ready_peers_[i])];
-      if ((ready_[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && channel.receives.empty())
-        read_idle_peer(ready_peers_[i]);
+      PeerChannel& channel = peers_[static_cast<std::size_t>(ready_peers_[i])];
+      const bool readable = (ready_[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+      if (readable && channel.shm) channel.shm->answer_doorbell();
+      if (readable && channel.receives.empty()) read_idle_peer(ready_peers_[i]);
     }
   }
 
@@ -541,7 +563,9 @@ class TcpTransport {
     msghdr message{};
     message.msg_iov = iov.data();
     message.msg_iovlen = count;
-    const ssize_t sent = ::sendmsg(channel.socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t sent =
+        channel.shm ? channel.shm->send(iov.data(), count)
+                    : ::sendmsg(channel.socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0) {
       const int error = errno;
       if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return false;
@@ -586,7 +610,9 @@ class TcpTransport {
       msghdr message{};
       message.msg_iov = iov.data();
       message.msg_iovlen = count;
-      const ssize_t received = ::recvmsg(channel.socket.get(), &message, MSG_DONTWAIT);
+      const ssize_t received = channel.shm
+                                   ? channel.shm->receive(iov.data(), count)
+                                   : ::recvmsg(channel.socket.get(), &message, MSG_DONTWAIT);
       if (received == 0) {
         throw_connection_error(peer, front.expected, "peer closed the connection", true);
       }
@@ -641,8 +667,7 @@ class TcpTransport {
         front.header_checked = true;
         progressed = true;
       }
-      const std::size_t take =
-          take_from_inbox(channel, front.payload.subspan(front.received));
+      const std::size_t take = take_from_inbox(channel, front.payload.subspan(front.received));
       front.received += take;
       progressed |= take > 0;
       if (front.received < front.payload.size()) return progressed;
@@ -760,8 +785,12 @@ class TcpTransport {
       const bool half_sent = !channel.sends.empty() && channel.sends.front().sent > 0;
       const bool dead = verdict.cause == FailureCause::kDied && peer == verdict.failed_rank;
       if (!half_sent && !dead && !channel.gone) {
-        [[maybe_unused]] const ssize_t ignored =
-            ::send(channel.socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (channel.shm) {
+          channel.shm->send_whole(std::as_bytes(std::span(bytes)));
+        } else {
+          [[maybe_unused]] const ssize_t ignored =
+              ::send(channel.socket.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
       }
       ::shutdown(channel.socket.get(), SHUT_RDWR);
       detail::FileDescriptor socket = std::move(channel.socket);
@@ -889,7 +918,9 @@ class TcpTransport {
         }
         want = whole - channel.inbox_size();
       }
-      const ssize_t got = ::recv(channel.socket.get(), into, want, MSG_DONTWAIT);
+      const iovec one{into, want};
+      const ssize_t got = channel.shm ? channel.shm->receive(&one, 1)
+                                      : ::recv(channel.socket.get(), into, want, MSG_DONTWAIT);
       if (got == 0) {
         channel.gone = true;
       } else if (got < 0) {

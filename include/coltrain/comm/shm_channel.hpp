@@ -1,0 +1,582 @@
+#pragma once
+// Shared memory between two ranks of one host, for the TCP transport (tcp_transport.hpp): the
+// pair's bytes go through two rings in a shared segment instead of the loopback TCP stack, which
+// copies every byte twice through the kernel and wakes the reader with a system call. The TCP
+// connection stays: it carries nothing but one-byte doorbells and tells each side when the other
+// process is gone (the kernel closes a killed process's sockets), so failure detection, notices
+// and deadlines work as over TCP.
+//
+// Which peers share a host is decided when the transport is built, from a host identity (the
+// kernel's boot id and this process's mount and network namespaces), not from addresses: two
+// containers on one machine see different /dev/shm, and a rank in its own network namespace is
+// treated as another host. The two ranks then prove the segment is shared (a nonce written by one
+// is read by the other) before they use it; anything less falls back to TCP with a warning.
+//
+// The segment: one per pair, created by the lower rank as /dev/shm/coltrain-shm.<pid>.<random>,
+// opened by the higher rank, and unlinked as soon as it has mapped it: after that the segment has
+// no name, and the kernel frees it when both processes are gone, however they end (kill -9
+// included). A creator killed in the milliseconds before the unlink leaves a name behind; every
+// later setup removes names whose creator process no longer exists.
+//
+// A ring is a single-producer single-consumer byte queue: the writer copies into the free space
+// and publishes its count of bytes written (release), the reader copies out and publishes its
+// count read. A side that finds nothing to do for a while sleeps in poll() on the TCP socket after
+// raising its flag in the ring (reader_sleeping, writer_sleeping) and checking the ring once more;
+// the other side, after moving bytes, lowers the flag and sends one doorbell byte if it was up.
+// ShmStream's send() and receive() behave as sendmsg() and recvmsg() on a non-blocking socket
+// (bytes moved; -1 with errno EAGAIN when nothing can move; 0 from receive() at the end of the
+// stream), so the transport drives both kinds of peer the same way.
+
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/socket.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/core/log.hpp>
+#include <coltrain/core/timer.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace coltrain::comm::detail {
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
+              "the rings' counters must be lock-free atomics to be shared between processes");
+
+inline constexpr std::string_view kShmNamePrefix = "coltrain-shm.";
+inline constexpr std::uint64_t kShmMagic = 0x636f6c7472616e31ull;  // "coltran1"
+inline constexpr std::size_t kShmPage = 4096;
+// Ring sizes: 4 MiB per direction keeps a pipelined ring allreduce's chunks flowing without
+// stalls; with many ranks on a host each pair gets less, so that a rank's rings total at most
+// about kShmBytesPerRank (allocated when the segment is made).
+inline constexpr std::size_t kShmMaxRingBytes = 4 << 20;
+inline constexpr std::size_t kShmMinRingBytes = 256 << 10;
+inline constexpr std::size_t kShmBytesPerRank = 32 << 20;
+// A writer publishes its bytes every this many, so that a large message's copy out of the ring
+// overlaps its copy in (one publication per message serialised them: 1 MB allreduce 20% slower).
+inline constexpr std::size_t kShmPublishBytes = 64 << 10;
+
+// The ring size a rank offers when `local_peers` other ranks share its host.
+inline std::size_t shm_ring_bytes(int local_peers) {
+  const std::size_t share =
+      kShmBytesPerRank / (2 * static_cast<std::size_t>(std::max(local_peers, 1)));
+  return std::clamp(std::bit_floor(share), kShmMinRingBytes, kShmMaxRingBytes);
+}
+
+// One direction's counters, each on a cache line of its own so that writer and reader do not
+// invalidate each other's line with every update.
+struct ShmRingState {
+  alignas(64) std::atomic<std::uint64_t> written{0};
+  alignas(64) std::atomic<std::uint64_t> read{0};
+  alignas(64) std::atomic<std::uint32_t> reader_sleeping{0};
+  alignas(64) std::atomic<std::uint32_t> writer_sleeping{0};
+};
+
+// The segment's first page: what the opener checks before it trusts the rest.
+struct ShmSegmentHeader {
+  std::uint64_t magic;
+  std::uint64_t nonce;       // the creator's proof that both map the same memory
+  std::uint64_t ring_bytes;  // each direction's data, a power of two
+};
+
+// Page 0: header; page 1: lower -> higher ring state; page 2: higher -> lower; then the two rings'
+// data, lower -> higher first.
+inline std::size_t shm_segment_bytes(std::size_t ring_bytes) {
+  return 3 * kShmPage + 2 * ring_bytes;
+}
+
+// A mapping of a whole segment; unmapped on destruction.
+class ShmMapping {
+ public:
+  ShmMapping() = default;
+  ShmMapping(void* base, std::size_t bytes) : base_(base), bytes_(bytes) {}
+  ShmMapping(ShmMapping&& other) noexcept
+      : base_(std::exchange(other.base_, nullptr)), bytes_(other.bytes_) {}
+  ShmMapping& operator=(ShmMapping&& other) noexcept {
+    if (this != &other) {
+      release();
+      base_ = std::exchange(other.base_, nullptr);
+      bytes_ = other.bytes_;
+    }
+    return *this;
+  }
+  ShmMapping(const ShmMapping&) = delete;
+  ShmMapping& operator=(const ShmMapping&) = delete;
+  ~ShmMapping() { release(); }
+
+  std::byte* base() const { return static_cast<std::byte*>(base_); }
+  explicit operator bool() const { return base_ != nullptr; }
+
+ private:
+  void release() {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+    base_ = nullptr;
+  }
+
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// One rank's end of a pair's segment: it writes one ring and reads the other. `doorbell` is the
+// pair's TCP socket (not owned), which wakes the other side and reports its end.
+class ShmStream {
+ public:
+  ShmStream(ShmMapping mapping, bool lower, int doorbell)
+      : mapping_(std::move(mapping)), doorbell_(doorbell) {
+    const auto* header = reinterpret_cast<const ShmSegmentHeader*>(mapping_.base());
+    ring_bytes_ = header->ring_bytes;
+    auto* lower_to_higher = reinterpret_cast<ShmRingState*>(mapping_.base() + kShmPage);
+    auto* higher_to_lower = reinterpret_cast<ShmRingState*>(mapping_.base() + 2 * kShmPage);
+    std::byte* data = mapping_.base() + 3 * kShmPage;
+    out_ = lower ? lower_to_higher : higher_to_lower;
+    in_ = lower ? higher_to_lower : lower_to_higher;
+    out_data_ = lower ? data : data + ring_bytes_;
+    in_data_ = lower ? data + ring_bytes_ : data;
+  }
+
+  std::size_t ring_bytes() const { return ring_bytes_; }
+
+  // As sendmsg() on a non-blocking socket: copies what fits of the iovecs into the outbound ring.
+  // -1 with EPIPE (or the socket's error) once the peer is gone, EAGAIN when the ring is full.
+  ssize_t send(const iovec* iov, std::size_t count) {
+    if (closed_) {
+      errno = close_error_ != 0 ? close_error_ : EPIPE;
+      return -1;
+    }
+    const std::uint64_t written = out_->written.load(std::memory_order_relaxed);
+    const std::uint64_t used = written - out_->read.load(std::memory_order_acquire);
+    if (used > ring_bytes_) return corrupted();
+    const std::uint64_t free = ring_bytes_ - used;
+    std::uint64_t moved = 0;
+    for (std::size_t i = 0; i < count && moved < free; ++i) {
+      const auto* from = static_cast<const std::byte*>(iov[i].iov_base);
+      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len, free - moved);
+      // Published piece by piece, so that the reader copies out while this side copies in.
+      for (std::size_t done = 0; done < take;) {
+        const std::size_t piece = std::min(take - done, kShmPublishBytes);
+        copy_in(written + moved, from + done, piece);
+        moved += piece;
+        done += piece;
+        out_->written.store(written + moved, std::memory_order_release);
+      }
+    }
+    if (moved == 0) {
+      errno = EAGAIN;
+      return -1;
+    }
+    out_->written.store(written + moved, std::memory_order_seq_cst);
+    if (lower_flag(out_->reader_sleeping)) ring_doorbell();
+    return static_cast<ssize_t>(moved);
+  }
+
+  // As recvmsg() on a non-blocking socket: copies what the inbound ring holds into the iovecs.
+  // 0 once the ring is empty and the peer is gone (its last bytes are read first), -1 with EAGAIN
+  // when the ring is empty.
+  ssize_t receive(const iovec* iov, std::size_t count) {
+    const std::uint64_t read = in_->read.load(std::memory_order_relaxed);
+    const std::uint64_t available = in_->written.load(std::memory_order_acquire) - read;
+    if (available > ring_bytes_) return corrupted();
+    if (available == 0) {
+      if (closed_) {
+        if (close_error_ == 0) return 0;
+        errno = close_error_;
+        return -1;
+      }
+      errno = EAGAIN;
+      return -1;
+    }
+    std::uint64_t moved = 0;
+    for (std::size_t i = 0; i < count && moved < available; ++i) {
+      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len, available - moved);
+      copy_out(read + moved, static_cast<std::byte*>(iov[i].iov_base), take);
+      moved += take;
+    }
+    in_->read.store(read + moved, std::memory_order_seq_cst);
+    if (lower_flag(in_->writer_sleeping)) ring_doorbell();
+    return static_cast<ssize_t>(moved);
+  }
+
+  // Writes `bytes` whole or not at all (a failure notice must not be torn); then wakes the peer.
+  bool send_whole(std::span<const std::byte> bytes) {
+    const std::uint64_t written = out_->written.load(std::memory_order_relaxed);
+    const std::uint64_t used = written - out_->read.load(std::memory_order_acquire);
+    if (closed_ || used > ring_bytes_ || bytes.size() > ring_bytes_ - used) return false;
+    copy_in(written, bytes.data(), bytes.size());
+    out_->written.store(written + bytes.size(), std::memory_order_seq_cst);
+    ring_doorbell();
+    return true;
+  }
+
+  // Before sleeping in poll() on the socket: raise the flags for what this side waits on, then
+  // look once more. True when the rings still give nothing to do (sleeping is safe: whatever the
+  // peer does next rings the doorbell).
+  bool prepare_to_sleep(bool reading, bool writing) {
+    if (reading) in_->reader_sleeping.store(1, std::memory_order_seq_cst);
+    if (writing) out_->writer_sleeping.store(1, std::memory_order_seq_cst);
+    const bool readable =
+        in_->written.load(std::memory_order_seq_cst) != in_->read.load(std::memory_order_relaxed);
+    const bool writable =
+        out_->written.load(std::memory_order_relaxed) - out_->read.load(std::memory_order_seq_cst) <
+        ring_bytes_;
+    return !(reading && readable) && !(writing && writable);
+  }
+
+  // The socket was readable: reads the doorbells; an end of stream or an error marks the peer gone
+  // (receive() still hands out what the ring holds).
+  void answer_doorbell() {
+    std::array<std::byte, 256> scratch;
+    while (!closed_) {
+      const ssize_t got = ::recv(doorbell_, scratch.data(), scratch.size(), MSG_DONTWAIT);
+      if (got > 0) continue;
+      if (got == 0) {
+        closed_ = true;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        closed_ = true;
+        close_error_ = errno;
+      } else {
+        return;
+      }
+    }
+  }
+
+ private:
+  // The counters say a ring holds more bytes than it can: the peer wrote outside the protocol.
+  // Nothing is copied (it would go past the ring); the transport reports EPROTO for the peer.
+  static ssize_t corrupted() {
+    errno = EPROTO;
+    return -1;
+  }
+
+  // Lowers a sleeping flag; says whether it was up.
+  static bool lower_flag(std::atomic<std::uint32_t>& flag) {
+    return flag.load(std::memory_order_seq_cst) != 0 &&
+           flag.exchange(0, std::memory_order_seq_cst) != 0;
+  }
+
+  void ring_doorbell() const {
+    const char bell = 1;
+    // A full socket buffer already holds doorbells the peer has yet to read: nothing is lost.
+    [[maybe_unused]] const ssize_t sent = ::send(doorbell_, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  void copy_in(std::uint64_t position, const std::byte* from, std::size_t bytes) const {
+    const std::size_t at = position & (ring_bytes_ - 1);
+    const std::size_t first = std::min(bytes, ring_bytes_ - at);
+    std::memcpy(out_data_ + at, from, first);
+    if (first < bytes) std::memcpy(out_data_, from + first, bytes - first);
+  }
+
+  void copy_out(std::uint64_t position, std::byte* to, std::size_t bytes) const {
+    const std::size_t at = position & (ring_bytes_ - 1);
+    const std::size_t first = std::min(bytes, ring_bytes_ - at);
+    std::memcpy(to, in_data_ + at, first);
+    if (first < bytes) std::memcpy(to + first, in_data_, bytes - first);
+  }
+
+  ShmMapping mapping_;
+  int doorbell_;
+  std::size_t ring_bytes_ = 0;
+  ShmRingState* out_ = nullptr;
+  ShmRingState* in_ = nullptr;
+  std::byte* out_data_ = nullptr;
+  std::byte* in_data_ = nullptr;
+  bool closed_ = false;
+  int close_error_ = 0;  // 0: an orderly end of stream
+};
+
+// What identifies the host as shared memory sees it: the kernel instance (boot id) and the mount
+// and network namespaces. Equal identities are a hint, which the segment's nonce then proves.
+struct HostIdentity {
+  std::array<char, 40> boot_id{};
+  std::uint64_t mount_namespace = 0;
+  std::uint64_t network_namespace = 0;
+
+  bool operator==(const HostIdentity&) const = default;
+};
+
+inline HostIdentity host_identity() {
+  HostIdentity identity;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  std::memcpy(identity.boot_id.data(), id.data(), std::min(id.size(), identity.boot_id.size()));
+  struct stat info {};
+  if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
+  if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;
+  return identity;
+}
+
+// Removes segment names left by creators that no longer exist (killed between creating a segment
+// and its opener's unlink). A name whose process id was reused by a live process stays until that
+// process ends.
+inline void remove_stale_segments() {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kShmNamePrefix)) continue;
+    const std::string rest = name.substr(kShmNamePrefix.size());
+    const std::size_t dot = rest.find('.');
+    if (dot == std::string::npos) continue;
+    long pid = 0;
+    try {
+      pid = std::stol(rest.substr(0, dot));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      ::shm_unlink(("/" + name).c_str());
+  }
+}
+
+// A fresh segment of two rings of `ring_bytes`, named for this process, mapped, its header
+// written with `nonce`. Both ends map with MAP_POPULATE: faulting the rings' pages in one by one
+// as the first bytes pass cost a 64 KB allreduce three times its time. Throws CommError, naming the
+// segment, when the system refuses.
+inline ShmMapping create_segment(const std::string& name, std::size_t ring_bytes,
+                                 std::uint64_t nonce) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw CommError("shared memory: cannot create /dev/shm" + name + ": " +
+                    std::generic_category().message(errno));
+  }
+  const std::size_t bytes = shm_segment_bytes(ring_bytes);
+  void* base = MAP_FAILED;
+  // Allocated now, not as bytes first pass: a full /dev/shm (a container's is often 64 MB) is then
+  // an error here, and TCP is used, instead of a SIGBUS in the middle of a collective.
+  int error = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (error == 0) {
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) error = errno;
+  }
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    throw CommError("shared memory: cannot allocate or map /dev/shm" + name + " (" +
+                    std::to_string(bytes) + " bytes): " + std::generic_category().message(error));
+  }
+  ShmMapping mapping(base, bytes);
+  new (mapping.base() + kShmPage) ShmRingState;
+  new (mapping.base() + 2 * kShmPage) ShmRingState;
+  // The opener reads the header after this rank's offer, sent over the socket afterwards.
+  new (mapping.base()) ShmSegmentHeader{kShmMagic, nonce, ring_bytes};
+  return mapping;
+}
+
+// Maps the segment `name` that a peer created; empty, with `why` set, when it cannot be opened or
+// does not hold `nonce` (not the same memory: another host's /dev/shm, or a stranger's file).
+inline ShmMapping open_segment(const std::string& name, std::size_t ring_bytes, std::uint64_t nonce,
+                               std::string& why) {
+  if (!std::has_single_bit(ring_bytes) || ring_bytes < kShmMinRingBytes ||
+      ring_bytes > kShmMaxRingBytes) {
+    why = "ring size " + std::to_string(ring_bytes) + " out of range";
+    return {};
+  }
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why = "cannot open /dev/shm" + name + ": " + std::generic_category().message(errno);
+    return {};
+  }
+  const std::size_t bytes = shm_segment_bytes(ring_bytes);
+  struct stat info {};
+  void* base = MAP_FAILED;
+  if (::fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) != bytes) {
+    why = "/dev/shm" + name + " has " + std::to_string(info.st_size) + " bytes, expected " +
+          std::to_string(bytes);
+  } else {
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED)
+      why = "cannot map /dev/shm" + name + ": " + std::generic_category().message(errno);
+  }
+  ::close(fd);
+  if (base == MAP_FAILED) return {};
+  ShmMapping mapping(base, bytes);
+  ShmSegmentHeader header;
+  std::memcpy(&header, mapping.base(), sizeof header);
+  if (header.magic != kShmMagic || header.nonce != nonce || header.ring_bytes != ring_bytes) {
+    why = "/dev/shm" + name + " does not hold the segment the peer wrote";
+    return {};
+  }
+  return mapping;
+}
+
+// A segment name no other process uses: this process's id (for remove_stale_segments) and 64
+// random bits.
+inline std::string fresh_segment_name(std::mt19937_64& random) {
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(random()));
+  return "/" + std::string(kShmNamePrefix) + std::to_string(::getpid()) + "." + suffix;
+}
+
+// The setup's messages, sent over each pair's fresh connection before any other traffic.
+struct ShmHello {
+  std::uint64_t magic = kShmMagic;
+  HostIdentity identity;
+  std::uint32_t enabled = 0;  // COLTRAIN_SHM
+  std::uint32_t reserved = 0;
+};
+
+struct ShmOffer {
+  std::uint64_t magic = kShmMagic;
+  std::array<char, 64> name{};
+  std::uint64_t nonce = 0;
+  std::uint64_t ring_bytes = 0;
+};
+
+struct ShmAnswer {
+  std::uint64_t magic = kShmMagic;
+  std::uint64_t accepted = 0;
+};
+
+template <class Message>
+void shm_send(int fd, const Message& message, int peer, const Deadline& deadline,
+              ErrorContext context) {
+  const IoResult io = send_exact(fd, std::as_bytes(std::span(&message, 1)), deadline);
+  if (io.status == IoStatus::kDone) return;
+  context.peer = peer;
+  throw CommError("shared-memory setup: rank " + std::to_string(context.rank.value_or(-1)) +
+                      " could not write to rank " + std::to_string(peer) + " (" +
+                      (io.status == IoStatus::kTimedOut ? "timed out" : io.reason) + ")",
+                  context);
+}
+
+template <class Message>
+Message shm_receive(int fd, int peer, const Deadline& deadline, ErrorContext context) {
+  Message message{};
+  const IoResult io = recv_exact(fd, std::as_writable_bytes(std::span(&message, 1)), deadline);
+  std::string problem;
+  if (io.status != IoStatus::kDone) {
+    problem = io.status == IoStatus::kTimedOut ? "timed out" : io.reason;
+  } else if (message.magic != kShmMagic) {
+    problem = "it sent something other than the setup's message (another coltrain version?)";
+  }
+  if (problem.empty()) return message;
+  context.peer = peer;
+  throw CommError("shared-memory setup: rank " + std::to_string(context.rank.value_or(-1)) +
+                      " could not read from rank " + std::to_string(peer) + " (" + problem + ")",
+                  context);
+}
+
+// Run by every rank of a freshly connected mesh (`sockets[p]` reaches rank p; empty at `rank`),
+// all at once: the pairs that share a host, and both want it, get a shared-memory channel (null
+// elsewhere). Every message is small, so each phase's writes finish without waiting for a reader
+// and no order of ranks deadlocks. Throws CommError, naming the peer, when a connection fails or
+// the timeout passes.
+inline std::vector<std::unique_ptr<ShmStream>> setup_shared_memory(
+    int rank, const std::vector<FileDescriptor>& sockets, const CommOptions& options,
+    const Logger& logger) {
+  const int size = static_cast<int>(sockets.size());
+  std::vector<std::unique_ptr<ShmStream>> streams(sockets.size());
+  if (size < 2) return streams;
+  ErrorContext context;
+  context.rank = rank;
+  context.operation = "shared-memory setup";
+  const Deadline deadline(options.timeout);
+
+  ShmHello mine;
+  mine.identity = host_identity();
+  mine.enabled = options.shared_memory ? 1 : 0;
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank)
+      shm_send(sockets[static_cast<std::size_t>(peer)].get(), mine, peer, deadline, context);
+  std::vector<bool> shared(sockets.size(), false);
+  int local_peers = 0;
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    const auto theirs = shm_receive<ShmHello>(sockets[static_cast<std::size_t>(peer)].get(), peer,
+                                              deadline, context);
+    shared[static_cast<std::size_t>(peer)] =
+        mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
+    local_peers += shared[static_cast<std::size_t>(peer)] ? 1 : 0;
+  }
+  if (local_peers == 0) return streams;
+
+  remove_stale_segments();
+  std::mt19937_64 random(std::random_device{}() ^ (static_cast<std::uint64_t>(::getpid()) << 32 |
+                                                   static_cast<unsigned>(rank)));
+  std::vector<std::string> names(sockets.size());  // segments created here, until unlinked
+  std::vector<ShmMapping> created(sockets.size());
+  const std::size_t ring_bytes = shm_ring_bytes(local_peers);
+  try {
+    // Offers to the higher ranks that share this host.
+    for (int peer = rank + 1; peer < size; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (!shared[p]) continue;
+      ShmOffer offer;
+      offer.nonce = random();
+      offer.ring_bytes = ring_bytes;
+      names[p] = fresh_segment_name(random);
+      try {
+        created[p] = create_segment(names[p], ring_bytes, offer.nonce);
+        std::memcpy(offer.name.data(), names[p].data(),
+                    std::min(names[p].size(), offer.name.size() - 1));
+      } catch (const CommError& e) {  // no /dev/shm, or it is full: an empty name declines
+        names[p].clear();
+        logger.warn("rank ", rank, " and rank ", peer, " use TCP: ", e.message());
+      }
+      shm_send(sockets[p].get(), offer, peer, deadline, context);
+    }
+    // Offers from the lower ranks: map, prove, answer.
+    for (int peer = 0; peer < rank; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (!shared[p]) continue;
+      const auto offer = shm_receive<ShmOffer>(sockets[p].get(), peer, deadline, context);
+      std::string why;
+      const std::string name(offer.name.data(), strnlen(offer.name.data(), offer.name.size()));
+      ShmMapping mapping;
+      if (!name.empty()) mapping = open_segment(name, offer.ring_bytes, offer.nonce, why);
+      ShmAnswer answer;
+      answer.accepted = mapping ? 1 : 0;
+      shm_send(sockets[p].get(), answer, peer, deadline, context);
+      if (mapping) {
+        streams[p] = std::make_unique<ShmStream>(std::move(mapping), false, sockets[p].get());
+      } else if (!name.empty()) {  // (an empty name: the creator has said why)
+        logger.warn("rank ", rank, " and rank ", peer,
+                    " share a host but not its shared memory; they use TCP: ", why);
+      }
+    }
+    // The higher ranks' answers: the name goes at once, mapped or not.
+    for (int peer = rank + 1; peer < size; ++peer) {
+      const auto p = static_cast<std::size_t>(peer);
+      if (!shared[p]) continue;
+      const auto answer = shm_receive<ShmAnswer>(sockets[p].get(), peer, deadline, context);
+      if (names[p].empty()) continue;  // declined above
+      ::shm_unlink(names[p].c_str());
+      names[p].clear();
+      if (answer.accepted != 0)
+        streams[p] = std::make_unique<ShmStream>(std::move(created[p]), true, sockets[p].get());
+    }
+  } catch (...) {
+    for (const std::string& name : names)
+      if (!name.empty()) ::shm_unlink(name.c_str());
+    throw;
+  }
+  return streams;
+}
+
+}  // namespace coltrain::comm::detail

@@ -1,0 +1,218 @@
+// The shared-memory channel's rings, both ends in this process: a segment created and opened as
+// two ranks do, a socket pair as the doorbell connection.
+#include <catch2/catch.hpp>
+
+#include <coltrain/comm/shm_channel.hpp>
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using coltrain::comm::detail::create_segment;
+using coltrain::comm::detail::fresh_segment_name;
+using coltrain::comm::detail::kShmMinRingBytes;
+using coltrain::comm::detail::kShmPage;
+using coltrain::comm::detail::open_segment;
+using coltrain::comm::detail::ShmMapping;
+using coltrain::comm::detail::ShmRingState;
+using coltrain::comm::detail::ShmStream;
+
+constexpr std::size_t kRing = kShmMinRingBytes;
+constexpr std::uint64_t kNonce = 0x1234abcd5678ef90ull;
+
+// Both ends of one pair's channel, as the lower (`low`) and higher (`high`) rank hold them.
+struct Pair {
+  std::array<int, 2> sockets{-1, -1};
+  std::string name;
+  std::unique_ptr<ShmStream> low, high;
+  ShmMapping spy;  // a third mapping, to look at and tamper with the rings' counters
+
+  Pair() {
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sockets.data()) == 0);
+    std::mt19937_64 random(42);
+    name = fresh_segment_name(random);
+    auto created = create_segment(name, kRing, kNonce);
+    std::string why;
+    auto opened = open_segment(name, kRing, kNonce, why);
+    REQUIRE(opened);
+    spy = open_segment(name, kRing, kNonce, why);
+    REQUIRE(spy);
+    ::shm_unlink(name.c_str());
+    low = std::make_unique<ShmStream>(std::move(created), true, sockets[0]);
+    high = std::make_unique<ShmStream>(std::move(opened), false, sockets[1]);
+  }
+  ~Pair() {
+    for (int fd : sockets)
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+ssize_t send_bytes(ShmStream& stream, const std::vector<std::byte>& bytes) {
+  const iovec one{const_cast<std::byte*>(bytes.data()), bytes.size()};
+  return stream.send(&one, 1);
+}
+
+ssize_t receive_bytes(ShmStream& stream, std::vector<std::byte>& into) {
+  const iovec one{into.data(), into.size()};
+  return stream.receive(&one, 1);
+}
+
+std::vector<std::byte> pattern(std::size_t bytes, unsigned seed) {
+  std::vector<std::byte> out(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  return out;
+}
+
+// Bytes waiting on a non-blocking socket.
+std::size_t doorbells_on(int fd) {
+  std::array<char, 64> scratch;
+  std::size_t total = 0;
+  ssize_t got = 0;
+  while ((got = ::recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT)) > 0)
+    total += static_cast<std::size_t>(got);
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("shared-memory rings carry bytes both ways, across the wrap, gathered and scattered",
+          "[comm][shm]") {
+  Pair pair;
+  REQUIRE(pair.low->ring_bytes() == kRing);
+  std::size_t sent_total = 0;
+  // Messages of sizes that do not divide the ring, so that copies wrap at every offset.
+  for (unsigned round = 0; round < 40; ++round) {
+    const std::size_t size = 1 + (round * 10007) % (kRing - 1);
+    const auto head = pattern(size / 3, round), tail = pattern(size - size / 3, round + 7);
+    const std::array<iovec, 2> gather{iovec{const_cast<std::byte*>(head.data()), head.size()},
+                                      iovec{const_cast<std::byte*>(tail.data()), tail.size()}};
+    REQUIRE(pair.low->send(gather.data(), gather.size()) == static_cast<ssize_t>(size));
+    std::vector<std::byte> first(size / 2), second(size - size / 2);
+    const std::array<iovec, 2> scatter{iovec{first.data(), first.size()},
+                                       iovec{second.data(), second.size()}};
+    REQUIRE(pair.high->receive(scatter.data(), scatter.size()) == static_cast<ssize_t>(size));
+    std::vector<std::byte> whole = first;
+    whole.insert(whole.end(), second.begin(), second.end());
+    std::vector<std::byte> expected = head;
+    expected.insert(expected.end(), tail.begin(), tail.end());
+    REQUIRE(whole == expected);
+    // The other direction, the same way.
+    REQUIRE(send_bytes(*pair.high, expected) == static_cast<ssize_t>(size));
+    std::vector<std::byte> back(size);
+    REQUIRE(receive_bytes(*pair.low, back) == static_cast<ssize_t>(size));
+    REQUIRE(back == expected);
+    sent_total += size;
+  }
+  CHECK(sent_total > 4 * kRing);
+}
+
+TEST_CASE("a full ring takes what fits and then nothing, an empty one gives nothing",
+          "[comm][shm]") {
+  Pair pair;
+  std::vector<std::byte> into(16);
+  errno = 0;
+  CHECK(receive_bytes(*pair.high, into) == -1);
+  CHECK(errno == EAGAIN);
+  const auto big = pattern(kRing + 1000, 3);
+  CHECK(send_bytes(*pair.low, big) == static_cast<ssize_t>(kRing));  // what fits
+  errno = 0;
+  CHECK(send_bytes(*pair.low, big) == -1);
+  CHECK(errno == EAGAIN);
+  std::vector<std::byte> all(kRing + 1000);
+  CHECK(receive_bytes(*pair.high, all) == static_cast<ssize_t>(kRing));
+  CHECK(std::equal(all.begin(), all.begin() + kRing, big.begin()));
+  // A notice goes whole or not at all.
+  CHECK(pair.low->send_whole(std::as_bytes(std::span(big.data(), kRing - 10))));
+  CHECK_FALSE(pair.low->send_whole(std::as_bytes(std::span(big.data(), 11))));
+}
+
+TEST_CASE("a sleeping side is woken by one doorbell byte, and only a sleeping side",
+          "[comm][shm]") {
+  Pair pair;
+  const auto message = pattern(100, 1);
+  std::vector<std::byte> into(100);
+  // Nobody sleeps: no doorbell.
+  REQUIRE(send_bytes(*pair.low, message) == 100);
+  CHECK(doorbells_on(pair.sockets[1]) == 0);
+  // The reader finds bytes while it prepares to sleep: it must not sleep.
+  CHECK_FALSE(pair.high->prepare_to_sleep(true, false));
+  REQUIRE(receive_bytes(*pair.high, into) == 100);
+  // Now the ring is empty: the reader may sleep, and the next send rings once.
+  CHECK(pair.high->prepare_to_sleep(true, false));
+  REQUIRE(send_bytes(*pair.low, message) == 100);
+  REQUIRE(send_bytes(*pair.low, message) == 100);
+  CHECK(doorbells_on(pair.sockets[1]) == 1);
+  // A writer waiting on a full ring is rung when the reader makes room.
+  std::vector<std::byte> drain(200);
+  REQUIRE(receive_bytes(*pair.high, drain) == 200);
+  const auto fill = pattern(kRing, 2);
+  REQUIRE(send_bytes(*pair.low, fill) == static_cast<ssize_t>(kRing));
+  CHECK(pair.low->prepare_to_sleep(false, true));
+  REQUIRE(receive_bytes(*pair.high, into) == 100);
+  CHECK(doorbells_on(pair.sockets[0]) == 1);
+}
+
+TEST_CASE("the peer's end is read after its last bytes, sends to it fail", "[comm][shm]") {
+  Pair pair;
+  const auto last = pattern(64, 9);
+  REQUIRE(send_bytes(*pair.low, last) == 64);
+  ::close(pair.sockets[0]);  // the lower rank's process ends: the kernel closes its socket
+  pair.sockets[0] = -1;
+  pair.high->answer_doorbell();
+  std::vector<std::byte> into(64);
+  CHECK(receive_bytes(*pair.high, into) == 64);
+  CHECK(into == last);
+  CHECK(receive_bytes(*pair.high, into) == 0);  // end of stream
+  errno = 0;
+  CHECK(send_bytes(*pair.high, last) == -1);
+  CHECK(errno == EPIPE);
+}
+
+TEST_CASE("counters outside the protocol are EPROTO, and nothing is copied past the ring",
+          "[comm][shm]") {
+  Pair pair;
+  // The lower rank's published count claims more bytes than its ring holds (a bug, or a stray
+  // write into the segment).
+  const auto message = pattern(10, 4);
+  REQUIRE(send_bytes(*pair.low, message) == 10);
+  auto& lower_to_higher = *reinterpret_cast<ShmRingState*>(pair.spy.base() + kShmPage);
+  lower_to_higher.written.store(3 * kRing);
+  std::vector<std::byte> into(kRing * 4);
+  errno = 0;
+  CHECK(receive_bytes(*pair.high, into) == -1);
+  CHECK(errno == EPROTO);
+  errno = 0;
+  CHECK(send_bytes(*pair.low, message) == -1);
+  CHECK(errno == EPROTO);
+}
+
+TEST_CASE("a segment that does not hold the creator's nonce is refused, with the reason",
+          "[comm][shm]") {
+  std::mt19937_64 random(7);
+  const std::string name = fresh_segment_name(random);
+  auto created = create_segment(name, kRing, kNonce);
+  std::string why;
+  CHECK_FALSE(open_segment(name, kRing, kNonce + 1, why));
+  CHECK(why.find("does not hold the segment") != std::string::npos);
+  why.clear();
+  CHECK_FALSE(open_segment(name, kRing * 2, kNonce, why));
+  CHECK(why.find("bytes, expected") != std::string::npos);
+  why.clear();
+  CHECK_FALSE(open_segment(name, 12345, kNonce, why));
+  CHECK(why.find("out of range") != std::string::npos);
+  ::shm_unlink(name.c_str());
+  why.clear();
+  CHECK_FALSE(open_segment(name, kRing, kNonce, why));
+  CHECK(why.find("cannot open") != std::string::npos);
+}
