@@ -3,7 +3,9 @@
 # victim (rank 0, the rendezvous host, included), three ways: SIGKILL, SIGSTOP, and a mismatch (the
 # victim passes one more element at a call after the loop is running). The strike comes at a random
 # point of the loop, and the message size alternates between 4 KiB (halving-doubling) and 1 MiB
-# (ring). For each of the 42 trials it checks that
+# (ring); the ranks talk through shared memory in half the trials and over loopback TCP
+# (COLTRAIN_SHM=0) in the other half, alternating so that both sizes meet both. For each of the
+# 42 trials it checks that
 #  - every survivor fails (exit status 1) within COLTRAIN_TIMEOUT (2 s) plus its inquiry (0.5 s)
 #    plus a margin,
 #  - every survivor's error names the victim (died, made no progress, or the count it passed), not
@@ -35,6 +37,7 @@ for ranks in 2 3 4 5; do
     for fault in KILL STOP MISMATCH; do
       trials=$((trials + 1))
       count=$((trials % 2 ? 1024 : 262144))
+      shm=$(((trials / 2) % 2))
       dir="$work/$ranks-ranks-$fault-rank$victim"
       rm -rf "$dir" && mkdir -p "$dir"
       port=$(free_port)
@@ -44,7 +47,7 @@ for ranks in 2 3 4 5; do
       for ((rank = 0; rank < ranks; rank++)); do
         MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
           LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
-          "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
+          COLTRAIN_SHM=$shm "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
         pids+=($!)
       done
       wait_ready "$dir" $ranks
@@ -84,7 +87,7 @@ for ranks in 2 3 4 5; do
                   verdict_names="mismatch at call #[0-9]+: rank $victim called" ;;
       esac
       verdict=$("$python" "$diagnose" "$dir" 2>&1 | head -1)
-      echo "$ranks ranks, $fault rank $victim ($count floats): survivors out after ${milliseconds} ms; statuses ${statuses[*]}; $verdict"
+      echo "$ranks ranks, $fault rank $victim ($count floats, COLTRAIN_SHM=$shm): survivors out after ${milliseconds} ms; statuses ${statuses[*]}; $verdict"
       for rank in "${survivors[@]}"; do
         if [ "${statuses[$rank]}" -ne 1 ]; then
           echo "  FAILED: survivor rank $rank exited with ${statuses[$rank]}, not 1:"
