@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 using namespace coltrain;
@@ -249,6 +250,22 @@ TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the va
   ::setenv("COLTRAIN_SHM", "off", 1);
   CHECK_THROWS_WITH(comm_options_from_env(), Contains("COLTRAIN_SHM=off"));
   ::unsetenv("COLTRAIN_SHM");
+}
+
+TEST_CASE("COLTRAIN_HOST_ID replaces the host identity, and a long one is refused",
+          "[comm][options]") {
+  using coltrain::comm::detail::host_identity;
+  ::unsetenv("COLTRAIN_HOST_ID");
+  CHECK(comm_options_from_env().host_id.empty());
+  CHECK(host_identity() == host_identity());  // this process, asked twice
+  ::setenv("COLTRAIN_HOST_ID", "node7", 1);
+  CHECK(comm_options_from_env().host_id == "node7");
+  CHECK(host_identity("node7") == host_identity("node7"));
+  CHECK_FALSE(host_identity("node7") == host_identity("node8"));
+  CHECK_FALSE(host_identity("node7") == host_identity());
+  ::setenv("COLTRAIN_HOST_ID", std::string(61, 'x').c_str(), 1);
+  CHECK_THROWS_WITH(comm_options_from_env(), Contains("COLTRAIN_HOST_ID has 61 characters"));
+  ::unsetenv("COLTRAIN_HOST_ID");
 }
 
 TEST_CASE("the shared-memory ring size shrinks with the ranks on a host, within bounds",

@@ -810,3 +810,36 @@ TEST_CASE("shared memory: a killed rank is named at once and leaves no segment b
   CHECK(outcomes[2].signal == SIGKILL);
   CHECK(segment_names() == before);
 }
+
+TEST_CASE(
+    "shared memory: a job over two 'hosts' (COLTRAIN_HOST_ID) mixes both paths, every "
+    "message intact",
+    "[tcp][shm]") {
+  // Ranks 0, 2, 4 claim host "a", ranks 1, 3 host "b": pairs on one host share memory, the others
+  // talk over TCP, and a ring of messages crosses both kinds of link at every step.
+  const auto outcomes = launch_ranks(5, [](int rank) {
+    ::setenv("COLTRAIN_HOST_ID", rank % 2 == 0 ? "a" : "b", 1);
+    TcpTransport transport = connect_from_env();
+    const int n = transport.size();
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == rank) continue;
+      expect(transport.shares_memory_with(peer) == (peer % 2 == rank % 2),
+             "rank " + std::to_string(peer) + " is reached through " +
+                 (peer % 2 == rank % 2 ? "shared memory" : "TCP"));
+    }
+    for (std::uint64_t sequence = 0; sequence < 12; ++sequence) {
+      const int step = 1 + static_cast<int>(sequence % (n - 1));
+      const int to = (rank + step) % n, from = (rank + n - step) % n;
+      const std::size_t bytes = (sequence * 300007) % (5 << 20);
+      const auto outgoing = payload_of(rank, sequence, bytes);
+      std::vector<std::byte> incoming(bytes);
+      const auto send = transport.isend(to, header_of(sequence, bytes), outgoing);
+      transport.wait(transport.irecv(from, header_of(sequence, bytes), incoming));
+      transport.wait(send);
+      expect(incoming == payload_of(from, sequence, bytes),
+             "message " + std::to_string(sequence) + " from rank " + std::to_string(from) +
+                 " arrived intact");
+    }
+  });
+  require_all_passed(outcomes);
+}

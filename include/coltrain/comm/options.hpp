@@ -1,7 +1,8 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
-// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM, and
-// the shared secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
+// COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM,
+// COLTRAIN_HOST_ID, and the shared secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN,
+// COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
 #include <coltrain/comm/auth.hpp>
 #include <coltrain/core/config.hpp>
@@ -33,6 +34,10 @@ struct CommOptions {
   // Whether the TCP backend moves the bytes of ranks on one host through shared memory
   // (comm/shm_channel.hpp); both ranks of a pair must want it. COLTRAIN_SHM=0 turns it off.
   bool shared_memory = true;
+  // Replaces the host identity that decides which ranks share memory (as NCCL_HOSTID does): ranks
+  // with the same COLTRAIN_HOST_ID try shared memory (a segment that is not in fact shared falls
+  // back to TCP), ranks with different ones use TCP. At most 60 characters.
+  std::string host_id;
 };
 
 namespace detail {
@@ -73,6 +78,12 @@ inline CommOptions comm_options_from_env() {
     if (value != "0" && value != "1")
       throw ConfigError("COLTRAIN_SHM=" + value + ": expected 1 (the default) or 0");
     options.shared_memory = value == "1";
+  }
+  if (const char* host = detail::nonempty_env("COLTRAIN_HOST_ID")) {
+    options.host_id = host;
+    if (options.host_id.size() > 60)
+      throw ConfigError("COLTRAIN_HOST_ID has " + std::to_string(options.host_id.size()) +
+                        " characters: at most 60");
   }
   options.auth = auth_settings_from_env();
   for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {

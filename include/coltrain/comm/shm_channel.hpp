@@ -7,10 +7,11 @@
 // and deadlines work as over TCP.
 //
 // Which peers share a host is decided when the transport is built, from a host identity (the
-// kernel's boot id and this process's mount and network namespaces), not from addresses: two
-// containers on one machine see different /dev/shm, and a rank in its own network namespace is
-// treated as another host. The two ranks then prove the segment is shared (a nonce written by one
-// is read by the other) before they use it; anything less falls back to TCP with a warning.
+// kernel's boot id and this process's mount and network namespaces, or COLTRAIN_HOST_ID), not from
+// addresses: two containers on one machine see different /dev/shm, and a rank in its own network
+// namespace is treated as another host. The two ranks then prove the segment is shared (a nonce
+// written by one is read by the other) before they use it; anything less falls back to TCP with a
+// warning.
 //
 // The segment: one per pair, created by the lower rank as /dev/shm/coltrain-shm.<pid>.<random>,
 // opened by the higher rank, and unlinked as soon as it has mapped it: after that the segment has
@@ -311,24 +312,27 @@ class ShmStream {
 };
 
 // What identifies the host as shared memory sees it: the kernel instance (boot id) and the mount
-// and network namespaces. Equal identities are a hint, which the segment's nonce then proves.
+// and network namespaces, or what COLTRAIN_HOST_ID says instead (CommOptions::host_id). Equal
+// identities are a hint, which the segment's nonce then proves.
 struct HostIdentity {
-  std::array<char, 40> boot_id{};
+  std::array<char, 64> host{};  // the boot id, or "id:" and COLTRAIN_HOST_ID
   std::uint64_t mount_namespace = 0;
   std::uint64_t network_namespace = 0;
 
   bool operator==(const HostIdentity&) const = default;
 };
 
-inline HostIdentity host_identity() {
+inline HostIdentity host_identity(const std::string& host_id = {}) {
   HostIdentity identity;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(boot, id);
-  std::memcpy(identity.boot_id.data(), id.data(), std::min(id.size(), identity.boot_id.size()));
-  struct stat info {};
-  if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
-  if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;
+  std::string id = "id:" + host_id;
+  if (host_id.empty()) {
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::getline(boot, id);
+    struct stat info {};
+    if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
+    if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;
+  }
+  std::memcpy(identity.host.data(), id.data(), std::min(id.size(), identity.host.size()));
   return identity;
 }
 
@@ -499,7 +503,7 @@ inline std::vector<std::unique_ptr<ShmStream>> setup_shared_memory(
   const Deadline deadline(options.timeout);
 
   ShmHello mine;
-  mine.identity = host_identity();
+  mine.identity = host_identity(options.host_id);
   mine.enabled = options.shared_memory ? 1 : 0;
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank)
