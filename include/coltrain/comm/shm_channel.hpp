@@ -286,7 +286,9 @@ class ShmStream {
     [[maybe_unused]] const ssize_t sent = ::send(doorbell_, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
   }
 
+  // An empty iovec's base may be null, which memcpy must not get even for 0 bytes.
   void copy_in(std::uint64_t position, const std::byte* from, std::size_t bytes) const {
+    if (bytes == 0) return;
     const std::size_t at = position & (ring_bytes_ - 1);
     const std::size_t first = std::min(bytes, ring_bytes_ - at);
     std::memcpy(out_data_ + at, from, first);
@@ -294,6 +296,7 @@ class ShmStream {
   }
 
   void copy_out(std::uint64_t position, std::byte* to, std::size_t bytes) const {
+    if (bytes == 0) return;
     const std::size_t at = position & (ring_bytes_ - 1);
     const std::size_t first = std::min(bytes, ring_bytes_ - at);
     std::memcpy(to, in_data_ + at, first);
