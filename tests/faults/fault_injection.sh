@@ -39,18 +39,26 @@ for ranks in 2 3 4 5; do
       count=$((trials % 2 ? 1024 : 262144))
       shm=$(((trials / 2) % 2))
       dir="$work/$ranks-ranks-$fault-rank$victim"
-      rm -rf "$dir" && mkdir -p "$dir"
-      port=$(free_port)
       odd=()
       [ $fault = MISMATCH ] && odd=($victim $((30 + RANDOM % 40)))
-      pids=()
-      for ((rank = 0; rank < ranks; rank++)); do
-        MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
-          LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
-          COLTRAIN_SHM=$shm "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
-        pids+=($!)
+      # The port was free a moment ago, but another rank's data listener may take it first (its
+      # port is ephemeral too): then rank 0 cannot listen, and the trial starts again, at most 3 times.
+      for attempt in 1 2 3; do
+        rm -rf "$dir" && mkdir -p "$dir"
+        port=$(free_port)
+        pids=()
+        for ((rank = 0; rank < ranks; rank++)); do
+          MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
+            LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
+            COLTRAIN_SHM=$shm "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
+          pids+=($!)
+        done
+        wait_ready "$dir" $ranks
+        grep -q "Address already in use" "$dir/output.0" || break
+        kill -KILL "${pids[@]}" 2>/dev/null
+        wait "${pids[@]}" 2>/dev/null
+        echo "$ranks ranks, $fault rank $victim: rank 0 found port $port taken; trying again"
       done
-      wait_ready "$dir" $ranks
       survivors=()
       for ((rank = 0; rank < ranks; rank++)); do
         [ $fault = MISMATCH ] || [ $rank -ne $victim ] && survivors+=($rank)
