@@ -35,7 +35,6 @@
 #include <coltrain/core/timer.hpp>
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -56,7 +55,6 @@
 #include <fstream>
 #include <memory>
 #include <new>
-#include <optional>
 #include <random>
 #include <span>
 #include <string>
