@@ -157,6 +157,23 @@ struct PeerChannel {
   std::size_t tagged_pending = 0;                    // posted and not done
 
   bool idle() const { return sends.empty() && receives.empty() && tagged_pending == 0; }
+  // The stream's next bytes into the iovecs, or what fits of the iovecs onto it, as recvmsg() and
+  // sendmsg() on a non-blocking socket do: through shared memory for a peer on this host, else
+  // through the socket.
+  ssize_t read(iovec* iov, std::size_t count) {
+    if (shm) return shm->receive(iov, count);
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    return ::recvmsg(socket.get(), &message, MSG_DONTWAIT);
+  }
+  ssize_t write(iovec* iov, std::size_t count) {
+    if (shm) return shm->send(iov, count);
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = count;
+    return ::sendmsg(socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
   // The message being read into a buffer of its own (parked or tagged), if one is half read.
   ParkedMessage* arriving() {
     if (!tagged.empty() && !tagged.back().complete()) return &tagged.back();
@@ -560,12 +577,7 @@ class TcpTransport {
                         it->payload.size() - payload_sent};
       }
     }
-    msghdr message{};
-    message.msg_iov = iov.data();
-    message.msg_iovlen = count;
-    const ssize_t sent =
-        channel.shm ? channel.shm->send(iov.data(), count)
-                    : ::sendmsg(channel.socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t sent = channel.write(iov.data(), count);
     if (sent < 0) {
       const int error = errno;
       if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return false;
@@ -607,12 +619,7 @@ class TcpTransport {
       }
       const std::size_t room = detail::kInboxBytes - channel.inbox_end;
       iov[count++] = {channel.inbox.get() + channel.inbox_end, room};
-      msghdr message{};
-      message.msg_iov = iov.data();
-      message.msg_iovlen = count;
-      const ssize_t received = channel.shm
-                                   ? channel.shm->receive(iov.data(), count)
-                                   : ::recvmsg(channel.socket.get(), &message, MSG_DONTWAIT);
+      const ssize_t received = channel.read(iov.data(), count);
       if (received == 0) {
         throw_connection_error(peer, front.expected, "peer closed the connection", true);
       }
@@ -918,9 +925,8 @@ class TcpTransport {
         }
         want = whole - channel.inbox_size();
       }
-      const iovec one{into, want};
-      const ssize_t got = channel.shm ? channel.shm->receive(&one, 1)
-                                      : ::recv(channel.socket.get(), into, want, MSG_DONTWAIT);
+      iovec one{into, want};
+      const ssize_t got = channel.read(&one, 1);
       if (got == 0) {
         channel.gone = true;
       } else if (got < 0) {
