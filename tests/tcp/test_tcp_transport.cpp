@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -705,13 +707,26 @@ TEST_CASE("an IPv6 MASTER_ADDR works, with or without brackets", "[tcp]") {
 
 namespace {
 
-// The names of coltrain's shared-memory segments in /dev/shm.
-std::vector<std::string> segment_names() {
+// A rank's first line, so that the test can tell its segments from other jobs' (a segment's name
+// holds its creator's process id; tests running beside this one make segments too).
+void print_pid() { std::cout << "pid " << ::getpid() << std::endl; }
+
+// The names in /dev/shm of segments that the ranks of `outcomes` (each began with print_pid) made.
+std::vector<std::string> segments_of(const std::vector<RankOutcome>& outcomes) {
+  std::vector<std::string> prefixes;
+  for (const RankOutcome& outcome : outcomes) {
+    const std::size_t at = outcome.output.find("pid ");
+    if (at == std::string::npos)
+      throw std::runtime_error("rank " + std::to_string(outcome.rank) + " printed no pid");
+    prefixes.push_back(std::string(coltrain::comm::detail::kShmNamePrefix) +
+                       std::to_string(std::stol(outcome.output.substr(at + 4))) + ".");
+  }
   std::vector<std::string> names;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with(coltrain::comm::detail::kShmNamePrefix)) names.push_back(name);
+    for (const std::string& prefix : prefixes)
+      if (name.starts_with(prefix)) names.push_back(name);
   }
   return names;
 }
@@ -759,8 +774,8 @@ TEST_CASE("shared memory: a dead creator's segment is removed, a live one's is l
 TEST_CASE("shared memory: two jobs on one host at once keep their bytes apart", "[tcp][shm]") {
   // Ranks 0-1 are one job, ranks 2-3 another (their own MASTER_PORT and ranks), both at once.
   const int second_port = coltrain::testing::free_tcp_port();
-  const auto before = segment_names();
   const auto outcomes = launch_ranks(4, [second_port](int launched) {
+    print_pid();
     const int job = launched / 2;
     if (job == 1) ::setenv("MASTER_PORT", std::to_string(second_port).c_str(), 1);
     for (const char* name : {"RANK", "LOCAL_RANK"})
@@ -782,18 +797,19 @@ TEST_CASE("shared memory: two jobs on one host at once keep their bytes apart", 
     }
   });
   require_all_passed(outcomes);
-  CHECK(segment_names() == before);  // every segment was unlinked once both ranks had it mapped
+  // Every segment was unlinked once both ranks had it mapped.
+  CHECK(segments_of(outcomes).empty());
 }
 
 TEST_CASE("shared memory: a killed rank is named at once and leaves no segment behind",
           "[tcp][shm]") {
   LaunchOptions options;
   options.env["COLTRAIN_TIMEOUT"] = "20";
-  const auto before = segment_names();
   const auto start = std::chrono::steady_clock::now();
   const auto outcomes = launch_ranks(
       3,
       [](int rank) {
+        print_pid();
         TcpTransport transport = connect_from_env();
         if (rank == 2) ::raise(SIGKILL);
         std::vector<std::byte> incoming(1 << 20);
@@ -808,7 +824,7 @@ TEST_CASE("shared memory: a killed rank is named at once and leaves no segment b
   CHECK(outcomes[0].passed());
   CHECK(outcomes[1].passed());
   CHECK(outcomes[2].signal == SIGKILL);
-  CHECK(segment_names() == before);
+  CHECK(segments_of(outcomes).empty());
 }
 
 TEST_CASE(
