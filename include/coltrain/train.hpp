@@ -1,6 +1,6 @@
 #pragma once
-// coltrain's training loop and what surrounds it: data-parallel gradient synchronisation, the
-// trainer, metrics, the phase profile, run records and checkpoints.
+// coltrain's training loop and what surrounds it: data-parallel gradient synchronisation, ZeRO-1,
+// the trainer, metrics, the phase profile, run records and checkpoints.
 
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/data_parallel.hpp>
@@ -10,3 +10,4 @@
 #include <coltrain/train/run_log.hpp>
 #include <coltrain/train/state_dict.hpp>
 #include <coltrain/train/trainer.hpp>
+#include <coltrain/train/zero_optimizer.hpp>

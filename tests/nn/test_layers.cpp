@@ -671,6 +671,68 @@ TEST_CASE("backward: gradients accumulate until zero_grad", "[nn][network]") {
   }
 }
 
+TEST_CASE("Network: parameters live in one arena, last parameter first, each 64-byte aligned",
+          "[nn][network][parameter_arena]") {
+  using Model = Sequential<Input<3, 8, 8>, nn::Conv2d<4, 3, 1, 1>, nn::BatchNorm2d<>, nn::ReLU,
+                           nn::Flatten, nn::Linear<5>>;
+  nn::Network<Model> net({.seed = 1});
+  auto& arena = net.parameter_arena();
+  std::vector<const float*> starts;
+  std::vector<const float*> values;
+  std::vector<std::size_t> sizes;
+  net.visit_parameters([&](const std::string&, auto& p) {
+    starts.push_back(p.grad.data());
+    values.push_back(p.value.data());
+    sizes.push_back(p.grad.span().size());
+  });
+  REQUIRE(arena.parameters() == starts.size());
+  // Reverse state_dict order, each start on a 64-byte boundary, nothing between but padding.
+  std::size_t next = 0;
+  for (std::size_t p = starts.size(); p-- > 0;) {
+    INFO("parameter " << p);
+    CHECK(starts[p] == arena.gradients() + next);
+    CHECK(arena.offset(p) == next);
+    CHECK(reinterpret_cast<std::uintptr_t>(starts[p]) % 64 == 0);
+    CHECK(arena.size(p) == sizes[p]);
+    CHECK(arena.extent(p) >= sizes[p]);
+    CHECK(arena.extent(p) < sizes[p] + 16);
+    next += arena.extent(p);
+  }
+  CHECK(arena.size() == next);
+
+  // The range of consecutive parameters, as a bucket lists them; others are refused.
+  const std::size_t last = starts.size() - 1;
+  const std::vector<std::size_t> tail = {last, last - 1};
+  CHECK(arena.range(tail) ==
+        std::pair<std::size_t, std::size_t>{0, arena.extent(last) + arena.extent(last - 1)});
+  CHECK_THROWS_AS(arena.range(std::vector<std::size_t>{last, last - 2}), coltrain::InvalidArgument);
+  CHECK_THROWS_AS(arena.range(std::vector<std::size_t>{last - 1, last}), coltrain::InvalidArgument);
+
+  // Initialised values were moved in: the padding is zero, the parameters are not all zero.
+  std::size_t nonzero_values = 0;
+  for (std::size_t p = 0; p < values.size(); ++p) {
+    for (std::size_t i = 0; i < arena.size(p); ++i) nonzero_values += values[p][i] != 0.0f;
+    for (std::size_t i = arena.size(p); i < arena.extent(p); ++i) REQUIRE(values[p][i] == 0.0f);
+  }
+  CHECK(nonzero_values > 0);
+
+  // A backward pass writes gradients, never the padding; zero_grad clears all gradients.
+  tensor::Tensor<float> x(tensor::Shape{2, 3, 8, 8});
+  nn_test::fill_uniform(x.span(), 7, -1.0, 1.0);
+  tensor::Tensor<float> g(tensor::Shape{2, 5});
+  nn_test::fill_uniform(g.span(), 8, -1.0, 1.0);
+  net.forward(x.view());
+  net.backward(g.view());
+  std::size_t nonzero = 0;
+  for (std::size_t p = 0; p < starts.size(); ++p) {
+    for (std::size_t i = 0; i < arena.size(p); ++i) nonzero += starts[p][i] != 0.0f;
+    for (std::size_t i = arena.size(p); i < arena.extent(p); ++i) REQUIRE(starts[p][i] == 0.0f);
+  }
+  CHECK(nonzero > 0);
+  net.zero_grad();
+  for (std::size_t i = 0; i < arena.size(); ++i) REQUIRE(arena.gradients()[i] == 0.0f);
+}
+
 // ----------------------------------------------------------------------------------------------
 // Errors
 

@@ -8,7 +8,9 @@
 //   auto logits = net.forward(images);   // [batch, 10]
 //   net.backward(grad_logits);           // parameter gradients accumulate
 //
-// Parameters and buffers are visited in PyTorch's state_dict order and names.
+// Parameters and buffers are visited in PyTorch's state_dict order and names. The parameters'
+// values and gradients live in one ParameterArena (nn/parameter_arena.hpp), so that data-parallel
+// training reduces and gathers them in place.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/denormals.hpp>
@@ -17,12 +19,15 @@
 #include <coltrain/nn/init.hpp>
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/nn/parameter.hpp>
+#include <coltrain/nn/parameter_arena.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace coltrain::nn {
 
@@ -49,6 +54,7 @@ class Network {
   explicit Network(NetworkOptions options = {}) : context_(options.threads, options.seed) {
     Rng rng(options.seed);
     body_.initialize(rng);
+    gather_parameters_into_arena();
   }
   Network(const Network&) = delete;
   Network& operator=(const Network&) = delete;
@@ -76,11 +82,7 @@ class Network {
     body_.backward(input_.view(), output_.view(), grad_output, {}, context_);
   }
 
-  void zero_grad() {
-    visit_parameters([this](const std::string&, Parameter<T, Device>& p) {
-      context_.zero(p.grad.data(), p.grad.numel());
-    });
-  }
+  void zero_grad() { context_.zero(arena_.gradients(), static_cast<std::int64_t>(arena_.size())); }
 
   void train() { context_.set_mode(Mode::kTrain); }
   void eval() { context_.set_mode(Mode::kEval); }
@@ -99,8 +101,32 @@ class Network {
 
   Context<Device>& context() { return context_; }
   Body& body() { return body_; }
+  // Every parameter's values and gradients, in one allocation each; parameter p (state_dict
+  // order) at offset(p).
+  ParameterArena<T, Device>& parameter_arena() { return arena_; }
 
  private:
+  // Called once, before anything can hold a parameter's address: the layers allocated and
+  // initialised their parameters themselves; from here on each is a window on the arena.
+  void gather_parameters_into_arena() {
+    std::vector<std::size_t> sizes;
+    visit_parameters([&](const std::string&, Parameter<T, Device>& p) {
+      sizes.push_back(static_cast<std::size_t>(p.value.numel()));
+    });
+    arena_ = ParameterArena<T, Device>(sizes);
+    std::vector<tensor::Tensor<T, Device>> initial;  // kept until the (device: async) copies end
+    std::size_t index = 0;
+    visit_parameters([&](const std::string&, Parameter<T, Device>& p) {
+      const std::size_t offset = arena_.offset(index++);
+      const tensor::Shape shape = p.value.shape();
+      initial.push_back(std::move(p.value));
+      context_.copy(initial.back().data(), arena_.values() + offset, shape.numel());
+      p.value = tensor::Tensor<T, Device>::borrowing(arena_.values() + offset, shape);
+      p.grad = tensor::Tensor<T, Device>::borrowing(arena_.gradients() + offset, shape);
+    });
+    if constexpr (requires { context_.synchronize(); }) context_.synchronize();
+  }
+
   static void check_shape(const tensor::Shape& got, const tensor::Shape& expected, const char* what) {
     if (got == expected && got.rank() > 0) return;
     throw InvalidArgument(std::string("the network's ") + what + " has shape " + got.to_string() +
@@ -109,6 +135,7 @@ class Network {
 
   Context<Device> context_;
   Body body_;
+  ParameterArena<T, Device> arena_;
   tensor::Tensor<T, Device> input_;
   tensor::Tensor<T, Device> output_;
 };

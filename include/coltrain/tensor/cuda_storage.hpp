@@ -54,7 +54,18 @@ class Storage<T, Cuda> {
     swap(moved);
     return *this;
   }
-  ~Storage() { device_free(data_); }
+  ~Storage() {
+    if (owned_) device_free(data_);
+  }
+
+  // `count` elements at `data`, which the caller keeps alive and frees (storage.hpp).
+  static Storage borrow(T* data, std::size_t count) {
+    Storage s;
+    s.data_ = data;
+    s.size_ = count;
+    s.owned_ = false;
+    return s;
+  }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -63,6 +74,7 @@ class Storage<T, Cuda> {
   void swap(Storage& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
+    std::swap(owned_, other.owned_);
   }
 
  private:
@@ -82,6 +94,7 @@ class Storage<T, Cuda> {
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  bool owned_ = true;
 };
 
 // Page-locked host memory for `count` elements of T.

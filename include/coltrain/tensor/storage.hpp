@@ -1,8 +1,10 @@
 #pragma once
-// Owned, uninitialised-free memory for tensors: `Storage<T, Device>`. The host specialisation is
-// 64-byte aligned (a cache line and an AVX-512 vector), so that Eigen and the compiler can use aligned
-// vector loads. Memory is zeroed when allocated, so nothing ever reads garbage. The CUDA
-// specialisation is in cuda_storage.hpp, included here in builds with CUDA.
+// Memory for tensors: `Storage<T, Device>`, owned, or borrowed from an owner that outlives it
+// (Storage::borrow: a network keeps its parameters in one arena, nn/parameter_arena.hpp). The host
+// specialisation allocates 64-byte aligned memory (a cache line and an AVX-512 vector), so that
+// Eigen and the compiler can use aligned vector loads. Memory is zeroed when allocated, so nothing
+// ever reads garbage. A copy is always owned. The CUDA specialisation is in cuda_storage.hpp,
+// included here in builds with CUDA.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -47,7 +49,18 @@ class Storage<T, Cpu> {
     swap(moved);
     return *this;
   }
-  ~Storage() { std::free(data_); }
+  ~Storage() {
+    if (owned_) std::free(data_);
+  }
+
+  // `count` elements at `data`, which the caller keeps alive and frees.
+  static Storage borrow(T* data, std::size_t count) {
+    Storage s;
+    s.data_ = data;
+    s.size_ = count;
+    s.owned_ = false;
+    return s;
+  }
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -56,6 +69,7 @@ class Storage<T, Cpu> {
   void swap(Storage& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(size_, other.size_);
+    std::swap(owned_, other.owned_);
   }
 
  private:
@@ -73,6 +87,7 @@ class Storage<T, Cpu> {
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  bool owned_ = true;
 };
 
 }  // namespace coltrain::tensor

@@ -1,7 +1,7 @@
 #pragma once
-// Tensor<T, Device>: an owning, contiguous, row-major array with a runtime shape, and
-// TensorView<T, Device>: a non-owning window on one (a reshape, a slice along the first axis, or one
-// sample). Layers read views and write views; networks own the tensors.
+// Tensor<T, Device>: an owning (or borrowing), contiguous, row-major array with a runtime shape,
+// and TensorView<T, Device>: a non-owning window on one (a reshape, a slice along the first axis,
+// or one sample). Layers read views and write views; networks own the tensors.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -76,6 +76,15 @@ class Tensor {
 
   Tensor() = default;
   explicit Tensor(Shape shape) : storage_(static_cast<std::size_t>(shape.numel())), shape_(shape) {}
+
+  // A tensor whose elements live in memory the caller owns and keeps alive (a network's gradient
+  // arena); a copy of it owns its own.
+  static Tensor borrowing(T* data, Shape shape) {
+    Tensor t;
+    t.storage_ = Storage<T, Device>::borrow(data, static_cast<std::size_t>(shape.numel()));
+    t.shape_ = shape;
+    return t;
+  }
 
   T* data() { return storage_.data(); }
   const T* data() const { return storage_.data(); }

@@ -15,15 +15,17 @@
 // Gradients are grouped into buckets in reverse state_dict order (the order in which the backward
 // pass finishes them), the first bucket small so that communication starts early. The network
 // reports each parameter whose gradient is final (nn::Context's gradient-ready hook); when all of a
-// bucket's parameters are in, and all earlier buckets have gone, the bucket's gradients are copied
-// into its flat buffer and a non-blocking allreduce of it (ReduceOp::kAvg) is issued: the
-// communicator's progress thread reduces it while the main thread goes on with the backward pass.
-// finish_gradient_sync() waits and copies the averages back. Buckets go in the same order on every
-// rank. docs/data-parallel.md has details and costs.
+// bucket's parameters are in, and all earlier buckets have gone, a non-blocking allreduce
+// (ReduceOp::kAvg) of the bucket is issued: the communicator's progress thread reduces it while the
+// main thread goes on with the backward pass. finish_gradient_sync() waits. Buckets go in the same
+// order on every rank. The network keeps its gradients in one arena in bucket order
+// (nn/parameter_arena.hpp), so a bucket is a range of it, reduced in place: no copy into a flat
+// buffer and back (DDP's gradient_as_bucket_view). docs/data-parallel.md has details and costs.
 //
 // 16-bit gradients (half, bfloat16) are widened into f32 bucket buffers, reduced in f32 and
 // rounded once, on the way back: the numerics of the communicator's own f16/bf16 path, with one
-// copy fewer. Bucket sizes count the bytes an allreduce carries (f32 for 16-bit gradients).
+// copy fewer. Bucket sizes count the gradients' bytes as an allreduce carries them (f32 for 16-bit
+// gradients); the allreduce also carries the arena's padding between them, under 64 bytes each.
 //
 // Threads: while a step is in flight the communicator's progress thread runs its buckets' requests
 // (comm/request.hpp); blocking calls on it (the helpers at the end) wait for them first. With the
@@ -37,6 +39,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
 #include <coltrain/tensor/device.hpp>
+#include <coltrain/train/arena_shards.hpp>
 #include <coltrain/train/gradient_buckets.hpp>
 
 #include <algorithm>
@@ -62,6 +65,13 @@ struct DataParallelOptions {
   // How the f32 buckets travel: as f32, or as bf16 or f16 and still reduced in f32
   // (comm/algorithms/compressed_allreduce.hpp; the algorithm must then be automatic).
   comm::WireCompression compression = comm::WireCompression::kNone;
+  // 0: every rank gets every averaged gradient (bucketed allreduces during the backward pass).
+  // 1: ZeRO-1, for a train::ZeroOptimizer: finish_gradient_sync() reduce-scatters the gradients
+  // once the backward pass is done, so that each rank holds the average of its own shard of the
+  // parameter arena (train/arena_shards.hpp); its other gradients are then partial sums, for no
+  // use. No overlap with the backward pass: the optimizer state, not the step time, is what
+  // ZeRO-1 saves (docs/data-parallel.md).
+  int zero_stage = 0;
 };
 
 // What the last finish_gradient_sync() saw, to show that communication overlapped the backward
@@ -141,6 +151,7 @@ template <DataParallelNetwork Net>
 class DataParallel {
   using T = typename Net::value_type;
   using B = detail::bucket_element_t<T>;
+  static constexpr bool kInPlace = std::is_same_v<T, B>;  // the allreduce works on the arena
 
  public:
   // Broadcasts rank 0's parameters and buffers to every rank and checks that all ranks built the
@@ -155,6 +166,15 @@ class DataParallel {
         options_(options),
         rank_(communicator.rank()),
         world_size_(communicator.size()) {
+    if (options_.zero_stage != 0 && options_.zero_stage != 1) {
+      throw InvalidArgument(
+          "DataParallel: ZeRO stage " + std::to_string(options_.zero_stage) + " (0 and 1 exist)",
+          error_context("construct"));
+    }
+    if (options_.zero_stage == 1 && options_.compression != comm::WireCompression::kNone) {
+      throw InvalidArgument("DataParallel: ZeRO-1 sends gradients uncompressed",
+                            error_context("construct"));
+    }
     if (options_.compression != comm::WireCompression::kNone &&
         (!std::is_same_v<B, float> || options_.algorithm != comm::Algorithm::kAutomatic)) {
       throw InvalidArgument(
@@ -168,17 +188,21 @@ class DataParallel {
           "wrapped by another DataParallel?)",
           error_context("construct"));
     }
+    auto& arena = network_.parameter_arena();
     std::vector<std::size_t> bytes;
     network_.visit_parameters([&](const std::string& name, auto& parameter) {
-      index_.emplace(static_cast<const void*>(&parameter), grads_.size());
-      grads_.push_back(parameter.grad.span());
+      index_.emplace(static_cast<const void*>(&parameter), names_.size());
+      bytes.push_back(arena.size(names_.size()) * sizeof(B));
       names_.push_back(name);
-      bytes.push_back(parameter.grad.span().size() * sizeof(B));
     });
     buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
-    for (const GradientBucket& bucket : buckets_) buffers_.emplace_back(bucket.bytes / sizeof(B));
+    for (const GradientBucket& bucket : buckets_) {
+      const auto [first, end] = arena.range(bucket.parameters);
+      ranges_.push_back(std::span<T>(arena.gradients() + first, end - first));
+      if (!kInPlace && options_.zero_stage == 0) buffers_.emplace_back(end - first);
+    }
     requests_.resize(buckets_.size());
-    tracker_ = BucketLaunchTracker(buckets_, grads_.size());
+    tracker_ = BucketLaunchTracker(buckets_, names_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
@@ -209,6 +233,7 @@ class DataParallel {
   double finish_gradient_sync() {
     throw_if_failed("finish_gradient_sync");
     if (!sync_enabled_) return 0.0;
+    if (options_.zero_stage == 1) return reduce_scatter_gradients();
     const std::size_t launched_during_backward = next_launch_;
     if (buckets_.empty()) return 0.0;  // a network without parameters
     std::size_t reduced_before_wait = 0;
@@ -239,7 +264,7 @@ class DataParallel {
     if (!error) {
       try {
         pack_bucket(last);
-        comm_.allreduce(std::span<B>(buffers_[last]), comm::ReduceOp::kAvg, options_.algorithm,
+        comm_.allreduce(bucket_elements(last), comm::ReduceOp::kAvg, options_.algorithm,
                         options_.compression);
       } catch (...) {
         error = std::current_exception();
@@ -382,6 +407,9 @@ class DataParallel {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   Net& network() { return network_; }
+  comm::Communicator& communicator() { return comm_; }
+  // ZeRO-1: which part of the parameter arena each rank updates.
+  ArenaShards shards() const { return ArenaShards(network_.parameter_arena().size(), world_size_); }
   const DataParallelOptions& options() const { return options_; }
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   const GradientSyncStats& last_sync() const { return last_sync_; }
@@ -435,7 +463,34 @@ class DataParallel {
                       "synchronised backward pass, and accumulate inside no_sync()",
                   error_context("gradient-ready report"));
     }
-    launch(tracker_.report(p));  // never the last bucket: finish_gradient_sync() reduces it
+    const std::size_t ready = tracker_.report(p);
+    if (options_.zero_stage == 0) launch(ready);  // never the last bucket: finish reduces it
+  }
+
+  // ZeRO-1's finish_gradient_sync(): the shards' averages, in place (arena_shards.hpp).
+  double reduce_scatter_gradients() {
+    const Stopwatch watch;
+    auto& arena = network_.parameter_arena();
+    const ArenaShards shards(arena.size(), world_size_);
+    const std::span<T> gradients(arena.gradients(), arena.size());
+    try {
+      if (world_size_ > 1 && shards.even_end() > 0) {
+        comm_.reduce_scatter(gradients.first(shards.even_end()), comm::ReduceOp::kAvg,
+                             options_.algorithm);
+      }
+      if (world_size_ > 1 && shards.tail() > 0) {
+        comm_.allreduce(gradients.subspan(shards.even_end()), comm::ReduceOp::kAvg,
+                        options_.algorithm);
+      }
+    } catch (...) {
+      reset_step();
+      failure_ = "DataParallel: ZeRO-1 reduce-scatter of the gradients (" +
+                 std::to_string(arena.size() * sizeof(T)) + " bytes) failed";
+      detail::rethrow_with_context(std::current_exception(), failure_ + ": ", rank_);
+    }
+    last_sync_ = {1, 0, 0, watch.seconds()};
+    reset_step();
+    return last_sync_.wait_seconds;
   }
 
   // Issues the allreduce of buckets [next_launch_, end).
@@ -443,24 +498,32 @@ class DataParallel {
     for (; next_launch_ < end; ++next_launch_) {
       pack_bucket(next_launch_);
       requests_[next_launch_] =
-          comm_.iallreduce(std::span<B>(buffers_[next_launch_]), comm::ReduceOp::kAvg,
-                           options_.algorithm, options_.compression);
+          comm_.iallreduce(bucket_elements(next_launch_), comm::ReduceOp::kAvg, options_.algorithm,
+                           options_.compression);
     }
   }
 
-  // The bucket's gradients into its flat buffer (widened to f32 for 16-bit gradients).
+  // What bucket b's allreduce averages: its range of the gradient arena, or the f32 buffer that
+  // holds it widened.
+  std::span<B> bucket_elements(std::size_t b) {
+    if constexpr (kInPlace) {
+      return ranges_[b];
+    } else {
+      return std::span<B>(buffers_[b]);
+    }
+  }
+
+  // 16-bit gradients: the bucket's range widened into its f32 buffer, and the averages back.
   void pack_bucket(std::size_t b) {
-    B* out = buffers_[b].data();
-    for (std::size_t p : buckets_[b].parameters) {
-      for (const T& g : grads_[p]) *out++ = static_cast<B>(g);
+    if constexpr (!kInPlace) {
+      std::transform(ranges_[b].begin(), ranges_[b].end(), buffers_[b].begin(),
+                     [](T g) { return static_cast<B>(g); });
     }
   }
-
-  // The bucket's averages back into the gradients.
   void unpack_bucket(std::size_t b) {
-    const B* in = buffers_[b].data();
-    for (std::size_t p : buckets_[b].parameters) {
-      for (T& g : grads_[p]) g = T(*in++);
+    if constexpr (!kInPlace) {
+      std::transform(buffers_[b].begin(), buffers_[b].end(), ranges_[b].begin(),
+                     [](B v) { return T(v); });
     }
   }
 
@@ -478,11 +541,12 @@ class DataParallel {
   int world_size_;
 
   // Fixed at construction.
-  std::vector<std::span<T>> grads_;  // by parameter index (state_dict order)
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;                      // by parameter index (state_dict order)
   std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
   std::vector<GradientBucket> buckets_;
-  std::vector<std::vector<B>> buffers_;  // a bucket's belongs to its request while in flight
+  std::vector<std::span<T>> ranges_;     // by bucket: its gradients, in the network's arena
+  std::vector<std::vector<B>> buffers_;  // by bucket, 16-bit gradients only: the f32 copy
+  // Buckets belong to their requests while in flight.
 
   BucketLaunchTracker tracker_;  // this step's reports
   std::size_t next_launch_ = 0;  // buckets issued this step

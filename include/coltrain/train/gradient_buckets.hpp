@@ -25,7 +25,7 @@ namespace coltrain::train {
 // One bucket: whole parameters, by index in state_dict order, in the order they are packed.
 struct GradientBucket {
   std::vector<std::size_t> parameters;
-  std::size_t bytes = 0;  // what one allreduce of the bucket carries
+  std::size_t bytes = 0;  // its gradients, as one allreduce carries them (f32 for 16-bit ones)
 };
 
 // Packs parameters (given by their allreduce bytes, in state_dict order) into buckets in reverse

@@ -12,14 +12,15 @@
 //
 // The buckets are DataParallel's (train/gradient_buckets.hpp). When the backward pass reports the
 // last gradient of the next bucket, an event is recorded on the network's stream; a communication
-// stream of our own waits for it, packs the bucket's gradients into a flat f32 buffer (16-bit
-// gradients are widened, reduced in f32 and rounded once on the way back, as on the CPU), averages
-// it, and unpacks. The backward pass meanwhile goes on on the network's stream.
+// stream of our own waits for it and averages the bucket in place: its range of the network's
+// gradient arena (nn/parameter_arena.hpp), as on the CPU. 16-bit gradients are widened into a flat
+// f32 buffer, reduced in f32 and rounded once on the way back. The backward pass meanwhile goes on
+// on the network's stream.
 // - NCCL (stream-ordered): all of this is enqueued from the caller's thread; the host never waits,
 //   and a whole step, collectives included, can be captured as a CUDA graph.
 // - MPI and TCP (staged): the collective blocks a host thread, so a communication thread does it,
 //   as in DataParallel; it waits for each bucket's event, then runs the staged allreduce.
-// finish_gradient_sync() makes the network's stream wait (on the GPU) for the last unpack.
+// finish_gradient_sync() makes the network's stream wait (on the GPU) for the last bucket.
 // On one rank nothing is communicated (the average of one is itself).
 //
 // The overflow flag of mixed precision (DevicePrecisionOptimizer::found_inf) is max-reduced on the
@@ -71,6 +72,7 @@ template <DeviceDataParallelNetwork Net>
 class DeviceDataParallel {
   using T = typename Net::value_type;
   using B = detail::bucket_element_t<T>;  // f32 for 16-bit gradients
+  static constexpr bool kInPlace = std::is_same_v<T, B>;  // the allreduce works on the arena
 
  public:
   // Broadcasts rank 0's parameters and buffers, checks that all ranks built the same buckets and,
@@ -91,19 +93,21 @@ class DeviceDataParallel {
           error_context("construct"));
     }
     COLTRAIN_CHECK_CUDA(cudaGetDevice(&device_));
+    auto& arena = network_.parameter_arena();
     std::vector<std::size_t> bytes;
     network_.visit_parameters([&](const std::string& name, auto& parameter) {
-      index_.emplace(static_cast<const void*>(&parameter), grads_.size());
-      grads_.push_back({parameter.grad.data(), static_cast<std::size_t>(parameter.grad.numel())});
+      index_.emplace(static_cast<const void*>(&parameter), names_.size());
+      bytes.push_back(arena.size(names_.size()) * sizeof(B));
       names_.push_back(name);
-      bytes.push_back(grads_.back().size * sizeof(B));
     });
     buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
     for (const GradientBucket& bucket : buckets_) {
-      buffers_.emplace_back(bucket.bytes / sizeof(B));
+      const auto [first, end] = arena.range(bucket.parameters);
+      ranges_.push_back({arena.gradients() + first, end - first});
+      if constexpr (!kInPlace) buffers_.emplace_back(end - first);
       ready_.emplace_back();
     }
-    tracker_ = BucketLaunchTracker(buckets_, grads_.size());
+    tracker_ = BucketLaunchTracker(buckets_, names_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
@@ -312,7 +316,7 @@ class DeviceDataParallel {
   bool capturable() const { return stream_ordered_ || !communicates(); }
 
  private:
-  struct DeviceGradient {
+  struct ArenaRange {
     T* data;
     std::size_t size;
   };
@@ -421,32 +425,22 @@ class DeviceDataParallel {
     }
   }
 
-  // On the communication stream, after bucket b's event: pack, average, unpack.
+  // On the communication stream, after bucket b's event: average its range of the arena in
+  // place, or (16-bit gradients) widened into its f32 buffer and back.
   void reduce_bucket(std::size_t b) {
     cudaStream_t stream = comm_stream_.get();
     ready_[b].make_wait(stream);
-    B* flat = buffers_[b].data();
-    std::size_t offset = 0;
-    for (std::size_t p : buckets_[b].parameters) {
-      copy_elements(grads_[p].data, flat + offset, grads_[p].size, stream);
-      offset += grads_[p].size;
-    }
+    const ArenaRange range = ranges_[b];
+    const auto n = static_cast<std::int64_t>(range.size);
     comm_.set_stream(stream);
-    comm_.allreduce(std::span<B>(flat, offset), comm::ReduceOp::kAvg, options_.algorithm);
-    offset = 0;
-    for (std::size_t p : buckets_[b].parameters) {
-      copy_elements(flat + offset, grads_[p].data, grads_[p].size, stream);
-      offset += grads_[p].size;
-    }
-  }
-
-  template <class From, class To>
-  static void copy_elements(const From* from, To* to, std::size_t n, cudaStream_t stream) {
-    if constexpr (std::is_same_v<From, To>) {
-      COLTRAIN_CHECK_CUDA(
-          cudaMemcpyAsync(to, from, n * sizeof(To), cudaMemcpyDeviceToDevice, stream));
+    if constexpr (kInPlace) {
+      comm_.allreduce(std::span<B>(range.data, range.size), comm::ReduceOp::kAvg,
+                      options_.algorithm);
     } else {
-      cuda::cast(from, to, static_cast<std::int64_t>(n), stream);
+      B* flat = buffers_[b].data();
+      cuda::cast(range.data, flat, n, stream);
+      comm_.allreduce(std::span<B>(flat, range.size), comm::ReduceOp::kAvg, options_.algorithm);
+      cuda::cast(flat, range.data, n, stream);
     }
   }
 
@@ -466,14 +460,14 @@ class DeviceDataParallel {
   int device_ = 0;
 
   // Fixed at construction.
-  std::vector<DeviceGradient> grads_;  // by parameter index (state_dict order)
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // by parameter index (state_dict order)
   std::unordered_map<const void*, std::size_t> index_;
   std::vector<GradientBucket> buckets_;
-  std::vector<tensor::Storage<B, tensor::Cuda>> buffers_;  // one flat buffer per bucket
+  std::vector<ArenaRange> ranges_;  // by bucket: its gradients, in the network's arena
+  std::vector<tensor::Storage<B, tensor::Cuda>> buffers_;  // by bucket, 16-bit only: f32 copy
   std::vector<CudaEvent> ready_;                          // per bucket, on the network's stream
   CudaStream comm_stream_;
-  CudaEvent synced_;                                  // the last unpack, on comm_stream_
+  CudaEvent synced_;                                  // the last bucket, on comm_stream_
   tensor::Tensor<float, tensor::Cuda> scratch_;       // 16-bit buffers widened for averaging
 
   // The caller's thread only.
