@@ -107,6 +107,8 @@ struct Options {
   // How the CPU trainer's gradient allreduces travel: none (f32), bf16 or fp16 (half the bytes,
   // reduced in f32: comm/algorithms/compressed_allreduce.hpp).
   std::string grad_compression = "none";
+  // ZeRO stage: 1 shards the optimizer state across the ranks (train/zero_optimizer.hpp).
+  int zero = 0;
   // Elastic training over TCP (comm/elastic_group.hpp): go on with the survivors when ranks die,
   // down to min_ranks; `join` enters a running elastic job at its next epoch.
   bool elastic = false;
@@ -122,6 +124,11 @@ inline void add_options(CLI::App& app, Options& o) {
   app.add_option("--grad-compression", o.grad_compression,
                  "gradients on the wire (--device cpu): none, bf16 or fp16, reduced in f32")
       ->check(CLI::IsMember({"none", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--zero", o.zero,
+                 "ZeRO stage (--device cpu): 1 shards the optimizer state (momentum, masters) "
+                 "across the ranks")
+      ->check(CLI::IsMember({0, 1}))
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -201,6 +208,12 @@ inline void resolve_and_check(Options& o, const std::string& program) {
   if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
     throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +
                           " trains on the GPU: give --device cuda too");
+  if (o.zero != 0 && (o.device != "cpu" || o.elastic || o.grad_compression != "none"))
+    throw ct::ConfigError(
+        "--zero 1 shards the CPU trainer's optimizer state; it does not combine with " +
+        std::string(o.device != "cpu" ? "--device cuda (the GPU trainer keeps it whole)"
+                    : o.elastic ? "--elastic (the survivors would lose the dead ranks' shards)"
+                                : "--grad-compression (the reduce-scatter is uncompressed)"));
   if (o.device == "cuda" && o.grad_compression != "none")
     throw ct::ConfigError("--grad-compression " + o.grad_compression +
                           " compresses the CPU trainer's host allreduces; the GPU trainer's "
@@ -217,6 +230,7 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
   config["cuda_device"] = o.cuda_device ? nlohmann::ordered_json(*o.cuda_device) : nullptr;
   config["cuda_graph"] = o.cuda_graph;
   config["grad_compression"] = o.grad_compression;
+  config["zero"] = o.zero;
   config["epochs"] = o.epochs;
   config["batch_size_per_rank"] = o.batch_size;
   config["lr"] = o.lr;

@@ -4,7 +4,7 @@
 //
 //   communicator (MPI or TCP, from the launcher's environment)
 //   -> Network<Model, Storage> -> DataParallel (parameters broadcast, gradient buckets)
-//   -> PrecisionOptimizer<Policy, Sgd> + learning-rate schedule
+//   -> PrecisionOptimizer<Policy, Sgd> (or ZeroOptimizer: --zero 1) + learning-rate schedule
 //   -> DistributedSampler + Loader (background thread) for each rank's shard
 //   -> Trainer::fit (epoch lines, metrics, profile, run records, checkpoints, resume)
 //
@@ -41,12 +41,17 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   std::optional<ct::train::DataParallel<decltype(net)>> ddp;
   ct::train::DataParallelOptions ddp_options;
   ddp_options.compression = ct::comm::parse_wire_compression(o.grad_compression);
+  ddp_options.zero_stage = o.zero;
   if constexpr (!kElastic) ddp.emplace(net, comm, ddp_options);
-  ct::optim::PrecisionOptimizer<Policy, ct::optim::Sgd> sgd(
-      ct::optim::parameters_of(net), ct::optim::Sgd({.lr = o.lr,
-                                                     .momentum = o.momentum,
-                                                     .weight_decay = o.weight_decay,
-                                                     .nesterov = o.nesterov}));
+  const ct::optim::Sgd::Options sgd_options{
+      .lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov};
+  // The whole optimizer on every rank, or (--zero 1) each rank's shard of it.
+  std::optional<ct::optim::PrecisionOptimizer<Policy, ct::optim::Sgd>> sgd;
+  std::optional<ct::train::ZeroOptimizer<decltype(net), Policy, ct::optim::Sgd>> zero;
+  if constexpr (!kElastic) {
+    if (o.zero == 1) zero.emplace(*ddp, ct::optim::Sgd(sgd_options));
+  }
+  if (!zero) sgd.emplace(ct::optim::parameters_of(net), ct::optim::Sgd(sgd_options));
 
   // Each rank trains on its shard, reshuffled every epoch; validation shards are disjoint.
   ct::data::DistributedSampler sampler(
@@ -64,14 +69,17 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   using Trainer = ct::train::Trainer<decltype(net), Policy, ct::optim::Sgd>;
   std::optional<Trainer> trainer;
   if constexpr (kElastic)
-    trainer.emplace(net, sgd, comm, std::move(schedule), std::move(options), ddp_options);
+    trainer.emplace(net, *sgd, comm, std::move(schedule), std::move(options), ddp_options);
+  else if (zero)
+    trainer.emplace(net, *zero, *ddp, std::move(schedule), std::move(options));
   else
-    trainer.emplace(net, sgd, *ddp, std::move(schedule), std::move(options));
+    trainer.emplace(net, *sgd, *ddp, std::move(schedule), std::move(options));
   if (rank == 0)
     std::cout << model_name << ": " << decltype(net)::kParameterCount << " parameters, " << world
               << (world == 1 ? " rank" : " ranks") << " (" << backend << ") x " << o.threads
               << (o.threads == 1 ? " thread" : " threads") << ", " << train.size()
-              << " training and " << test.size() << " validation images, " << Policy::kName << "\n";
+              << " training and " << test.size() << " validation images, " << Policy::kName
+              << (zero ? ", ZeRO-1 (optimizer state sharded)" : "") << "\n";
   const ct::train::FitResult result = trainer->fit(train_loader, test_loader);
   return o.target_accuracy && !result.time_to_target ? 2 : 0;
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -63,12 +64,19 @@ struct Run {
   std::string output;          // what rank 0 printed
 };
 
-// Trains a fresh network for `epochs` (or, with `resume`, continues from the checkpoints).
-Run fit(comm::Communicator& comm, train::TrainerOptions options) {
+// Trains a fresh network for `epochs` (or, with `resume`, continues from the checkpoints); with
+// `zero`, the optimizer state sharded (ZeRO-1).
+Run fit(comm::Communicator& comm, train::TrainerOptions options, bool zero = false) {
   const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
   Net net({.threads = 1, .seed = 7});
-  train::DataParallel ddp(net, comm);
-  Sgd sgd(optim::parameters_of(net), optim::Sgd({.lr = 0.1, .momentum = 0.9}));
+  train::DataParallel ddp(net, comm, {.zero_stage = zero ? 1 : 0});
+  const optim::Sgd::Options sgd_options{.lr = 0.1, .momentum = 0.9};
+  std::optional<Sgd> sgd;
+  std::optional<train::ZeroOptimizer<Net, optim::Fp32, optim::Sgd>> sharded;
+  if (zero)
+    sharded.emplace(ddp, optim::Sgd(sgd_options));
+  else
+    sgd.emplace(optim::parameters_of(net), optim::Sgd(sgd_options));
   data::DistributedSampler sampler(train_set.size(),
                                    {.num_replicas = comm.size(), .rank = comm.rank(), .seed = 3});
   data::Loader<float> train_loader(train_set, sampler, {.batch_size = 8}, kTransform);
@@ -79,9 +87,13 @@ Run fit(comm::Communicator& comm, train::TrainerOptions options) {
   options.out = &out;
   options.progress = false;
   options.model_name = "quadrant_net";
-  train::Trainer trainer(net, sgd, ddp, optim::CosineAnnealingLr{.base_lr = 0.1, .t_max = 200},
-                         options);
-  Run run{trainer.fit(train_loader, test_loader), {}, {}};
+  const optim::CosineAnnealingLr schedule{.base_lr = 0.1, .t_max = 200};
+  std::optional<train::Trainer<Net, optim::Fp32, optim::Sgd>> trainer;
+  if (zero)
+    trainer.emplace(net, *sharded, ddp, schedule, options);
+  else
+    trainer.emplace(net, *sgd, ddp, schedule, options);
+  Run run{trainer->fit(train_loader, test_loader), {}, {}};
   net.visit_parameters([&](const std::string&, auto& p) {
     run.weights.insert(run.weights.end(), p.value.span().begin(), p.value.span().end());
   });
@@ -180,6 +192,33 @@ TEST_CASE("a run resumed from its checkpoint ends bit for bit where an uninterru
     CHECK(second_half.weights == whole.weights);
     CHECK(first_half.weights != whole.weights);
     if (comm.rank() == 0) CHECK_THAT(second_half.output, Catch::Contains("resuming after epoch 2"));
+  }
+}
+
+// On 1 and 2 ranks the reduce-scatter sums each element as the allreduce does, so ZeRO-1 changes
+// no bit; its checkpoints hold the whole state, so a run resumes from them without ZeRO too.
+TEST_CASE("ZeRO-1 in the trainer: the same weights, and checkpoints that resume either way",
+          "[trainer][zero]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const coltrain::testing::TempDir temp;
+    const std::filesystem::path dir = shared_dir(comm, temp);
+    const Run whole = fit(comm, {.epochs = 4});
+    CHECK(fit(comm, {.epochs = 4}, true).weights == whole.weights);
+
+    const Run first_half = fit(comm, {.epochs = 2, .checkpoint_dir = dir / "zero"}, true);
+    CHECK(first_half.result.epochs == 2);
+    const Run unsharded_rest =
+        fit(comm, {.epochs = 4, .checkpoint_dir = dir / "zero", .resume = true});
+    CHECK(unsharded_rest.weights == whole.weights);
+
+    CHECK(fit(comm, {.epochs = 2, .checkpoint_dir = dir / "plain"}).result.epochs == 2);
+    const Run sharded_rest =
+        fit(comm, {.epochs = 4, .checkpoint_dir = dir / "plain", .resume = true}, true);
+    CHECK(sharded_rest.weights == whole.weights);
+    if (comm.rank() == 0)
+      CHECK_THAT(sharded_rest.output, Catch::Contains("resuming after epoch 2"));
   }
 }
 

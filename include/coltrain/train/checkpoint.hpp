@@ -761,6 +761,17 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   return {std::move(state), context_step, std::move(model_reader), std::move(snapshot)};
 }
 
+// The last part of a load on the CPU, once everything is checked: the model's tensors and step.
+template <class Network>
+void restore_network(Network& network, const ModelRecord& record,
+                     const CheckpointContents& contents) {
+  for (const StateTensor& t : record.tensors) {
+    const std::span<const std::byte> bytes = contents.model.bytes(t.name);
+    if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
+  }
+  network.context().set_step(contents.context_step);
+}
+
 }  // namespace detail
 
 // Saves a checkpoint of `network` (an nn::Network on the CPU) and `optimizer` into `dir` (created
@@ -802,11 +813,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, Network& networ
 
   // Everything fits: copy.
   optimizer.import_state(contents.optimizer);
-  for (const StateTensor& t : record.tensors) {
-    const std::span<const std::byte> bytes = contents.model.bytes(t.name);
-    if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
-  }
-  network.context().set_step(contents.context_step);
+  detail::restore_network(network, record, contents);
   return std::move(contents.state);
 }
 

@@ -42,6 +42,7 @@
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>
 #include <coltrain/train/run_log.hpp>
+#include <coltrain/train/zero_optimizer.hpp>
 
 #include <unistd.h>
 
@@ -222,6 +223,20 @@ class Trainer {
     check_options();
   }
 
+  // ZeRO-1 (train/zero_optimizer.hpp): the optimizer state sharded across the ranks of `ddp`,
+  // which must be built with zero_stage = 1. Checkpoints gather the full state (every rank takes
+  // part, rank 0 writes) in the unsharded format, so they resume at any world size.
+  Trainer(Net& network, ZeroOptimizer<Net, Policy, Optimizer>& optimizer, DataParallel<Net>& ddp,
+          Schedule schedule, TrainerOptions options = {})
+      : network_(network),
+        optimizer_(optimizer.local()),
+        zero_(&optimizer),
+        ddp_(&ddp),
+        schedule_(std::move(schedule)),
+        options_(std::move(options)) {
+    check_options();
+  }
+
   // Elastic training over `group` (comm/elastic_group.hpp): the trainer keeps its own
   // DataParallel (built here, collectively, with `ddp_options`) on the group's communicator. When
   // ranks die, fit() regroups the survivors, hands rank 0's state to all (train/elastic.hpp),
@@ -267,7 +282,9 @@ class Trainer {
     } else if (options_.resume) {
       if (find_latest_checkpoint(options_.checkpoint_dir)) {
         const TrainingState state =
-            load_checkpoint(options_.checkpoint_dir, network_, optimizer_, checkpoint_options());
+            zero_ ? load_checkpoint(options_.checkpoint_dir, network_, *zero_, checkpoint_options())
+                  : load_checkpoint(options_.checkpoint_dir, network_, optimizer_,
+                                    checkpoint_options());
         first_epoch = state.epoch;
         global_step_ = state.global_step;
         train_seconds_before = state.extra.value("train_seconds", 0.0);
@@ -387,7 +404,7 @@ class Trainer {
       if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
         auto timed = phases.time(Phase::kOther);
         // The buffers are the ranks' average: evaluate() averaged them in this epoch.
-        if (rank0()) save(epoch, train_seconds);
+        if (rank0() || zero_) save(epoch, train_seconds);  // ZeRO: every rank gathers
       }
       result.validation = std::move(metrics);
       metrics = ClassificationMetrics(static_cast<int>(Net::Output::kDims[0]));
@@ -463,7 +480,10 @@ class Trainer {
       auto timed = phases.time(Phase::kOptimizer);
       // Every rank takes the same decision on an overflowed fp16 step.
       const bool finite = ddp_->all_finite(optimizer_.unscale_and_check());
-      optimizer_.apply(finite, schedule_(global_step_));
+      if (zero_)
+        zero_->apply(finite, schedule_(global_step_));  // then every rank's shard to all
+      else
+        optimizer_.apply(finite, schedule_(global_step_));
     }
     ++global_step_;
     in_step_ = false;
@@ -475,7 +495,10 @@ class Trainer {
     state.epoch = epoch;
     state.global_step = global_step_;
     state.extra["train_seconds"] = train_seconds;
-    save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state, checkpoint_options());
+    if (zero_)
+      save_checkpoint(options_.checkpoint_dir, network_, *zero_, state, checkpoint_options());
+    else
+      save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state, checkpoint_options());
   }
 
   // Starts epoch `epoch` with every rank's share: the loader's sampler, or under elastic training
@@ -630,7 +653,9 @@ class Trainer {
   }
 
   Net& network_;
+  // The optimizer, or under ZeRO-1 this rank's shard of it (zero_ steps it and gathers).
   optim::PrecisionOptimizer<Policy, Optimizer>& optimizer_;
+  ZeroOptimizer<Net, Policy, Optimizer>* zero_ = nullptr;
   DataParallel<Net>* ddp_ = nullptr;
   comm::ElasticGroup* group_ = nullptr;  // elastic training only, as below
   DataParallelOptions ddp_options_;

@@ -18,7 +18,9 @@
 //
 // export_state() gathers the full state (collective), named and shaped as the unsharded
 // optimizer's, so checkpoints keep their format, load in PyTorch, and resume at any world size or
-// without ZeRO; import_state() takes this rank's shard of a full snapshot (local).
+// without ZeRO; import_state() takes this rank's shard of a full snapshot (local). The
+// save_checkpoint and load_checkpoint overloads at the end do that with checkpoint files, and
+// train::Trainer takes a ZeroOptimizer in place of a PrecisionOptimizer.
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/types.hpp>
@@ -28,12 +30,15 @@
 #include <coltrain/optim/parameter_ref.hpp>
 #include <coltrain/optim/precision.hpp>
 #include <coltrain/train/arena_shards.hpp>
+#include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/data_parallel.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -82,8 +87,11 @@ class ZeroOptimizer {
 
   float loss_scale() const { return local_.loss_scale(); }
 
-  // This rank's optimizer: the pieces of parameters its shard holds, and their state.
+  // This rank's optimizer: the pieces of parameters its shard holds, and their state. Its own
+  // apply() would step the shard without gathering: step through this class.
   const optim::PrecisionOptimizer<Policy, Optimizer>& local() const { return local_; }
+  optim::PrecisionOptimizer<Policy, Optimizer>& local() { return local_; }
+  int rank() const { return ddp_.rank(); }
   // The arena elements [first, end) this rank updates.
   std::pair<std::size_t, std::size_t> owned() const { return shards_.owned(ddp_.rank()); }
 
@@ -317,5 +325,38 @@ class ZeroOptimizer {
   std::vector<Piece> pieces_;  // filled by shard_refs before local_ is built
   optim::PrecisionOptimizer<Policy, Optimizer> local_;
 };
+
+// save_checkpoint (train/checkpoint.hpp) under ZeRO-1. Collective: every rank gathers the full
+// optimizer state, rank 0 writes it, in the format of the unsharded optimizer's. Returns the files
+// on rank 0, nothing on the others.
+template <class Network, class Precision, class Optimizer>
+std::optional<CheckpointFiles> save_checkpoint(
+    const std::filesystem::path& dir, Network& network,
+    ZeroOptimizer<Network, Precision, Optimizer>& optimizer, const TrainingState& state,
+    const CheckpointOptions& options = {}) {
+  const optim::OptimizerSnapshot snapshot = optimizer.export_state();
+  if (optimizer.rank() != 0) return std::nullopt;
+  return detail::write_checkpoint<Precision>(
+      dir, detail::model_record(network, state_tensors(network)), optimizer.local().optimizer(),
+      detail::scaler_options_of(optimizer.local()), snapshot, state, options);
+}
+
+// load_checkpoint under ZeRO-1: every rank reads the checkpoint (of any world size, sharded or
+// not) and keeps its shard of the optimizer state. Local; checks and errors as load_checkpoint's.
+template <class Network, class Precision, class Optimizer>
+TrainingState load_checkpoint(const std::filesystem::path& path, Network& network,
+                              ZeroOptimizer<Network, Precision, Optimizer>& optimizer,
+                              const CheckpointOptions& options = {}) {
+  std::vector<std::string> parameter_names;
+  network.visit_parameters(
+      [&](const std::string& name, auto&) { parameter_names.push_back(name); });
+  const detail::ModelRecord record = detail::model_record(network, state_tensors(network));
+  detail::CheckpointContents contents = detail::read_checkpoint<Precision>(
+      path, record, optimizer.local().optimizer(), detail::scaler_options_of(optimizer.local()),
+      parameter_names, optim::detail::has_optimizer_state(optimizer.local().optimizer()), options);
+  optimizer.import_state(contents.optimizer);
+  detail::restore_network(network, record, contents);
+  return std::move(contents.state);
+}
 
 }  // namespace coltrain::train
