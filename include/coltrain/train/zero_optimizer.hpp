@@ -146,13 +146,13 @@ class ZeroOptimizer {
 
     optim::OptimizerSnapshot full;
     if (has_state) {
+      const std::vector<std::string> kinds = state_kinds();
       std::vector<std::vector<float>> flats;
-      for (const std::string& kind : state_kinds()) {
+      for (const std::string& kind : kinds) {
         flats.push_back(gather([&](std::size_t i) {
           return std::span<const float>(*state_by_name.at(pieces_[i].name + "." + kind));
         }));
       }
-      const std::vector<std::string> kinds = state_kinds();
       for (std::size_t p = 0; p < names.size(); ++p) {
         for (std::size_t k = 0; k < kinds.size(); ++k)
           full.state.push_back({names[p] + "." + kinds[k], cut(flats[k], p)});
