@@ -1,9 +1,8 @@
 // Catch2 main for GPU tests. With no usable CUDA device it prints "skipped: no CUDA device" and
 // exits with kSkipReturnCode, which CTest reports as a skipped test (SKIP_RETURN_CODE), never as a
 // pass.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 
 #include <cstdio>
 
@@ -24,5 +23,5 @@ int main(int argc, char** argv) {
     std::printf("CUDA device 0: %s (compute capability %d.%d)\n", properties.name, properties.major,
                 properties.minor);
   }
-  return Catch::Session().run(argc, argv);
+  return coltrain::test::run_catch_session(argc, argv);
 }

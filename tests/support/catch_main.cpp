@@ -1,3 +1,4 @@
 // Catch2 main for single-process tests.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
+
+int main(int argc, char** argv) { return coltrain::test::run_catch_session(argc, argv); }

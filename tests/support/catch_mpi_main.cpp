@@ -2,9 +2,8 @@
 // it fails on any rank. Rank 0's report goes to stdout as usual; the other ranks' reports are held
 // back and printed to stderr, under a rank header, only when that rank failed, so a passing run
 // reads like a single-process run.
-#define CATCH_CONFIG_RUNNER
 #include <mpi.h>
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 
 #include <coltrain/core/error.hpp>
 
@@ -34,7 +33,7 @@ int main(int argc, char** argv) {
   std::ostringstream held_back;
   std::streambuf* stdout_buffer = std::cout.rdbuf();
   if (rank != 0) std::cout.rdbuf(held_back.rdbuf());
-  const int failed = Catch::Session().run(argc, argv);
+  const int failed = coltrain::test::run_catch_session(argc, argv);
   std::cout.rdbuf(stdout_buffer);
   if (rank != 0 && failed != 0) {
     std::cerr << "---- rank " << rank << " of " << size << " failed ----\n" << held_back.str();

@@ -2,8 +2,7 @@
 // runs first and that points COLTRAIN_PARITY_DIR at its output. When CMake found no PyTorch the
 // variable is unset: the suite prints "skipped: PyTorch is not installed" and exits with
 // kSkipReturnCode, which CTest reports as skipped, never as a pass.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,5 +20,5 @@ int main(int argc, char** argv) {
                 "references to compare with\n");
     return kSkipReturnCode;
   }
-  return Catch::Session().run(argc, argv);
+  return coltrain::test::run_catch_session(argc, argv);
 }
