@@ -81,8 +81,8 @@ using coltrain::comm::Communicator;
 using coltrain::comm::ReduceOp;
 
 constexpr const char* kBackendNames[] = {"mpi", "tcp", "nccl", "gloo"};
-constexpr const char* kAlgorithmNames[] = {"native",   "ring",  "tree",     "halving_doubling",
-                                           "pairwise", "bruck", "automatic"};
+constexpr const char* kAlgorithmNames[] = {"native",   "ring",  "tree",         "halving_doubling",
+                                           "pairwise", "bruck", "hierarchical", "automatic"};
 constexpr const char* kCsvHeader =
     "collective,backend,algo,ranks,bytes,count,dtype,op,time_us,p50_us,p99_us,algbw_gbs,busbw_gbs,"
     "wrong";

@@ -404,6 +404,67 @@ TEST_CASE("barrier holds every rank until all have entered", "[comm][barrier]") 
   }
 }
 
+// Hosts as COLTRAIN_HOST_ID makes them on one machine: each rank's host number under a layout.
+int host_number(const std::string& layout, int rank, int size) {
+  if (layout == "pairs") return rank / 2;                 // 0 0 1 1 2: hosts of 2, the last of 1
+  if (layout == "interleaved") return rank % 2;           // 0 1 0 1 0: ranks of a host not adjacent
+  if (layout == "first alone") return rank == 0 ? 0 : 1;  // one rank, then all the others
+  if (layout == "each its own") return rank;
+  return size;  // "one host"
+}
+
+TEMPLATE_TEST_CASE("hierarchical allreduce is exact on every layout of ranks over hosts",
+                   "[comm][allreduce][hierarchical]", float, std::int32_t, double, bfloat16) {
+  const int p = coltrain::testing::world_size();
+  const int me = coltrain::testing::world_rank();
+  for (const std::string layout :
+       {"pairs", "interleaved", "first alone", "each its own", "one host"}) {
+    for (Backend backend : kBackends) {
+      CommOptions options;
+      options.host_id = "host" + std::to_string(host_number(layout, me, p));
+      Communicator comm = coltrain::testing::make_communicator(backend, options);
+      const HostLayout& hosts = comm.host_layout();
+      REQUIRE(hosts.ranks() == p);
+      for (int r = 0; r < p; ++r) {
+        for (int q = 0; q < p; ++q) {
+          CHECK((hosts.host_of(r) == hosts.host_of(q)) ==
+                (host_number(layout, r, p) == host_number(layout, q, p)));
+        }
+      }
+      for_each_tuning(comm, [&](Communicator& c) {
+        for (ReduceOp op : kOps) {
+          for (std::size_t count : counts(p)) {
+            for (bool in_place : {false, true}) {
+              INFO(layout << " " << name_of(backend) << " " << name_of(data_type_v<TestType>) << " "
+                          << name_of(op) << " count " << count
+                          << (in_place ? " in place" : " out of place"));
+              check_allreduce<TestType>(c, Algorithm::kHierarchical, op, count, in_place);
+            }
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("automatic chooses hierarchical allreduce for large vectors where hosts alternate",
+          "[comm][automatic][hierarchical]") {
+  const int p = coltrain::testing::world_size();
+  const int me = coltrain::testing::world_rank();
+  CommOptions options;
+  options.host_id = "host" + std::to_string(host_number("interleaved", me, p));
+  Communicator comm = coltrain::testing::make_communicator(Backend::kTcp, options);
+  const std::size_t large = std::size_t{64} << 20;
+  if (p >= 4) {  // two hosts of two ranks or more: a flat ring crosses between hosts at every link
+    CHECK(comm.choose(Collective::kAllreduce, large) == Algorithm::kHierarchical);
+  }
+  if (p <= 2) {  // one host, or one rank per host: nothing to gain
+    CHECK(comm.choose(Collective::kAllreduce, large) != Algorithm::kHierarchical);
+  }
+  CHECK(shared_communicator(Backend::kTcp).choose(Collective::kAllreduce, large) !=
+        Algorithm::kHierarchical);  // every rank on this one host
+}
+
 TEST_CASE("automatic picks an algorithm the collective has", "[comm][automatic]") {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);

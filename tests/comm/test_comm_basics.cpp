@@ -5,6 +5,7 @@
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/backend_choice.hpp>
 #include <coltrain/comm/cost_model.hpp>
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/reduce_kernels.hpp>
@@ -154,6 +155,51 @@ TEST_CASE("the cost model prefers latency-light algorithms small and ring large"
   CHECK(predict_us(tcp, Collective::kAllgather, Algorithm::kTree, 4, 1024) ==
         std::numeric_limits<double>::infinity());
   CHECK(predict_us(tcp, Collective::kAllreduce, Algorithm::kRing, 1, 1024) == 0);
+}
+
+TEST_CASE("a host layout groups ranks by identity, hosts numbered by their lowest rank",
+          "[comm][hosts]") {
+  using coltrain::comm::detail::host_identity;
+  const std::vector identities{host_identity("b"), host_identity("a"), host_identity("b"),
+                               host_identity("c"), host_identity("a")};
+  const HostLayout hosts(identities);
+  CHECK(hosts.ranks() == 5);
+  CHECK(hosts.hosts() == 3);
+  CHECK(hosts.host_of(0) == 0);
+  CHECK(hosts.host_of(1) == 1);
+  CHECK(hosts.host_of(3) == 2);
+  CHECK(hosts.ranks_on(0) == std::vector{0, 2});
+  CHECK(hosts.ranks_on(1) == std::vector{1, 4});
+  CHECK(hosts.local_index(4) == 1);
+  CHECK(hosts.largest_host() == 2);
+  CHECK_FALSE(hosts.uniform());
+  CHECK(HostLayout(std::vector{0, 1, 0, 1}).uniform());
+  CHECK(HostLayout().hosts() == 1);
+}
+
+TEST_CASE("over several hosts the cost model counts the ring's links between hosts",
+          "[comm][cost][hosts]") {
+  const CostModel tcp = default_cost_model(Backend::kTcp);
+  const HostLayout blocks(std::vector{0, 0, 0, 0, 1, 1, 1, 1});
+  const HostLayout cyclic(std::vector{0, 1, 0, 1, 0, 1, 0, 1});
+  CHECK(ring_links_leaving_a_host(blocks) == 1);
+  CHECK(ring_links_leaving_a_host(cyclic) == 4);
+  CHECK(ring_links_leaving_a_host(HostLayout(std::vector{0, 0})) == 1);
+  const std::size_t large = std::size_t{64} << 20;
+  // Cyclic placement: a flat ring sends everything between hosts four times over.
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, cyclic, large, false) ==
+        Algorithm::kHierarchical);
+  // One host, or one rank per host: never.
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, HostLayout(std::vector{0, 0, 0, 0}), large,
+                         false) != Algorithm::kHierarchical);
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, HostLayout(std::vector{0, 1, 2, 3}), large,
+                         false) != Algorithm::kHierarchical);
+  // Fewer steps over the network: a hierarchical 8-byte allreduce over two hosts of four
+  // crosses the network twice, a flat one at least four times.
+  CHECK(predict_hierarchical_us(tcp, blocks, 8) <
+        predict_us(tcp, Collective::kAllreduce, Algorithm::kHalvingDoubling, 8, 8));
+  // Unequal hosts are predicted too.
+  CHECK(predict_hierarchical_us(tcp, HostLayout(std::vector{0, 0, 0, 1, 1}), large) > 0);
 }
 
 TEST_CASE("from_env's backend: requested, else COLTRAIN_BACKEND, else by memory, build, launcher",

@@ -32,6 +32,7 @@
 #include <coltrain/comm/algorithms/compressed_allreduce.hpp>
 #include <coltrain/comm/algorithms/gather_scatter.hpp>
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
+#include <coltrain/comm/algorithms/hierarchical.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
 #include <coltrain/comm/backend_choice.hpp>
@@ -268,6 +269,10 @@ class Communicator {
   int size() const {
     return with_transport([](const auto& t) { return t.size(); });
   }
+  // Which ranks share a host (comm/host_layout.hpp): where hierarchical allreduce reduces first.
+  const HostLayout& host_layout() const {
+    return with_transport([](const auto& t) -> const HostLayout& { return t.host_layout(); });
+  }
   // What device buffers run on: kMpi, kTcp (both staged) or kNccl.
   Backend backend() const { return backend_; }
   // What host buffers run on: kMpi or kTcp (under NCCL, the communicator that bootstrapped it).
@@ -316,7 +321,7 @@ class Communicator {
                                    nccl_->device_reduction() != nullptr);
     }
 #endif
-    return choose_algorithm(cost_model_, collective, size(), bytes,
+    return choose_algorithm(cost_model_, collective, host_layout(), bytes,
                             host_backend_ == Backend::kMpi);
   }
 
@@ -1293,6 +1298,9 @@ class Communicator {
               case Algorithm::kHalvingDoubling:
                 return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
                                                   scratch_);
+              case Algorithm::kHierarchical:
+                return hierarchical_allreduce(t, t.host_layout(), input, output, input_count,
+                                              reduction, call, tuning_, scratch_);
               default:
                 return run_native(t, [&](auto& mpi) {
                   native_allreduce(mpi, input, output, input_count, reduction);

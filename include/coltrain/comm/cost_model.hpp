@@ -7,6 +7,7 @@
 // InfiniBand (see default_cost_model). Other machines can set their own through
 // Communicator::set_cost_model.
 
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 namespace coltrain::comm {
 
@@ -35,6 +37,10 @@ enum class NativeShape : std::uint8_t { kMpich, kNccl };
 struct CostModel {
   LinkCosts point_to_point;  // coltrain's algorithms over this backend
   LinkCosts native;          // the backend's own collectives (MPI, NCCL); unused for TCP
+  // Between ranks of one host, where they differ from point_to_point (the TCP backend's shared
+  // memory): what hierarchical allreduce's phases inside a host cost. point_to_point then stands
+  // for the links between hosts.
+  LinkCosts same_host;
   std::size_t chunk_bytes = std::size_t{256} << 10;  // AlgorithmTuning's default
   NativeShape native_shape = NativeShape::kMpich;
 };
@@ -48,6 +54,7 @@ inline CostModel default_cost_model(Backend backend) {
   if (backend == Backend::kMpi) {
     model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
     model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
+    model.same_host = model.point_to_point;  // MPICH's own shared memory, which it was fitted on
   } else if (backend == Backend::kNccl) {
     // Device buffers on NCCL. Not fitted here (the development machine has no GPU): 40 GB/s per
     // link, between one H100's NVLink share in an 8-GPU node and 4 x 100 Gb/s InfiniBand; NCCL's
@@ -58,8 +65,12 @@ inline CostModel default_cost_model(Backend backend) {
     model.point_to_point = {25.0, 1.0 / 40000.0, 1.0 / 1000000.0};
     model.chunk_bytes = std::size_t{1} << 20;  // the NCCL ring's and tree's chunk
     model.native_shape = NativeShape::kNccl;
+    model.same_host = model.point_to_point;
   } else {
     model.point_to_point = {3.5, 1.0 / 1800.0, 1.0 / 6000.0};
+    // Shared memory between ranks of one host: 8-byte allreduce 1.6 us, 3.1 GB/s busbw at 64 MB
+    // (2 ranks, docs/benchmarks.md).
+    model.same_host = {0.8, 1.0 / 3100.0, 1.0 / 6000.0};
   }
   return model;
 }
@@ -116,6 +127,7 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
         case Algorithm::kAutomatic:
         case Algorithm::kPairwise:
         case Algorithm::kBruck:
+        case Algorithm::kHierarchical:  // needs the hosts: predict_hierarchical_us
           break;
       }
       break;
@@ -177,10 +189,45 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
   return std::numeric_limits<double>::infinity();  // the algorithm does not do this collective
 }
 
+// Predicted time in microseconds of hierarchical allreduce (algorithms/hierarchical.hpp) of n bytes
+// over `hosts`: the phases inside a host at same_host costs, those across hosts at point_to_point
+// costs. The L rings across hosts share each host's network link, so together they move what one
+// ring over the hosts would: 2(H-1)/H n bytes per host.
+inline double predict_hierarchical_us(const CostModel& model, const HostLayout& hosts,
+                                      std::size_t n_bytes) {
+  const int h = hosts.hosts();
+  const int l = hosts.largest_host();
+  if (h * l <= 1) return 0;
+  const double n = static_cast<double>(n_bytes);
+  const double chunk = static_cast<double>(model.chunk_bytes);
+  const LinkCosts& local = model.same_host;
+  const LinkCosts& across = model.point_to_point;
+  const double across_share = static_cast<double>(h - 1) / h;
+  if (!hosts.uniform()) {  // chain to the first rank, ring among first ranks, chain back
+    const double pieces = std::max(1.0, std::ceil(n / chunk));
+    const double chain = (l - 1 + pieces - 1) * local.alpha_us + n * local.beta_us_per_byte;
+    const double chunks = std::max(1.0, std::ceil(n / h / chunk));
+    const double ring = 2 * (h - 1) * chunks * across.alpha_us +
+                        2 * across_share * n * across.beta_us_per_byte +
+                        std::min(across_share * n, chunk) * across.gamma_us_per_byte;
+    return 2 * chain + n * local.gamma_us_per_byte + (h > 1 ? ring : 0);
+  }
+  const double local_share = static_cast<double>(l - 1) / l;
+  const double local_chunks = std::max(1.0, std::ceil(n / l / chunk));
+  const double inside = 2 * (l - 1) * local_chunks * local.alpha_us +
+                        2 * local_share * n * local.beta_us_per_byte +
+                        local_share * n * local.gamma_us_per_byte;
+  const double across_chunks = std::max(1.0, std::ceil(n / l / h / chunk));
+  const double between = 2 * (h - 1) * across_chunks * across.alpha_us +
+                         2 * across_share * n * across.beta_us_per_byte +
+                         std::min(across_share * n / l, chunk) * across.gamma_us_per_byte;
+  return inside + (h > 1 ? between : 0);
+}
+
 // The algorithms that carry out `collective` (kNative only where the backend has its own).
 inline std::span<const Algorithm> algorithms_for(Collective collective) {
   static constexpr Algorithm kAllreduce[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,
-                                             Algorithm::kHalvingDoubling};
+                                             Algorithm::kHalvingDoubling, Algorithm::kHierarchical};
   static constexpr Algorithm kRooted[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree};
   static constexpr Algorithm kGatherScatter[] = {Algorithm::kNative, Algorithm::kRing};
   static constexpr Algorithm kBarrier[] = {Algorithm::kNative, Algorithm::kHalvingDoubling};
@@ -228,15 +275,50 @@ inline Algorithm choose_among(const CostModel& model, Collective collective, int
   return best;
 }
 
-// The cheapest algorithm by the model on a host backend.
+// The cheapest algorithm by the model on a host backend of p ranks, all of them on one host or each
+// on its own.
 inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
                                   std::size_t n_bytes, bool native_available) {
-  std::array<Algorithm, 4> candidates{};
+  std::array<Algorithm, 5> candidates{};
   std::size_t used = 0;
   for (Algorithm algorithm : algorithms_for(collective)) {
+    if (algorithm == Algorithm::kHierarchical) continue;
     if (algorithm != Algorithm::kNative || native_available) candidates.at(used++) = algorithm;
   }
   return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
+}
+
+// The most links of the ring over ranks 0, 1, ..., p-1 that leave any one host: 1 when each host's
+// ranks are adjacent (block placement), up to a host's rank count when they alternate with other
+// hosts' (cyclic placement, as srun --distribution=cyclic gives). Those links share the host's
+// network link.
+inline int ring_links_leaving_a_host(const HostLayout& hosts) {
+  std::vector<int> leaving(static_cast<std::size_t>(hosts.hosts()), 0);
+  const int p = hosts.ranks();
+  for (int rank = 0; rank < p; ++rank) {
+    if (hosts.host_of(rank) != hosts.host_of((rank + 1) % p))
+      ++leaving[static_cast<std::size_t>(hosts.host_of(rank))];
+  }
+  return std::max(1, *std::max_element(leaving.begin(), leaving.end()));
+}
+
+// The same, for ranks on `hosts`. Over several hosts the flat algorithms' bytes between hosts share
+// each host's network link (ring_links_leaving_a_host), and hierarchical allreduce competes where
+// some host has several ranks.
+inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
+                                  const HostLayout& hosts, std::size_t n_bytes,
+                                  bool native_available) {
+  const int p = hosts.ranks();
+  if (hosts.hosts() == 1 || hosts.largest_host() == 1)
+    return choose_algorithm(model, collective, p, n_bytes, native_available);
+  CostModel flat_model = model;
+  flat_model.point_to_point.beta_us_per_byte *= ring_links_leaving_a_host(hosts);
+  const Algorithm flat = choose_algorithm(flat_model, collective, p, n_bytes, native_available);
+  if (collective != Collective::kAllreduce) return flat;
+  return predict_hierarchical_us(model, hosts, n_bytes) <
+                 predict_us(flat_model, collective, flat, p, n_bytes)
+             ? Algorithm::kHierarchical
+             : flat;
 }
 
 // The algorithms of `collective` on NCCL device buffers: NCCL's own, and for allreduce coltrain's

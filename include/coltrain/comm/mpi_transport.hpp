@@ -9,6 +9,7 @@
 // time out. Send/recv messages (collective kSendRecv) travel on MPI tags of their own, two per
 // user tag, so MPI matches them by tag and apart from the collectives' messages.
 
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/transport.hpp>
@@ -31,6 +32,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace coltrain::comm {
 
@@ -57,6 +59,13 @@ class MpiTransport {
     COLTRAIN_CHECK_MPI(MPI_Comm_free(&node));
     shares_cores_ =
         static_cast<unsigned>(ranks_on_node) > std::max(1u, std::thread::hardware_concurrency());
+    // Every rank's host identity, as the TCP transport learns it, so that COLTRAIN_HOST_ID groups
+    // ranks the same way on both backends.
+    const detail::HostIdentity mine = detail::host_identity(options_.host_id);
+    std::vector<detail::HostIdentity> identities(static_cast<std::size_t>(size_));
+    COLTRAIN_CHECK_MPI(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, identities.data(), sizeof mine,
+                                     MPI_BYTE, comm_));
+    hosts_ = HostLayout(identities);
   }
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -74,6 +83,8 @@ class MpiTransport {
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_; }
   const CommOptions& options() const { return options_; }
+  // Which ranks share a host.
+  const HostLayout& host_layout() const { return hosts_; }
 
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     Operation& op = start(peer, header, /*is_send=*/true);
@@ -315,6 +326,7 @@ class MpiTransport {
   std::size_t requests_begin_ = 0;    // Request index of operations_.front()
   std::string broken_;
   bool shares_cores_ = false;
+  HostLayout hosts_;
 };
 
 static_assert(Transport<MpiTransport>);

@@ -6,10 +6,8 @@
 // process is gone (the kernel closes a killed process's sockets), so failure detection, notices
 // and deadlines work as over TCP.
 //
-// Which peers share a host is decided when the transport is built, from a host identity (the
-// kernel's boot id and this process's mount and network namespaces, or COLTRAIN_HOST_ID), not from
-// addresses: two containers on one machine see different /dev/shm, and a rank in its own network
-// namespace is treated as another host. The two ranks then prove the segment is shared (a nonce
+// Which peers share a host is decided when the transport is built, from a host identity
+// (host_layout.hpp), not from addresses. The two ranks then prove the segment is shared (a nonce
 // written by one is read by the other) before they use it; anything less falls back to TCP with a
 // warning.
 //
@@ -28,6 +26,7 @@
 // (bytes moved; -1 with errno EAGAIN when nothing can move; 0 from receive() at the end of the
 // stream), so the transport drives both kinds of peer the same way.
 
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/socket.hpp>
 #include <coltrain/core/error.hpp>
@@ -312,31 +311,6 @@ class ShmStream {
   int close_error_ = 0;  // 0: an orderly end of stream
 };
 
-// What identifies the host as shared memory sees it: the kernel instance (boot id) and the mount
-// and network namespaces, or what COLTRAIN_HOST_ID says instead (CommOptions::host_id). Equal
-// identities are a hint, which the segment's nonce then proves.
-struct HostIdentity {
-  std::array<char, 64> host{};  // the boot id, or "id:" and COLTRAIN_HOST_ID
-  std::uint64_t mount_namespace = 0;
-  std::uint64_t network_namespace = 0;
-
-  bool operator==(const HostIdentity&) const = default;
-};
-
-inline HostIdentity host_identity(const std::string& host_id = {}) {
-  HostIdentity identity;
-  std::string id = "id:" + host_id;
-  if (host_id.empty()) {
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::getline(boot, id);
-    struct stat info {};
-    if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
-    if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;
-  }
-  std::memcpy(identity.host.data(), id.data(), std::min(id.size(), identity.host.size()));
-  return identity;
-}
-
 // Removes segment names left by creators that no longer exist (killed between creating a segment
 // and its opener's unlink). A name whose process id was reused by a live process stays until that
 // process ends.
@@ -487,17 +461,24 @@ Message shm_receive(int fd, int peer, const Deadline& deadline, ErrorContext con
                   context);
 }
 
+// What the setup gives the transport: a channel per peer (null: TCP), and every rank's host.
+struct SharedMemorySetup {
+  std::vector<std::unique_ptr<ShmStream>> streams;
+  HostLayout hosts;
+};
+
 // Run by every rank of a freshly connected mesh (`sockets[p]` reaches rank p; empty at `rank`),
-// all at once: the pairs that share a host, and both want it, get a shared-memory channel (null
-// elsewhere). Every message is small, so each phase's writes finish without waiting for a reader
-// and no order of ranks deadlocks. Throws CommError, naming the peer, when a connection fails or
-// the timeout passes.
-inline std::vector<std::unique_ptr<ShmStream>> setup_shared_memory(
-    int rank, const std::vector<FileDescriptor>& sockets, const CommOptions& options,
-    const Logger& logger) {
+// all at once: every rank learns every rank's host identity, and the pairs that share a host, and
+// both want it, get a shared-memory channel. Every message is small, so each phase's writes finish
+// without waiting for a reader and no order of ranks deadlocks. Throws CommError, naming the peer,
+// when a connection fails or the timeout passes.
+inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDescriptor>& sockets,
+                                             const CommOptions& options, const Logger& logger) {
   const int size = static_cast<int>(sockets.size());
-  std::vector<std::unique_ptr<ShmStream>> streams(sockets.size());
-  if (size < 2) return streams;
+  SharedMemorySetup setup;
+  std::vector<std::unique_ptr<ShmStream>>& streams = setup.streams;
+  streams.resize(sockets.size());
+  if (size < 2) return setup;
   ErrorContext context;
   context.rank = rank;
   context.operation = "shared-memory setup";
@@ -510,16 +491,20 @@ inline std::vector<std::unique_ptr<ShmStream>> setup_shared_memory(
     if (peer != rank)
       shm_send(sockets[static_cast<std::size_t>(peer)].get(), mine, peer, deadline, context);
   std::vector<bool> shared(sockets.size(), false);
+  std::vector<HostIdentity> identities(sockets.size());
+  identities[static_cast<std::size_t>(rank)] = mine.identity;
   int local_peers = 0;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     const auto theirs = shm_receive<ShmHello>(sockets[static_cast<std::size_t>(peer)].get(), peer,
                                               deadline, context);
+    identities[static_cast<std::size_t>(peer)] = theirs.identity;
     shared[static_cast<std::size_t>(peer)] =
         mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
     local_peers += shared[static_cast<std::size_t>(peer)] ? 1 : 0;
   }
-  if (local_peers == 0) return streams;
+  setup.hosts = HostLayout(identities);
+  if (local_peers == 0) return setup;
 
   remove_stale_segments();
   std::mt19937_64 random(std::random_device{}() ^ (static_cast<std::uint64_t>(::getpid()) << 32 |
@@ -581,7 +566,7 @@ inline std::vector<std::unique_ptr<ShmStream>> setup_shared_memory(
       if (!name.empty()) ::shm_unlink(name.c_str());
     throw;
   }
-  return streams;
+  return setup;
 }
 
 }  // namespace coltrain::comm::detail

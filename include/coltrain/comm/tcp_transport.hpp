@@ -33,6 +33,7 @@
 //   between collectives) tells its peers the same way.
 
 #include <coltrain/comm/failure_notice.hpp>
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/shm_channel.hpp>
@@ -221,14 +222,18 @@ class TcpTransport {
         rank_(rank),
         size_(static_cast<int>(sockets.size())),
         spin_before_sleep_(detail::spin_before_sleep(env)) {
-    std::vector<std::unique_ptr<detail::ShmStream>> shared =
+    detail::SharedMemorySetup shared =
         detail::setup_shared_memory(rank, sockets, options, Logger(rank, size_));
+    hosts_ = std::move(shared.hosts);
     peers_.resize(sockets.size());
     for (std::size_t peer = 0; peer < sockets.size(); ++peer) {
       peers_[peer].socket = std::move(sockets[peer]);
-      peers_[peer].shm = std::move(shared[peer]);
+      peers_[peer].shm = std::move(shared.streams[peer]);
     }
   }
+
+  // Which ranks share a host (learned at connection, from every rank's host identity).
+  const HostLayout& host_layout() const { return hosts_; }
 
   // Whether `peer`'s bytes go through shared memory (a rank on this host).
   bool shares_memory_with(int peer) const {
@@ -1077,6 +1082,7 @@ class TcpTransport {
   int size_;
   std::chrono::microseconds spin_before_sleep_;
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
+  HostLayout hosts_;
   std::vector<int> active_;         // peers with pending sends or receives
   std::vector<pollfd> ready_;       // poll() set, kept to avoid an allocation per sleep
   std::vector<int> ready_peers_;    // the peer of each ready_ entry

@@ -47,6 +47,8 @@ enum class Algorithm : std::uint8_t {
   kAutomatic,        // picks one of the above from the cost model (comm/cost_model.hpp)
   kPairwise,         // alltoall: p-1 exchanges, one block each: (p-1)a + (p-1)/p nb
   kBruck,            // alltoall: lg p exchanges of about half the blocks: lg(p) a + lg(p)/2 nb
+  kHierarchical,     // allreduce over hosts of L ranks: reduce-scatter and allgather inside each
+                     // host (shared memory), a ring across hosts on 1/L of the data each
 };
 
 // kNccl runs device buffers over NCCL and host buffers over the host backend that bootstrapped it.
@@ -107,7 +109,7 @@ inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpN
     {"avg", ReduceOp::kAvg},
 }};
 
-inline constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorithmNames{{
+inline constexpr std::array<std::pair<std::string_view, Algorithm>, 8> kAlgorithmNames{{
     {"native", Algorithm::kNative},
     {"ring", Algorithm::kRing},
     {"tree", Algorithm::kTree},
@@ -115,6 +117,7 @@ inline constexpr std::array<std::pair<std::string_view, Algorithm>, 7> kAlgorith
     {"automatic", Algorithm::kAutomatic},
     {"pairwise", Algorithm::kPairwise},
     {"bruck", Algorithm::kBruck},
+    {"hierarchical", Algorithm::kHierarchical},
 }};
 
 inline constexpr std::array<std::pair<std::string_view, Backend>, 3> kBackendNames{{

@@ -180,6 +180,22 @@ void ring_reduce_scatter(Tr& transport, const std::byte* input, std::byte* outpu
   reduction.finish(output, block_bytes, p);
 }
 
+// `data` cut into `ring`'s segments, of which this rank's (segment ring.r) is complete: afterwards
+// every segment is, on every rank.
+template <Transport Tr>
+void ring_allgather_segments(Tr& transport, const detail::RingLayout& ring, std::byte* data,
+                             const MessageHeader& call) {
+  std::vector<typename Tr::Request> sends;
+  sends.reserve(ring.units);
+  for (std::size_t j = 0; j < ring.chunks; ++j) {
+    const detail::ByteRange range = ring.unit_range(j, 0);
+    sends.push_back(transport.isend(ring.right, detail::message(call, range.size),
+                                    detail::bytes_of(data, range)));
+  }
+  std::vector<typename Tr::Request> no_earlier_reads;
+  detail::ring_allgather_steps(transport, ring, data, call, sends, no_earlier_reads);
+}
+
 // input: count elements of `element_bytes` bytes; output: count * p elements, rank i's block at
 // i * count.
 template <Transport Tr>
@@ -193,15 +209,7 @@ void ring_allgather(Tr& transport, const std::byte* input, std::byte* output, st
   if (p == 1) return;
   const detail::RingLayout ring(p, transport.rank(), count * static_cast<std::size_t>(p),
                                 element_bytes, tuning);
-  std::vector<typename Tr::Request> sends;
-  sends.reserve(ring.units);
-  for (std::size_t j = 0; j < ring.chunks; ++j) {
-    const detail::ByteRange range = ring.unit_range(j, 0);
-    sends.push_back(transport.isend(ring.right, detail::message(call, range.size),
-                                    detail::bytes_of(output, range)));
-  }
-  std::vector<typename Tr::Request> no_earlier_reads;
-  detail::ring_allgather_steps(transport, ring, output, call, sends, no_earlier_reads);
+  ring_allgather_segments(transport, ring, output, call);
 }
 
 // allgatherv: rank i's `block_bytes[i]` bytes land at output + offsets[i] on every rank. Block

@@ -1,0 +1,112 @@
+#pragma once
+// Which ranks of a communicator share a host. The TCP transport decides from it which peers get a
+// shared-memory channel (shm_channel.hpp), and hierarchical allreduce (algorithms/hierarchical.hpp)
+// and the cost model which ranks reduce together before anything crosses between hosts.
+//
+// A host is what shared memory sees as one: the kernel instance (boot id) and the mount and network
+// namespaces, not an address; two containers on one machine see different /dev/shm, and a rank in
+// its own network namespace counts as another host. COLTRAIN_HOST_ID (CommOptions::host_id)
+// replaces that identity, as NCCL_HOSTID does: ranks that give the same value count as one host
+// (and still prove that their memory is shared before they use it).
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace coltrain::comm {
+
+namespace detail {
+
+// What identifies this process's host; equal identities are a hint, which the shared segment's
+// nonce then proves.
+struct HostIdentity {
+  std::array<char, 64> host{};  // the boot id, or "id:" and COLTRAIN_HOST_ID
+  std::uint64_t mount_namespace = 0;
+  std::uint64_t network_namespace = 0;
+
+  bool operator==(const HostIdentity&) const = default;
+};
+
+inline HostIdentity host_identity(const std::string& host_id = {}) {
+  HostIdentity identity;
+  std::string id = "id:" + host_id;
+  if (host_id.empty()) {
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::getline(boot, id);
+    struct stat info {};
+    if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
+    if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;
+  }
+  std::memcpy(identity.host.data(), id.data(), std::min(id.size(), identity.host.size()));
+  return identity;
+}
+
+}  // namespace detail
+
+// The ranks of a communicator grouped by host. Hosts are numbered in the order of their lowest
+// rank; a host's ranks are listed in rank order. Every rank builds the same layout from the same
+// identities.
+class HostLayout {
+ public:
+  // One rank on one host.
+  HostLayout() : HostLayout(std::vector<int>{0}) {}
+
+  // From every rank's identity, index = rank.
+  explicit HostLayout(std::span<const detail::HostIdentity> identities) {
+    std::vector<int> host_of(identities.size());
+    std::vector<std::size_t> first_rank_of_host;
+    for (std::size_t rank = 0; rank < identities.size(); ++rank) {
+      const auto same =
+          std::find_if(first_rank_of_host.begin(), first_rank_of_host.end(),
+                       [&](std::size_t r) { return identities[r] == identities[rank]; });
+      host_of[rank] = static_cast<int>(same - first_rank_of_host.begin());
+      if (same == first_rank_of_host.end()) first_rank_of_host.push_back(rank);
+    }
+    *this = HostLayout(std::move(host_of));
+  }
+
+  // From every rank's host number (0, 1, ... in the order of the hosts' lowest ranks).
+  explicit HostLayout(std::vector<int> host_of) : host_of_(std::move(host_of)) {
+    for (std::size_t rank = 0; rank < host_of_.size(); ++rank) {
+      const auto host = static_cast<std::size_t>(host_of_[rank]);
+      if (host >= ranks_of_host_.size()) ranks_of_host_.resize(host + 1);
+      ranks_of_host_[host].push_back(static_cast<int>(rank));
+    }
+  }
+
+  int ranks() const { return static_cast<int>(host_of_.size()); }
+  int hosts() const { return static_cast<int>(ranks_of_host_.size()); }
+  int host_of(int rank) const { return host_of_.at(static_cast<std::size_t>(rank)); }
+  const std::vector<int>& ranks_on(int host) const {
+    return ranks_of_host_.at(static_cast<std::size_t>(host));
+  }
+  // The position of `rank` among its host's ranks.
+  int local_index(int rank) const {
+    const std::vector<int>& local = ranks_on(host_of(rank));
+    return static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  }
+  // The most ranks any host has.
+  int largest_host() const {
+    std::size_t largest = 0;
+    for (const auto& local : ranks_of_host_) largest = std::max(largest, local.size());
+    return static_cast<int>(largest);
+  }
+  // Whether every host has the same number of ranks.
+  bool uniform() const {
+    return std::all_of(ranks_of_host_.begin(), ranks_of_host_.end(),
+                       [&](const auto& local) { return local.size() == ranks_of_host_[0].size(); });
+  }
+
+ private:
+  std::vector<int> host_of_;
+  std::vector<std::vector<int>> ranks_of_host_;
+};
+
+}  // namespace coltrain::comm
