@@ -10,6 +10,14 @@ TEST_CASE("version string agrees with the version numbers", "[config]") {
   CHECK(std::string(coltrain::BuildConfig::kVersion) == expected);
 }
 
+TEST_CASE("COLTRAIN_VERSION orders versions as their numbers do", "[config]") {
+  STATIC_REQUIRE(COLTRAIN_VERSION == COLTRAIN_MAKE_VERSION(COLTRAIN_VERSION_MAJOR,
+                                                           COLTRAIN_VERSION_MINOR,
+                                                           COLTRAIN_VERSION_PATCH));
+  STATIC_REQUIRE(COLTRAIN_MAKE_VERSION(0, 1, 99) < COLTRAIN_MAKE_VERSION(0, 2, 0));
+  STATIC_REQUIRE(COLTRAIN_MAKE_VERSION(0, 99, 0) < COLTRAIN_MAKE_VERSION(1, 0, 0));
+}
+
 TEST_CASE("BuildConfig mirrors the backend macros", "[config]") {
   CHECK(coltrain::BuildConfig::kWithMpi == (COLTRAIN_WITH_MPI == 1));
   CHECK(coltrain::BuildConfig::kWithCuda == (COLTRAIN_WITH_CUDA == 1));

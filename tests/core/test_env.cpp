@@ -278,6 +278,17 @@ TEST_CASE("MASTER_PORT must be an integer in [1, 65535]", "[env][port]") {
              Contains("MASTER_PORT=99999999999999999999"));
 }
 
+TEST_CASE("under torchrun's static rendezvous the port above its agent's store is used",
+          "[env][port][torchrun]") {
+  CHECK(detect({{"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}).master_port ==
+        29501);
+  CHECK(detect({{"MASTER_PORT", "29500"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}).master_port ==
+        29500);  // c10d rendezvous (--standalone): the port is free
+  CHECK(detect({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}).master_port == 29501);
+  CHECK_THAT(config_error_of({{"MASTER_PORT", "65535"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}),
+             Contains("MASTER_PORT=65535"));
+}
+
 TEST_CASE("sources that agree on rank and world size are accepted", "[env][agree]") {
   const auto env = detect({{"RANK", "2"},
                            {"WORLD_SIZE", "4"},

@@ -3,10 +3,7 @@
 // which optional backends are present, and the portable host/device annotations. Every other header
 // includes this one first, so a translation unit sees one consistent answer.
 
-#define COLTRAIN_VERSION_MAJOR 0
-#define COLTRAIN_VERSION_MINOR 1
-#define COLTRAIN_VERSION_PATCH 0
-#define COLTRAIN_VERSION_STRING "0.1.0"
+#include <coltrain/version.hpp>
 
 // Host/device annotations: empty under a host compiler, CUDA qualifiers under nvcc, so that small
 // functions (dtype conversions, reduction ops) are written once for both sides.

@@ -25,6 +25,8 @@
 //   local rank is a guess).
 // - MASTER_ADDR and MASTER_PORT default to 127.0.0.1 and 29500. Under Slurm without MASTER_ADDR
 //   the address is the first host of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST: rank 0's node.
+// - torchrun's static rendezvous (its default) keeps MASTER_PORT for its agent's own store and says
+//   so with TORCHELASTIC_USE_AGENT_STORE=True: the rendezvous then uses MASTER_PORT + 1.
 // - An empty variable counts as unset: `export RANK=` is a common way to clear one.
 
 #include <coltrain/core/config.hpp>
@@ -399,6 +401,16 @@ inline LaunchEnv detect_launch_env(const EnvLookup& lookup) {
       detail::throw_env_error("master port must be in [1, 65535]: " + port->show());
     }
     env.master_port = port->value;
+  }
+  if (std::optional<detail::RawVar> agent_store =
+          detail::read_var(lookup, "TORCHELASTIC_USE_AGENT_STORE");
+      agent_store && agent_store->text == "True") {
+    if (env.master_port == 65535) {
+      detail::throw_env_error(
+          "torchrun's agent holds MASTER_PORT=65535 and the rendezvous needs "
+          "the port above it; choose another --master_port");
+    }
+    ++env.master_port;
   }
   return env;
 }
