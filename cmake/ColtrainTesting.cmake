@@ -1,5 +1,5 @@
 # Helpers that register coltrain's tests with CTest. Every test gets a timeout, so a hang fails fast, and
-# labels from this set: unit, mpi, tcp, gpu, parity, slow, headers, compile_fail, consumer.
+# labels from this set: unit, mpi, tcp, gpu, parity, slow, headers, compile_fail, consumer, slurm.
 
 include(Catch)
 
