@@ -1312,7 +1312,7 @@ int run(int argc, char** argv, const World& world) {
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int status = 0;
   World world;
   try {

@@ -46,6 +46,7 @@ class MpiTransport {
   };
 
   MpiTransport(MPI_Comm parent, CommOptions options) : options_(std::move(options)) {
+    require_thread_level();
     COLTRAIN_CHECK_MPI(MPI_Comm_dup(parent, &comm_));
     COLTRAIN_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     COLTRAIN_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
@@ -69,6 +70,25 @@ class MpiTransport {
   }
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
+
+  // A communicator's calls run on its progress thread (comm/request.hpp), so MPI must allow calls
+  // from more than one thread: at least MPI_THREAD_SERIALIZED, which holds as long as no other
+  // thread of the program calls MPI while collectives run; MPI_THREAD_MULTIPLE otherwise. Throws
+  // ConfigError naming the level MPI gives and how to ask for more.
+  static void require_thread_level() {
+    int provided = MPI_THREAD_SINGLE;
+    COLTRAIN_CHECK_MPI(MPI_Query_thread(&provided));
+    if (provided >= MPI_THREAD_SERIALIZED) return;
+    const char* name =
+        provided == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED" : "MPI_THREAD_SINGLE";
+    throw ConfigError(
+        std::string("MPI runs at thread level ") + name +
+        ", but coltrain's collectives progress on a thread of their own and need at least "
+        "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE if other threads call MPI meanwhile): "
+        "initialise MPI with MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided), or let "
+        "coltrain initialise it (Communicator::from_env); if MPI_Init_thread already asked for "
+        "more, this MPI library cannot give it");
+  }
   ~MpiTransport() {
     int finalized = 0;
     MPI_Finalized(&finalized);
