@@ -1,6 +1,7 @@
 #pragma once
-// coltrain's version, the one place it is written: CMake's project version, the pkg-config file and
-// the Spack recipe read it from here, and code can test it at compile time, e.g.
+// coltrain's version, the one place it is written: CMake's project version (and through it the
+// pkg-config file and the package's version file) is read from here, and code can test it at
+// compile time, e.g.
 //   #if COLTRAIN_VERSION >= COLTRAIN_MAKE_VERSION(0, 2, 0)
 
 #define COLTRAIN_VERSION_MAJOR 0

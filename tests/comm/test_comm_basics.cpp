@@ -182,9 +182,9 @@ TEST_CASE("over several hosts the cost model counts the ring's links between hos
   const CostModel tcp = default_cost_model(Backend::kTcp);
   const HostLayout blocks(std::vector{0, 0, 0, 0, 1, 1, 1, 1});
   const HostLayout cyclic(std::vector{0, 1, 0, 1, 0, 1, 0, 1});
-  CHECK(ring_links_leaving_a_host(blocks) == 1);
-  CHECK(ring_links_leaving_a_host(cyclic) == 4);
-  CHECK(ring_links_leaving_a_host(HostLayout(std::vector{0, 0})) == 1);
+  CHECK(blocks.ring_links_leaving_a_host() == 1);
+  CHECK(cyclic.ring_links_leaving_a_host() == 4);
+  CHECK(HostLayout(std::vector{0, 0}).ring_links_leaving_a_host() == 1);
   const std::size_t large = std::size_t{64} << 20;
   // Cyclic placement: a flat ring sends everything between hosts four times over.
   CHECK(choose_algorithm(tcp, Collective::kAllreduce, cyclic, large, false) ==

@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <vector>
 
 namespace coltrain::comm {
 
@@ -288,23 +287,9 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
   return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
 }
 
-// The most links of the ring over ranks 0, 1, ..., p-1 that leave any one host: 1 when each host's
-// ranks are adjacent (block placement), up to a host's rank count when they alternate with other
-// hosts' (cyclic placement, as srun --distribution=cyclic gives). Those links share the host's
-// network link.
-inline int ring_links_leaving_a_host(const HostLayout& hosts) {
-  std::vector<int> leaving(static_cast<std::size_t>(hosts.hosts()), 0);
-  const int p = hosts.ranks();
-  for (int rank = 0; rank < p; ++rank) {
-    if (hosts.host_of(rank) != hosts.host_of((rank + 1) % p))
-      ++leaving[static_cast<std::size_t>(hosts.host_of(rank))];
-  }
-  return std::max(1, *std::max_element(leaving.begin(), leaving.end()));
-}
-
 // The same, for ranks on `hosts`. Over several hosts the flat algorithms' bytes between hosts share
-// each host's network link (ring_links_leaving_a_host), and hierarchical allreduce competes where
-// some host has several ranks.
+// each host's network link (HostLayout::ring_links_leaving_a_host), and hierarchical allreduce
+// competes where some host has several ranks.
 inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
                                   const HostLayout& hosts, std::size_t n_bytes,
                                   bool native_available) {
@@ -312,7 +297,7 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
   if (hosts.hosts() == 1 || hosts.largest_host() == 1)
     return choose_algorithm(model, collective, p, n_bytes, native_available);
   CostModel flat_model = model;
-  flat_model.point_to_point.beta_us_per_byte *= ring_links_leaving_a_host(hosts);
+  flat_model.point_to_point.beta_us_per_byte *= hosts.ring_links_leaving_a_host();
   const Algorithm flat = choose_algorithm(flat_model, collective, p, n_bytes, native_available);
   if (collective != Collective::kAllreduce) return flat;
   return predict_hierarchical_us(model, hosts, n_bytes) <

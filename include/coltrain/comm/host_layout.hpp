@@ -72,12 +72,24 @@ class HostLayout {
     *this = HostLayout(std::move(host_of));
   }
 
-  // From every rank's host number (0, 1, ... in the order of the hosts' lowest ranks).
+  // From every rank's host number (0, 1, ... in the order of the hosts' lowest ranks). What the
+  // cost model asks on every automatic call is worked out here, once.
   explicit HostLayout(std::vector<int> host_of) : host_of_(std::move(host_of)) {
-    for (std::size_t rank = 0; rank < host_of_.size(); ++rank) {
+    const auto p = host_of_.size();
+    for (std::size_t rank = 0; rank < p; ++rank) {
       const auto host = static_cast<std::size_t>(host_of_[rank]);
       if (host >= ranks_of_host_.size()) ranks_of_host_.resize(host + 1);
       ranks_of_host_[host].push_back(static_cast<int>(rank));
+    }
+    std::vector<int> leaving(ranks_of_host_.size(), 0);
+    for (std::size_t rank = 0; rank < p; ++rank) {
+      if (host_of_[rank] != host_of_[(rank + 1) % p])
+        ++leaving[static_cast<std::size_t>(host_of_[rank])];
+    }
+    for (std::size_t host = 0; host < ranks_of_host_.size(); ++host) {
+      largest_host_ = std::max(largest_host_, static_cast<int>(ranks_of_host_[host].size()));
+      uniform_ = uniform_ && ranks_of_host_[host].size() == ranks_of_host_[0].size();
+      ring_links_leaving_a_host_ = std::max(ring_links_leaving_a_host_, leaving[host]);
     }
   }
 
@@ -93,20 +105,21 @@ class HostLayout {
     return static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
   }
   // The most ranks any host has.
-  int largest_host() const {
-    std::size_t largest = 0;
-    for (const auto& local : ranks_of_host_) largest = std::max(largest, local.size());
-    return static_cast<int>(largest);
-  }
+  int largest_host() const { return largest_host_; }
   // Whether every host has the same number of ranks.
-  bool uniform() const {
-    return std::all_of(ranks_of_host_.begin(), ranks_of_host_.end(),
-                       [&](const auto& local) { return local.size() == ranks_of_host_[0].size(); });
-  }
+  bool uniform() const { return uniform_; }
+  // The most links of the ring over ranks 0, 1, ..., p-1 that leave any one host: 1 when each
+  // host's ranks are adjacent (block placement), up to a host's rank count when they alternate
+  // with other hosts' (cyclic placement, as srun --distribution=cyclic gives). Those links share
+  // the host's network link.
+  int ring_links_leaving_a_host() const { return ring_links_leaving_a_host_; }
 
  private:
   std::vector<int> host_of_;
   std::vector<std::vector<int>> ranks_of_host_;
+  int largest_host_ = 0;
+  bool uniform_ = true;
+  int ring_links_leaving_a_host_ = 1;
 };
 
 }  // namespace coltrain::comm
