@@ -21,6 +21,7 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timer.hpp>
 
 #include <mpi.h>
@@ -886,7 +887,7 @@ class Report {
  private:
   static Progress::Mode progress_mode(const Options& options, const World& world) {
     if (world.rank != 0) return Progress::Mode::kOff;
-    if (::isatty(STDERR_FILENO)) return Progress::Mode::kTerminal;
+    if (coltrain::writes_to_terminal(STDERR_FILENO)) return Progress::Mode::kTerminal;
     return options.progress ? Progress::Mode::kPipe : Progress::Mode::kOff;
   }
 

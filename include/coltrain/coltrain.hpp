@@ -11,6 +11,7 @@
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>
+#include <coltrain/core/terminal.hpp>
 #include <coltrain/core/thread_pool.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/core/timer.hpp>

@@ -4,9 +4,10 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/optim/adam.hpp>
+#include <coltrain/optim/gradient_clipping.hpp>
 #include <coltrain/optim/loss_scaler.hpp>
-#include <coltrain/optim/network_parameters.hpp>
 #include <coltrain/optim/lr_schedule.hpp>
+#include <coltrain/optim/network_parameters.hpp>
 #include <coltrain/optim/parameter_ref.hpp>
 #include <coltrain/optim/precision.hpp>
 #include <coltrain/optim/sgd.hpp>

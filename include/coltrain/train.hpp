@@ -4,6 +4,7 @@
 
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/early_stopping.hpp>
 #include <coltrain/train/elastic.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>

@@ -57,7 +57,7 @@ int train_classifier_on_cuda(const Options& o, const std::string& model_name,
       trainer_options(o, model_name, world, std::string(ct::comm::name_of(comm.backend())));
   options.cuda_graph = o.cuda_graph;
   ct::train::DeviceTrainer trainer(
-      net, sgd, ddp, make_schedule(o, train_loader.batches_per_epoch()), std::move(options));
+      net, sgd, ddp, make_schedule(o, world, train_loader.batches_per_epoch()), std::move(options));
   if (rank == 0) {
     cudaDeviceProp properties{};
     COLTRAIN_CHECK_CUDA(cudaGetDeviceProperties(&properties, cuda_device));

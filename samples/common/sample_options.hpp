@@ -85,9 +85,11 @@ struct Options {
   std::optional<int> cuda_device;  // this rank's CUDA device, resolved from the launcher
   int epochs = 10;
   std::int64_t batch_size = 64;  // per rank
-  double lr = 0.05;              // for the whole (global) batch
+  // For the whole (global) batch; under --scale-lr for one rank's batch, multiplied by the ranks
+  // and --grad-accum (effective_lr).
+  double lr = 0.05;
   std::string schedule = "cosine";
-  int warmup_epochs = 0;
+  std::optional<int> warmup_epochs;  // unset: 0, or with --scale-lr the rule's (warmup_epochs_of)
   double momentum = 0.9;
   double weight_decay = 0;
   bool nesterov = false;
@@ -100,9 +102,15 @@ struct Options {
   std::string checkpoint_dir;
   int checkpoint_every = 1;
   bool resume = false;
+  std::string resume_from;  // --resume DIR; empty: the checkpoint directory
+  bool eval_only = false;
+  int grad_accum = 1;
+  std::optional<double> clip_grad_norm;
+  std::optional<int> early_stopping_patience;
+  bool scale_lr = false;
   int threads = 1;  // per rank
   std::uint64_t seed = 1;
-  bool progress = true;
+  std::optional<bool> progress;  // unset: on a terminal (core/terminal.hpp)
   bool cuda_graph = false;  // replay each training step as a CUDA graph (--device cuda)
   // How the CPU trainer's gradient allreduces travel: none (f32), bf16 or fp16 (half the bytes,
   // reduced in f32: comm/algorithms/compressed_allreduce.hpp).
@@ -138,12 +146,17 @@ inline void add_options(CLI::App& app, Options& o) {
   app.add_option("--batch-size", o.batch_size, "batch size per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--lr", o.lr, "learning rate (for the global batch)")->capture_default_str();
+  app.add_option("--lr", o.lr,
+                 "learning rate (for the global batch; with --scale-lr, for one rank's)")
+      ->capture_default_str();
+  app.add_flag("--scale-lr", o.scale_lr,
+               "linear scaling rule: --lr times ranks times --grad-accum, warmed up from --lr over "
+               "--warmup-epochs (default: a fifth of the epochs, 1 to 5)");
   app.add_option("--schedule", o.schedule, "cosine, step (/10 at 50% and 75%) or constant")
       ->check(CLI::IsMember({"cosine", "step", "constant"}))
       ->capture_default_str();
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warm-up epochs")
-      ->capture_default_str();
+  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warm-up epochs (default 0)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
   app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
@@ -163,12 +176,37 @@ inline void add_options(CLI::App& app, Options& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "epochs between checkpoints")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  app.add_option_function<std::string>(
+         "--resume",
+         [&o](const std::string& dir) {
+           o.resume = true;
+           o.resume_from = dir;
+         },
+         "continue from the newest checkpoint in DIR (default: --checkpoint-dir)")
+      ->expected(0, 1)
+      ->type_name("[DIR]");
+  app.add_flag("--eval-only", o.eval_only,
+               "evaluate the newest checkpoint of --resume DIR (or --checkpoint-dir) on the "
+               "validation set instead of training (the run's --seed and --precision)");
+  app.add_option("--grad-accum", o.grad_accum,
+                 "batches whose gradients are summed before each optimizer step (--device cpu)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip the gradients' global L2 norm to this (--device cpu)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--early-stopping-patience", o.early_stopping_patience,
+                 "stop when the validation loss has not improved for this many epochs")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "CPU threads per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation, data order and dropout")->capture_default_str();
-  app.add_flag("!--no-progress", o.progress, "no progress bar");
+  app.add_flag_callback(
+      "--progress", [&o] { o.progress = true; },
+      "progress bar (default: only when standard output is a terminal)");
+  app.add_flag_callback(
+      "--no-progress", [&o] { o.progress = false; }, "no progress bar");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
   app.add_flag("--elastic", o.elastic,
@@ -214,10 +252,38 @@ inline void resolve_and_check(Options& o, const std::string& program) {
         std::string(o.device != "cpu" ? "--device cuda (the GPU trainer keeps it whole)"
                     : o.elastic ? "--elastic (the survivors would lose the dead ranks' shards)"
                                 : "--grad-compression (the reduce-scatter is uncompressed)"));
+  if (o.eval_only && !o.resume && o.checkpoint_dir.empty())
+    throw ct::ConfigError(
+        "--eval-only evaluates a checkpoint: give --resume DIR (or --checkpoint-dir)");
+  if (o.eval_only) o.resume = true;
+  if (o.elastic && (o.grad_accum > 1 || o.early_stopping_patience))
+    throw ct::ConfigError(
+        std::string(o.grad_accum > 1 ? "--grad-accum" : "--early-stopping-patience") +
+        " does not combine with --elastic (a regroup would lose the partial sums; a joiner would "
+        "not know the count)");
+  if (o.device == "cuda" && (o.grad_accum > 1 || o.clip_grad_norm || o.eval_only))
+    throw ct::ConfigError(
+        std::string(o.grad_accum > 1   ? "--grad-accum"
+                    : o.clip_grad_norm ? "--clip-grad-norm"
+                                       : "--eval-only") +
+        " is the CPU trainer's for now; the GPU trainer does not have it yet (use --device cpu)");
   if (o.device == "cuda" && o.grad_compression != "none")
     throw ct::ConfigError("--grad-compression " + o.grad_compression +
                           " compresses the CPU trainer's host allreduces; the GPU trainer's "
                           "device buffers travel uncompressed (use --device cpu)");
+}
+
+// The learning rate the schedule reaches: --lr, or under --scale-lr (Goyal et al. 2017) --lr times
+// the ranks and --grad-accum: the global batch is that many times one rank's.
+inline double effective_lr(const Options& o, int world_size) {
+  return o.scale_lr ? ct::optim::scale_lr_linearly(o.lr, world_size * o.grad_accum) : o.lr;
+}
+
+// --warmup-epochs, or when not given 0, and under --scale-lr a fifth of the epochs (at least 1, at
+// most Goyal et al.'s 5): a large scaled rate from the first step diverges.
+inline int warmup_epochs_of(const Options& o) {
+  if (o.warmup_epochs) return *o.warmup_epochs;
+  return o.scale_lr ? std::clamp(o.epochs / 5, 1, 5) : 0;
 }
 
 inline nlohmann::ordered_json to_json(const Options& o, const std::string& model, int world_size,
@@ -234,8 +300,14 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
   config["epochs"] = o.epochs;
   config["batch_size_per_rank"] = o.batch_size;
   config["lr"] = o.lr;
+  config["scale_lr"] = o.scale_lr;
+  config["effective_lr"] = effective_lr(o, world_size);
   config["schedule"] = o.schedule;
-  config["warmup_epochs"] = o.warmup_epochs;
+  config["warmup_epochs"] = warmup_epochs_of(o);
+  config["grad_accum"] = o.grad_accum;
+  config["clip_grad_norm"] = o.clip_grad_norm ? nlohmann::ordered_json(*o.clip_grad_norm) : nullptr;
+  config["early_stopping_patience"] =
+      o.early_stopping_patience ? nlohmann::ordered_json(*o.early_stopping_patience) : nullptr;
   config["momentum"] = o.momentum;
   config["weight_decay"] = o.weight_decay;
   config["nesterov"] = o.nesterov;
@@ -260,25 +332,37 @@ inline ct::train::TrainerOptions trainer_options(const Options& o, const std::st
           .checkpoint_every = o.checkpoint_every,
           .model_name = model,
           .resume = o.resume,
-          .progress = o.progress ? std::nullopt : std::optional<bool>(false),
+          .resume_from = o.resume_from,
+          .eval_only = o.eval_only,
+          .progress = o.progress,
+          .grad_accum = o.grad_accum,
+          .clip_grad_norm = o.clip_grad_norm,
+          .early_stopping_patience = o.early_stopping_patience,
           .config = to_json(o, model, world_size, backend)};
 }
 
-// The learning rate at each global step: warm-up, then cosine, step or constant.
-inline std::function<double(std::int64_t)> make_schedule(const Options& o,
-                                                         std::int64_t steps_per_epoch) {
-  const std::int64_t warmup = o.warmup_epochs * steps_per_epoch;
-  const std::int64_t rest =
-      std::max<std::int64_t>(1, (o.epochs - o.warmup_epochs) * steps_per_epoch);
+// The learning rate at each optimizer step: warm-up, then cosine, step or constant, at
+// effective_lr. `batches_per_epoch` is one rank's; with --grad-accum N an optimizer step takes N of
+// them. Warm-up starts at a tenth of the rate, or under --scale-lr at the unscaled --lr (Goyal et
+// al.'s gradual warm-up).
+inline std::function<double(std::int64_t)> make_schedule(const Options& o, int world_size,
+                                                         std::int64_t batches_per_epoch) {
+  const std::int64_t steps_per_epoch = (batches_per_epoch + o.grad_accum - 1) / o.grad_accum;
+  const int warmup_epochs = warmup_epochs_of(o);
+  const double lr = effective_lr(o, world_size);
+  const std::int64_t warmup = warmup_epochs * steps_per_epoch;
+  const std::int64_t rest = std::max<std::int64_t>(1, (o.epochs - warmup_epochs) * steps_per_epoch);
   std::function<double(std::int64_t)> after;
   if (o.schedule == "cosine")
-    after = ct::optim::CosineAnnealingLr{.base_lr = o.lr, .t_max = rest};
+    after = ct::optim::CosineAnnealingLr{.base_lr = lr, .t_max = rest};
   else if (o.schedule == "step")
-    after = ct::optim::MultiStepLr{.base_lr = o.lr, .milestones = {rest / 2, rest * 3 / 4}};
+    after = ct::optim::MultiStepLr{.base_lr = lr, .milestones = {rest / 2, rest * 3 / 4}};
   else
-    after = ct::optim::ConstantLr{.base_lr = o.lr};
+    after = ct::optim::ConstantLr{.base_lr = lr};
   return ct::optim::LinearWarmup<std::function<double(std::int64_t)>>{
-      .warmup_steps = warmup, .start_factor = 0.1, .inner = std::move(after)};
+      .warmup_steps = warmup,
+      .start_factor = o.scale_lr ? o.lr / lr : 0.1,
+      .inner = std::move(after)};
 }
 
 }  // namespace sample

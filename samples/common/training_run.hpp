@@ -65,7 +65,7 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   std::string backend = "tcp (elastic)";
   if constexpr (!kElastic) backend = ct::comm::name_of(comm.backend());
   ct::train::TrainerOptions options = trainer_options(o, model_name, world, backend);
-  auto schedule = make_schedule(o, train_loader.batches_per_epoch());
+  auto schedule = make_schedule(o, world, train_loader.batches_per_epoch());
   using Trainer = ct::train::Trainer<decltype(net), Policy, ct::optim::Sgd>;
   std::optional<Trainer> trainer;
   if constexpr (kElastic)
@@ -74,13 +74,19 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
     trainer.emplace(net, *zero, *ddp, std::move(schedule), std::move(options));
   else
     trainer.emplace(net, *sgd, *ddp, std::move(schedule), std::move(options));
-  if (rank == 0)
+  if (rank == 0) {
     std::cout << model_name << ": " << decltype(net)::kParameterCount << " parameters, " << world
               << (world == 1 ? " rank" : " ranks") << " (" << backend << ") x " << o.threads
               << (o.threads == 1 ? " thread" : " threads") << ", " << train.size()
               << " training and " << test.size() << " validation images, " << Policy::kName
-              << (zero ? ", ZeRO-1 (optimizer state sharded)" : "") << "\n";
+              << (zero ? ", ZeRO-1 (optimizer state sharded)" : "");
+    if (o.grad_accum > 1) std::cout << ", " << o.grad_accum << " batches per optimizer step";
+    if (o.scale_lr) std::cout << ", learning rate scaled to " << effective_lr(o, world);
+    std::cout << "\n";
+  }
   const ct::train::FitResult result = trainer->fit(train_loader, test_loader);
+  if (o.eval_only)
+    return o.target_accuracy && result.validation.top1() < *o.target_accuracy ? 2 : 0;
   return o.target_accuracy && !result.time_to_target ? 2 : 0;
 }
 

@@ -4,11 +4,13 @@
 
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/optim/adam.hpp>
+#include <coltrain/optim/gradient_clipping.hpp>
 #include <coltrain/optim/precision.hpp>
 #include <coltrain/optim/sgd.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <limits>
 #include <span>
 #include <string>
@@ -271,4 +273,44 @@ TEST_CASE("PrecisionOptimizer errors", "[optim][precision][errors]") {
   CHECK_THROWS_AS(trainer.apply(true, -0.1), InvalidArgument);
   CHECK(trainer.loss_scale() == 65536.0f);  // the failed apply changed nothing
   CHECK(trainer.apply(true, 0.1));
+}
+
+// Clipping's two halves (train::Trainer's clip_grad_norm): the norm of the unscaled fp32
+// gradients, then every one scaled; PyTorch's coefficient, clamped at 1.
+TEST_CASE("gradient norm and scaling between unscale_and_check and apply", "[optim][precision]") {
+  SECTION("fp16: the masters' gradients, after the loss scale is divided out") {
+    std::vector<Param<half>> params{{"w", {1.0f, 1.0f}}, {"b", {1.0f}}};
+    PrecisionOptimizer<MixedFp16, Sgd> trainer(refs(params), Sgd(), {.init_scale = 8.0f});
+    params[0].set_grads({24.0f, 32.0f});  // 8 x (3, 4)
+    params[1].set_grads({0.0f});
+    CHECK_THROWS_WITH(trainer.gradient_sum_of_squares(), Contains("unscale_and_check() first"));
+    REQUIRE(trainer.unscale_and_check());
+    CHECK(trainer.gradient_sum_of_squares() == 25.0);
+    trainer.scale_gradients(0.5f);
+    CHECK(trainer.gradient_sum_of_squares() == Approx(6.25));
+    CHECK(trainer.apply(true, 1.0));
+    CHECK(static_cast<float>(params[0].value[0]) == Approx(1.0f - 1.5f));
+    CHECK(static_cast<float>(params[0].value[1]) == Approx(1.0f - 2.0f));
+  }
+  SECTION("fp32: the gradients in place") {
+    std::vector<Param<float>> params{{"w", {0.0f, 0.0f}}};
+    PrecisionOptimizer<Fp32, Sgd> trainer(refs(params), Sgd());
+    params[0].set_grads({6.0f, 8.0f});
+    CHECK_THROWS_WITH(trainer.scale_gradients(0.5f), Contains("unscale_and_check() first"));
+    REQUIRE(trainer.unscale_and_check());
+    CHECK(trainer.gradient_sum_of_squares() == 100.0);
+    trainer.scale_gradients(0.1f);
+    CHECK(trainer.apply(true, 1.0));
+    CHECK(params[0].value[0] == Approx(-0.6f));
+    CHECK(params[0].value[1] == Approx(-0.8f));
+  }
+  SECTION("the coefficient") {
+    using coltrain::optim::clip_coefficient;
+    CHECK(clip_coefficient(10.0, 5.0) == Approx(5.0 / (10.0 + 1e-6)));
+    CHECK(clip_coefficient(1.0, 5.0) == 1.0);
+    CHECK(clip_coefficient(0.0, 5.0) == 1.0);
+    CHECK(clip_coefficient(kInf, 5.0) == 0.0);
+    CHECK_THROWS_WITH(clip_coefficient(1.0, 0.0), Contains("max_norm must be > 0"));
+    CHECK_THROWS_AS(clip_coefficient(1.0, std::nan("")), InvalidArgument);
+  }
 }

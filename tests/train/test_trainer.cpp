@@ -13,7 +13,9 @@
 #include <coltrain/optim.hpp>
 #include <coltrain/train/trainer.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +57,9 @@ using Model = nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4,
                              nn::Named<"fc", nn::Linear<4>>>;
 using Net = nn::Network<Model>;
 using Sgd = optim::PrecisionOptimizer<optim::Fp32, optim::Sgd>;
+// Without BatchNorm, whose batch statistics make a batch of 8 differ from two of 4.
+using MlpModel = nn::Sequential<nn::Input<1, 6, 6>, nn::Flatten, nn::Named<"fc1", nn::Linear<12>>,
+                                nn::ReLU, nn::Named<"fc2", nn::Linear<4>>>;
 
 const data::ImageTransform kTransform{.normalization = {{0.5f}, {0.25f}}};
 
@@ -64,22 +69,31 @@ struct Run {
   std::string output;          // what rank 0 printed
 };
 
-// Trains a fresh network for `epochs` (or, with `resume`, continues from the checkpoints); with
-// `zero`, the optimizer state sharded (ZeRO-1).
-Run fit(comm::Communicator& comm, train::TrainerOptions options, bool zero = false) {
+struct Setup {
+  bool zero = false;            // the optimizer state sharded (ZeRO-1)
+  std::int64_t batch_size = 8;  // per rank
+  double lr = 0.1;              // the cosine schedule's base
+};
+
+// Trains a fresh network for `epochs` (or, with `resume`, continues from the checkpoints).
+template <class M = Model>
+Run fit(comm::Communicator& comm, train::TrainerOptions options, Setup setup = {}) {
+  using N = nn::Network<M>;
   const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
-  Net net({.threads = 1, .seed = 7});
+  N net({.threads = 1, .seed = 7});
+  const bool zero = setup.zero;
   train::DataParallel ddp(net, comm, {.zero_stage = zero ? 1 : 0});
-  const optim::Sgd::Options sgd_options{.lr = 0.1, .momentum = 0.9};
+  const optim::Sgd::Options sgd_options{.lr = setup.lr, .momentum = 0.9};
   std::optional<Sgd> sgd;
-  std::optional<train::ZeroOptimizer<Net, optim::Fp32, optim::Sgd>> sharded;
+  std::optional<train::ZeroOptimizer<N, optim::Fp32, optim::Sgd>> sharded;
   if (zero)
     sharded.emplace(ddp, optim::Sgd(sgd_options));
   else
     sgd.emplace(optim::parameters_of(net), optim::Sgd(sgd_options));
   data::DistributedSampler sampler(train_set.size(),
                                    {.num_replicas = comm.size(), .rank = comm.rank(), .seed = 3});
-  data::Loader<float> train_loader(train_set, sampler, {.batch_size = 8}, kTransform);
+  data::Loader<float> train_loader(train_set, sampler, {.batch_size = setup.batch_size},
+                                   kTransform);
   std::vector<std::int64_t> shard;
   for (std::int64_t i = comm.rank(); i < test_set.size(); i += comm.size()) shard.push_back(i);
   data::Loader<float> test_loader(test_set, shard, {.batch_size = 16}, kTransform);
@@ -87,8 +101,8 @@ Run fit(comm::Communicator& comm, train::TrainerOptions options, bool zero = fal
   options.out = &out;
   options.progress = false;
   options.model_name = "quadrant_net";
-  const optim::CosineAnnealingLr schedule{.base_lr = 0.1, .t_max = 200};
-  std::optional<train::Trainer<Net, optim::Fp32, optim::Sgd>> trainer;
+  const optim::CosineAnnealingLr schedule{.base_lr = setup.lr, .t_max = 200};
+  std::optional<train::Trainer<N, optim::Fp32, optim::Sgd>> trainer;
   if (zero)
     trainer.emplace(net, *sharded, ddp, schedule, options);
   else
@@ -205,9 +219,9 @@ TEST_CASE("ZeRO-1 in the trainer: the same weights, and checkpoints that resume 
     const coltrain::testing::TempDir temp;
     const std::filesystem::path dir = shared_dir(comm, temp);
     const Run whole = fit(comm, {.epochs = 4});
-    CHECK(fit(comm, {.epochs = 4}, true).weights == whole.weights);
+    CHECK(fit(comm, {.epochs = 4}, {.zero = true}).weights == whole.weights);
 
-    const Run first_half = fit(comm, {.epochs = 2, .checkpoint_dir = dir / "zero"}, true);
+    const Run first_half = fit(comm, {.epochs = 2, .checkpoint_dir = dir / "zero"}, {.zero = true});
     CHECK(first_half.result.epochs == 2);
     const Run unsharded_rest =
         fit(comm, {.epochs = 4, .checkpoint_dir = dir / "zero", .resume = true});
@@ -215,7 +229,7 @@ TEST_CASE("ZeRO-1 in the trainer: the same weights, and checkpoints that resume 
 
     CHECK(fit(comm, {.epochs = 2, .checkpoint_dir = dir / "plain"}).result.epochs == 2);
     const Run sharded_rest =
-        fit(comm, {.epochs = 4, .checkpoint_dir = dir / "plain", .resume = true}, true);
+        fit(comm, {.epochs = 4, .checkpoint_dir = dir / "plain", .resume = true}, {.zero = true});
     CHECK(sharded_rest.weights == whole.weights);
     if (comm.rank() == 0)
       CHECK_THAT(sharded_rest.output, Catch::Contains("resuming after epoch 2"));
@@ -245,4 +259,196 @@ TEST_CASE("a log directory refused on rank 0 stops every rank before training", 
     comm.allreduce(std::span<std::int64_t>(&one, 1), comm::ReduceOp::kSum);
     CHECK(one == comm.size());
   }
+}
+
+namespace {
+
+// The initial weights of fit<M>()'s network (its seed), in state_dict order.
+template <class M>
+std::vector<float> initial_weights() {
+  nn::Network<M> net({.threads = 1, .seed = 7});
+  std::vector<float> weights;
+  net.visit_parameters([&](const std::string&, auto& p) {
+    weights.insert(weights.end(), p.value.span().begin(), p.value.span().end());
+  });
+  return weights;
+}
+
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    largest = std::max(largest, std::abs(static_cast<double>(a[i]) - b[i]));
+  return largest;
+}
+
+double norm_of_change(const std::vector<float>& from, const std::vector<float>& to) {
+  double sum = 0;
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    const double d = static_cast<double>(to[i]) - from[i];
+    sum += d * d;
+  }
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+// Each rank's 96 / p samples in batches of 8 against batches of 4 accumulated in pairs (or 2 in
+// fours): the same sums of the same gradients, so the same weights up to rounding.
+TEST_CASE("gradient accumulation: k batches of b/k per step train as batches of b",
+          "[trainer][grad_accum]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    for (const bool zero : {false, true}) {
+      INFO("ZeRO-1 " << zero);
+      const Run whole = fit<MlpModel>(comm, {.epochs = 2}, {.zero = zero, .batch_size = 8});
+      const Run pairs =
+          fit<MlpModel>(comm, {.epochs = 2, .grad_accum = 2}, {.zero = zero, .batch_size = 4});
+      const Run fours =
+          fit<MlpModel>(comm, {.epochs = 2, .grad_accum = 4}, {.zero = zero, .batch_size = 2});
+      CHECK(pairs.result.global_step == whole.result.global_step);
+      CHECK(fours.result.global_step == whole.result.global_step);
+      CHECK(max_abs_difference(pairs.weights, whole.weights) < 1e-5);
+      CHECK(max_abs_difference(fours.weights, whole.weights) < 1e-5);
+      CHECK(max_abs_difference(initial_weights<MlpModel>(), whole.weights) > 1e-2);
+    }
+  }
+}
+
+TEST_CASE("gradient accumulation: a shorter last group still steps", "[trainer][grad_accum]") {
+  comm::Communicator& comm = shared_communicator(Backend::kTcp);
+  // 96 / p samples per rank in batches of 8: 12 or 6 batches, in groups of 5 (the last of 2 or 1).
+  const std::int64_t batches = 96 / comm.size() / 8;
+  const Run run = fit<MlpModel>(comm, {.epochs = 2, .grad_accum = 5});
+  CHECK(run.result.global_step == 2 * ((batches + 4) / 5));
+  CHECK(max_abs_difference(initial_weights<MlpModel>(), run.weights) > 1e-3);
+}
+
+// One step per epoch (each rank's whole shard in one batch). SGD's first step with momentum moves
+// the weights by lr * gradient, so clipping to max_norm makes the change's norm lr * max_norm.
+TEST_CASE("clip_grad_norm scales the gradients to the norm, on every rank alike",
+          "[trainer][clip]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const Setup one_step{.batch_size = 96 / comm.size()};
+    const std::vector<float> start = initial_weights<Model>();
+    const Run free = fit(comm, {.epochs = 1}, one_step);
+    const double lr = 0.1;  // the schedule's rate at step 0
+    const double gradient_norm = norm_of_change(start, free.weights) / lr;
+    REQUIRE(gradient_norm > 0.1);
+
+    const double max_norm = gradient_norm / 4;
+    const Run clipped = fit(comm, {.epochs = 1, .clip_grad_norm = max_norm}, one_step);
+    CHECK(norm_of_change(start, clipped.weights) == Approx(lr * max_norm).epsilon(1e-4));
+    // The same direction: the clipped change is the free one, scaled.
+    const double factor = max_norm / (gradient_norm + 1e-6);
+    for (std::size_t i = 0; i < start.size(); i += 7)
+      CHECK(clipped.weights[i] - start[i] ==
+            Approx((free.weights[i] - start[i]) * factor).margin(1e-6));
+    // Under ZeRO-1 each rank holds a shard of the gradients; the norm sums the shards'.
+    const Run sharded = fit(comm, {.epochs = 1, .clip_grad_norm = max_norm},
+                            {.zero = true, .batch_size = 96 / comm.size()});
+    CHECK(max_abs_difference(sharded.weights, clipped.weights) < 1e-6);
+    // A limit above the norm leaves the step alone.
+    CHECK(fit(comm, {.epochs = 1, .clip_grad_norm = gradient_norm * 2}, one_step).weights ==
+          free.weights);
+    const std::vector<float> all = gather_weights(comm, clipped.weights);
+    for (int r = 1; r < comm.size(); ++r)
+      CHECK(std::equal(clipped.weights.begin(), clipped.weights.end(),
+                       all.begin() + r * static_cast<std::ptrdiff_t>(clipped.weights.size())));
+  }
+}
+
+// At learning rate 0 the validation loss never improves after the first epoch: patience 2 stops
+// after epoch 3. Its count travels in checkpoints, so a resumed run stops there too.
+TEST_CASE("early stopping ends the run when the validation loss stops improving, across a resume",
+          "[trainer][early_stopping]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const coltrain::testing::TempDir temp;
+    const std::filesystem::path dir = shared_dir(comm, temp);
+    const Setup frozen{.lr = 0.0};
+    const Run run = fit<MlpModel>(
+        comm, {.epochs = 10, .log_dir = dir / "run", .early_stopping_patience = 2}, frozen);
+    CHECK(run.result.stopped_early);
+    CHECK(run.result.epochs == 3);
+    if (comm.rank() == 0) {
+      CHECK_THAT(run.output,
+                 Catch::Contains("early stopping after epoch 3: validation loss has not "
+                                 "improved on ") &&
+                     Catch::Contains("(epoch 1) for 2 epochs"));
+      std::ifstream result_file(dir / "run" / "result.json");
+      CHECK(nlohmann::json::parse(result_file)["extra"]["stopped_early"] == true);
+    }
+    // Training that improves is not stopped.
+    CHECK_FALSE(
+        fit<MlpModel>(comm, {.epochs = 3, .early_stopping_patience = 2}).result.stopped_early);
+
+    const Run first = fit<MlpModel>(
+        comm, {.epochs = 2, .checkpoint_dir = dir / "checkpoints", .early_stopping_patience = 2},
+        frozen);
+    CHECK_FALSE(first.result.stopped_early);
+    const Run resumed = fit<MlpModel>(comm,
+                                      {.epochs = 10,
+                                       .checkpoint_dir = dir / "checkpoints",
+                                       .resume = true,
+                                       .early_stopping_patience = 2},
+                                      frozen);
+    CHECK(resumed.result.stopped_early);
+    CHECK(resumed.result.epochs == 3);
+  }
+}
+
+TEST_CASE("eval_only evaluates the newest checkpoint; resume_from reads another directory",
+          "[trainer][eval_only]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const coltrain::testing::TempDir temp;
+    const std::filesystem::path dir = shared_dir(comm, temp);
+    const Run trained = fit(comm, {.epochs = 2, .checkpoint_dir = dir / "a"});
+
+    const Run evaluated =
+        fit(comm, {.log_dir = dir / "eval", .resume_from = dir / "a", .eval_only = true});
+    CHECK(evaluated.result.epochs == 2);
+    CHECK(evaluated.result.global_step == trained.result.global_step);
+    CHECK(evaluated.weights == trained.weights);
+    CHECK(evaluated.result.validation.top1() == trained.result.validation.top1());
+    CHECK(evaluated.result.validation.mean_loss() ==
+          Approx(trained.result.validation.mean_loss()).epsilon(1e-6));
+    if (comm.rank() == 0) {
+      CHECK_THAT(evaluated.output,
+                 Catch::Contains("(epoch 2, step " + std::to_string(trained.result.global_step) +
+                                 "): validation loss: "));
+      std::ifstream record_file(dir / "eval" / "evaluation.json");
+      const auto record = nlohmann::json::parse(record_file);
+      CHECK(record["epoch"] == 2);
+      CHECK(record["validation"]["samples"] == 40);
+      CHECK(record["validation"]["top1"].get<double>() == trained.result.validation.top1());
+    }
+    // Nothing to evaluate is an error naming the directory.
+    CHECK_THROWS_WITH(fit(comm, {.checkpoint_dir = dir / "empty", .eval_only = true}),
+                      Catch::Contains((dir / "empty").string()));
+
+    // Resuming from a's checkpoints while saving into b: the uninterrupted run's weights.
+    const Run whole = fit(comm, {.epochs = 4});
+    const Run rest = fit(
+        comm, {.epochs = 4, .checkpoint_dir = dir / "b", .resume = true, .resume_from = dir / "a"});
+    CHECK(rest.weights == whole.weights);
+    CHECK(train::find_latest_checkpoint(dir / "b").has_value());
+  }
+}
+
+TEST_CASE("the trainer refuses options out of range, naming them", "[trainer]") {
+  comm::Communicator& comm = shared_communicator(Backend::kTcp);
+  CHECK_THROWS_WITH(fit(comm, {.grad_accum = 0}), Catch::Contains("grad_accum must be >= 1"));
+  CHECK_THROWS_WITH(fit(comm, {.clip_grad_norm = 0.0}),
+                    Catch::Contains("clip_grad_norm must be > 0"));
+  CHECK_THROWS_WITH(fit(comm, {.early_stopping_patience = 0}),
+                    Catch::Contains("early_stopping_patience must be >= 1"));
+  CHECK_THROWS_WITH(fit(comm, {.eval_only = true}),
+                    Catch::Contains("eval_only needs a checkpoint directory"));
 }

@@ -282,6 +282,33 @@ class PrecisionOptimizer {
   // Both halves, for a single process.
   bool step(double lr) { return apply(unscale_and_check(), lr); }
 
+  // Between the halves: the sum of the squares of the fp32 gradients the optimizer will step with
+  // (unscaled), for clipping by their norm (optim/gradient_clipping.hpp). Throws coltrain::Error
+  // before unscale_and_check().
+  double gradient_sum_of_squares() const {
+    if (!unscaled_)
+      throw Error("PrecisionOptimizer: gradient_sum_of_squares() needs unscale_and_check() first");
+    double sum = 0;
+    for (const ParamRef& ref : refs_)
+      for (const float g : ref.grad) sum += static_cast<double>(g) * static_cast<double>(g);
+    return sum;
+  }
+
+  // Between the halves: multiplies the fp32 gradients by `factor` (clipping). Throws
+  // coltrain::Error before unscale_and_check().
+  void scale_gradients(float factor) {
+    if (!unscaled_)
+      throw Error("PrecisionOptimizer: scale_gradients() needs unscale_and_check() first");
+    for (std::size_t p = 0; p < params_.size(); ++p) {
+      std::span<float> grad;
+      if constexpr (Precision::kMasterWeights)
+        grad = master_grads_[p];
+      else
+        grad = params_[p].grad;
+      for (float& g : grad) g *= factor;
+    }
+  }
+
   // The factor to multiply the loss by before the backward pass; 1 without loss scaling.
   float loss_scale() const {
     if constexpr (Precision::kLossScaling) {

@@ -29,22 +29,24 @@
 // run goes on; processes that ask to join come in at an epoch start (docs/fault-tolerance.md).
 
 #include <coltrain/comm/elastic_group.hpp>
+#include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/loader.hpp>
 #include <coltrain/nn/loss.hpp>
+#include <coltrain/optim/gradient_clipping.hpp>
 #include <coltrain/optim/precision.hpp>
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/early_stopping.hpp>
 #include <coltrain/train/elastic.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>
 #include <coltrain/train/run_log.hpp>
 #include <coltrain/train/zero_optimizer.hpp>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -77,8 +79,14 @@ struct TrainerOptions {
   std::filesystem::path checkpoint_dir{};
   std::int64_t checkpoint_every = 1;
   std::string model_name{};  // recorded in checkpoints and checked on resume
-  // Continue from the newest complete checkpoint in checkpoint_dir (a fresh start if none).
+  // Continue from the newest complete checkpoint in resume_from, or in checkpoint_dir when that is
+  // empty (a fresh start if there is none).
   bool resume = false;
+  std::filesystem::path resume_from{};
+  // Instead of training, fit() evaluates the newest checkpoint in resume_from (or checkpoint_dir)
+  // on the validation loader and returns its metrics; rank 0 prints them and, with a log_dir,
+  // writes evaluation.json there. No checkpoint there is an error.
+  bool eval_only = false;
   // The progress bar; unset: when rank 0's standard output is a terminal.
   std::optional<bool> progress{};
   // Print the profile table and the confusion matrix at the end (rank 0).
@@ -86,6 +94,17 @@ struct TrainerOptions {
   // GPU trainer (DeviceTrainer): replay each full-size training step as one CUDA graph. Needs a
   // step that never blocks the host: NCCL, or one rank.
   bool cuda_graph = false;
+  // Gradient accumulation: the gradients of this many consecutive batches are summed (all but the
+  // last backward pass without communication, as DDP's no_sync()) before one optimizer step, each
+  // batch's loss divided by the batches in its group, so a step sees their mean. The last group
+  // of an epoch may be shorter. The learning-rate schedule counts optimizer steps.
+  std::int64_t grad_accum = 1;
+  // Clip the averaged, unscaled gradients to this global L2 norm before each optimizer step
+  // (optim/gradient_clipping.hpp, as torch.nn.utils.clip_grad_norm_).
+  std::optional<double> clip_grad_norm{};
+  // Stop when the validation loss has not improved for this many epochs (train/early_stopping.hpp);
+  // its state travels in checkpoints.
+  std::optional<std::int64_t> early_stopping_patience{};
   nlohmann::ordered_json config = nlohmann::ordered_json::object();  // recorded in config.json
   std::ostream* out = &std::cout;
 };
@@ -98,6 +117,7 @@ struct FitResult {
   double images_per_second = 0;            // training images of all ranks per training second
   std::optional<double> time_to_target{};  // training seconds until the target was reached
   std::optional<std::int64_t> target_epoch{};
+  bool stopped_early = false;           // by TrainerOptions::early_stopping_patience
   ClassificationMetrics validation{1};  // the last evaluation
 };
 
@@ -128,6 +148,60 @@ inline std::string progress_bar(std::int64_t epoch, std::int64_t epochs, std::in
       << std::fixed << std::setprecision(4) << "  loss " << loss << std::setprecision(0) << "  "
       << images_per_second << " img/s ";
   return bar.str();
+}
+
+// Where resume and eval_only read checkpoints: resume_from, else checkpoint_dir.
+inline const std::filesystem::path& checkpoint_source(const TrainerOptions& options) {
+  return options.resume_from.empty() ? options.checkpoint_dir : options.resume_from;
+}
+
+// The checks both trainers (this one and cuda/train/trainer.cuh's) make on their options; throws
+// InvalidArgument naming the option.
+inline void check_trainer_options(const TrainerOptions& options, const std::string& trainer) {
+  if (options.epochs < 1 || options.checkpoint_every < 1)
+    throw InvalidArgument(trainer + ": epochs and checkpoint_every must be >= 1 (got " +
+                          std::to_string(options.epochs) + " and " +
+                          std::to_string(options.checkpoint_every) + ")");
+  if ((options.resume || options.eval_only) && checkpoint_source(options).empty())
+    throw InvalidArgument(trainer + ": " + (options.eval_only ? "eval_only" : "resume") +
+                          " needs a checkpoint directory (resume_from or checkpoint_dir)");
+  if (options.grad_accum < 1)
+    throw InvalidArgument(trainer + ": grad_accum must be >= 1 (got " +
+                          std::to_string(options.grad_accum) + ")");
+  if (options.clip_grad_norm && !(*options.clip_grad_norm > 0))
+    throw InvalidArgument(trainer + ": clip_grad_norm must be > 0 (got " +
+                          std::to_string(*options.clip_grad_norm) + ")");
+  if (options.early_stopping_patience && *options.early_stopping_patience < 1)
+    throw InvalidArgument(trainer + ": early_stopping_patience must be >= 1 (got " +
+                          std::to_string(*options.early_stopping_patience) + ")");
+}
+
+// Rank 0's report of an evaluated checkpoint (TrainerOptions::eval_only): one line, the confusion
+// matrix, and with a log directory evaluation.json there, written atomically.
+inline void report_evaluation(const TrainerOptions& options, const TrainingState& state,
+                              const ClassificationMetrics& metrics, int world_size) {
+  std::ostream& out = *options.out;
+  out << "checkpoint " << checkpoint_source(options).string() << " (epoch " << state.epoch
+      << ", step " << state.global_step << "): " << std::fixed << std::setprecision(4)
+      << "validation loss: " << metrics.mean_loss() << "  validation accuracy: " << metrics.top1();
+  if (const std::optional<double> top5 = metrics.top5()) out << "  top-5: " << *top5;
+  out << "  macro F1: " << metrics.macro_f1() << '\n';
+  if (options.report)
+    out << "confusion matrix (rows: true class, columns: predicted)\n"
+        << metrics.format_confusion_matrix() << '\n';
+  if (!options.log_dir.empty()) {
+    nlohmann::ordered_json record;
+    record["checkpoint"] = checkpoint_source(options).string();
+    record["epoch"] = state.epoch;
+    record["global_step"] = state.global_step;
+    record["world_size"] = world_size;
+    record["validation"] = metrics.to_json(true);
+    std::filesystem::create_directories(options.log_dir);
+    write_file_atomically(options.log_dir / "evaluation.json", record.dump(2) + "\n",
+                          "write evaluation record");
+    out << "evaluation record: " << (options.log_dir / "evaluation.json").string() << '\n';
+  }
+  out << std::flush;
 }
 
 // Rank 0 opens the run log (and writes the configuration); every rank learns whether that worked,
@@ -196,6 +270,7 @@ inline void report_fit(const TrainerOptions& options, const FitResult& result,
     record.target_accuracy = options.target_accuracy;
     record.extra["train_seconds"] = result.train_seconds;
     record.extra["images_per_second"] = result.images_per_second;
+    if (options.early_stopping_patience) record.extra["stopped_early"] = result.stopped_early;
     log->write_result(record);
     out << "run record: " << options.log_dir.string() << '\n';
   }
@@ -274,26 +349,28 @@ class Trainer {
       check_elastic_loaders(train, validation);
       share_validation(validation);
     }
+    if (options_.eval_only) return evaluate_checkpoint(validation, started);
+    if (options_.early_stopping_patience)
+      early_stopping_.emplace(*options_.early_stopping_patience);
     const bool joined = joining_;
     if (joining_) {
       joining_ = false;
       first_epoch = joined_at_.epoch;
       train_seconds_before = joined_at_.train_seconds;
     } else if (options_.resume) {
-      if (find_latest_checkpoint(options_.checkpoint_dir)) {
-        const TrainingState state =
-            zero_ ? load_checkpoint(options_.checkpoint_dir, network_, *zero_, checkpoint_options())
-                  : load_checkpoint(options_.checkpoint_dir, network_, optimizer_,
-                                    checkpoint_options());
+      const std::filesystem::path& source = detail::checkpoint_source(options_);
+      if (find_latest_checkpoint(source)) {
+        const TrainingState state = load_latest_checkpoint();
         first_epoch = state.epoch;
         global_step_ = state.global_step;
         train_seconds_before = state.extra.value("train_seconds", 0.0);
+        if (early_stopping_)
+          early_stopping_->from_json(state.extra.value("early_stopping", nlohmann::json()));
         if (rank0())
           *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
-                        << ") from " << options_.checkpoint_dir.string() << '\n';
+                        << ") from " << source.string() << '\n';
       } else if (rank0()) {
-        *options_.out << "no checkpoint in " << options_.checkpoint_dir.string()
-                      << "; starting from scratch\n";
+        *options_.out << "no checkpoint in " << source.string() << "; starting from scratch\n";
       }
     }
     std::optional<RunLog> log;
@@ -329,7 +406,7 @@ class Trainer {
               batch = train.next();
             }
             if (!batch) break;
-            const double loss = step(*batch, phases);
+            const double loss = step(*batch, phases, b, batches);
             taken_ += batch->size();
             loss_sum += loss * static_cast<double>(batch->size());
             correct += static_cast<double>(nn::topk_correct<T>(output_, batch->labels, 1));
@@ -400,7 +477,9 @@ class Trainer {
           log->append_epoch(record);
         }
       }
-      const bool last = epoch == options_.epochs || reached;
+      // Every rank evaluated the same (summed) metrics, so every rank decides alike.
+      result.stopped_early = early_stopping_ && early_stopping_->update(metrics.mean_loss(), epoch);
+      const bool last = epoch == options_.epochs || reached || result.stopped_early;
       if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
         auto timed = phases.time(Phase::kOther);
         // The buffers are the ranks' average: evaluate() averaged them in this epoch.
@@ -408,7 +487,10 @@ class Trainer {
       }
       result.validation = std::move(metrics);
       metrics = ClassificationMetrics(static_cast<int>(Net::Output::kDims[0]));
-      if (reached) break;
+      if (result.stopped_early && rank0() && !reached)
+        *options_.out << "early stopping after epoch " << epoch << ": " << early_stopping_->reason()
+                      << '\n';
+      if (reached || result.stopped_early) break;
     }
 
     result.epochs = epoch;
@@ -447,20 +529,56 @@ class Trainer {
 
  private:
   void check_options() {
-    if (options_.epochs < 1 || options_.checkpoint_every < 1)
-      throw InvalidArgument("Trainer: epochs and checkpoint_every must be >= 1 (got " +
-                            std::to_string(options_.epochs) + " and " +
-                            std::to_string(options_.checkpoint_every) + ")");
-    if (options_.resume && options_.checkpoint_dir.empty())
-      throw InvalidArgument("Trainer: resume needs a checkpoint directory");
-    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+    detail::check_trainer_options(options_, "Trainer");
+    // A regroup inside an accumulation would lose the partial sums, and a joiner would not know
+    // the early-stopping count.
+    if (group_ && (options_.grad_accum > 1 || options_.early_stopping_patience))
+      throw InvalidArgument(
+          "Trainer (elastic): grad_accum > 1 and early_stopping_patience are not available with "
+          "elastic training");
+    progress_ = rank0() && options_.progress.value_or(writes_to_terminal());
+  }
+
+  TrainingState load_latest_checkpoint() {
+    const std::filesystem::path& source = detail::checkpoint_source(options_);
+    CheckpointOptions load_options = checkpoint_options();
+    // An evaluation takes no step: the optimizer's settings need not be the run's.
+    if (options_.eval_only) load_options.check_hyperparameters = false;
+    return zero_ ? load_checkpoint(source, network_, *zero_, load_options)
+                 : load_checkpoint(source, network_, optimizer_, load_options);
+  }
+
+  // TrainerOptions::eval_only: the newest checkpoint, evaluated.
+  template <class Transform>
+  FitResult evaluate_checkpoint(data::Loader<T, Transform>& validation,
+                                std::chrono::steady_clock::time_point started) {
+    if (!find_latest_checkpoint(detail::checkpoint_source(options_)))
+      throw InvalidArgument("Trainer: eval_only: no complete checkpoint to evaluate in " +
+                            detail::checkpoint_source(options_).string());
+    const TrainingState state = load_latest_checkpoint();
+    global_step_ = state.global_step;
+    FitResult result;
+    result.epochs = state.epoch;
+    result.global_step = state.global_step;
+    result.validation = evaluate(validation);
+    result.total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (rank0()) detail::report_evaluation(options_, state, result.validation, ddp_->world_size());
+    return result;
   }
 
   bool rank0() const { return ddp_->rank() == 0; }
 
-  double step(const data::Batch<T>& batch, PhaseTracker& phases) {
+  // Batch `b` of the `batches` in this epoch: a whole step, or under gradient accumulation one
+  // micro-batch of a group, whose last one synchronises and steps.
+  double step(const data::Batch<T>& batch, PhaseTracker& phases, std::int64_t b,
+              std::int64_t batches) {
+    const std::int64_t k = options_.grad_accum;
+    const std::int64_t micro = b % k;
+    const std::int64_t in_group = k == 1 ? 1 : std::min(k, batches - (b - micro));
+    const bool synchronised = micro + 1 >= in_group;
     if (group_) keep_step_start();
-    network_.zero_grad();
+    if (micro == 0) network_.zero_grad();
     {
       auto timed = phases.time(Phase::kForward);
       output_ = network_.forward(batch.images.view());
@@ -469,10 +587,17 @@ class Trainer {
     {
       auto timed = phases.time(Phase::kLoss);
       grad_.resize(output_.shape());
-      loss = loss_.loss_and_grad(output_, batch.labels, grad_.view(), optimizer_.loss_scale());
+      loss = loss_.loss_and_grad(output_, batch.labels, grad_.view(),
+                                 optimizer_.loss_scale() / static_cast<float>(in_group));
     }
     {
       auto timed = phases.time(Phase::kBackward);
+      if (!synchronised) {
+        auto local_only = ddp_->no_sync();
+        network_.backward(grad_.view());
+        in_step_ = false;
+        return loss;
+      }
       network_.backward(grad_.view());
     }
     phases.add_seconds(Phase::kAllreduceWait, ddp_->finish_gradient_sync());
@@ -480,6 +605,7 @@ class Trainer {
       auto timed = phases.time(Phase::kOptimizer);
       // Every rank takes the same decision on an overflowed fp16 step.
       const bool finite = ddp_->all_finite(optimizer_.unscale_and_check());
+      if (finite && options_.clip_grad_norm) clip_gradients();
       if (zero_)
         zero_->apply(finite, schedule_(global_step_));  // then every rank's shard to all
       else
@@ -490,11 +616,22 @@ class Trainer {
     return loss;
   }
 
+  // Scales the averaged, unscaled gradients to clip_grad_norm when their global norm exceeds it.
+  // Under ZeRO-1 each rank holds its shard of them: the norm sums the shards'.
+  void clip_gradients() {
+    double sum_of_squares = optimizer_.gradient_sum_of_squares();
+    if (zero_) ddp_->allreduce(std::span<double>(&sum_of_squares, 1), comm::ReduceOp::kSum);
+    const double coefficient =
+        optim::clip_coefficient(std::sqrt(sum_of_squares), *options_.clip_grad_norm);
+    if (coefficient < 1.0) optimizer_.scale_gradients(static_cast<float>(coefficient));
+  }
+
   void save(std::int64_t epoch, double train_seconds) {
     TrainingState state;
     state.epoch = epoch;
     state.global_step = global_step_;
     state.extra["train_seconds"] = train_seconds;
+    if (early_stopping_) state.extra["early_stopping"] = early_stopping_->to_json();
     if (zero_)
       save_checkpoint(options_.checkpoint_dir, network_, *zero_, state, checkpoint_options());
     else
@@ -671,6 +808,7 @@ class Trainer {
   std::uint64_t step_context_ = 0;
   std::vector<std::byte> step_buffers_;
   bool progress_ = false;
+  std::optional<EarlyStopping> early_stopping_;
   nn::SoftmaxCrossEntropy loss_;
   tensor::TensorView<const T> output_;
   tensor::Tensor<T> grad_;

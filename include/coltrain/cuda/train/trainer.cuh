@@ -30,6 +30,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/cuda/nn/loss.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
@@ -40,16 +41,16 @@
 #include <coltrain/data/loader.hpp>
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/cuda_graph.hpp>
+#include <coltrain/train/early_stopping.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>
 #include <coltrain/train/run_log.hpp>
 #include <coltrain/train/trainer.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -77,17 +78,16 @@ class DeviceTrainer {
         options_(std::move(options)),
         train_counts_(kClasses),
         eval_counts_(kClasses) {
-    if (options_.epochs < 1 || options_.checkpoint_every < 1)
-      throw InvalidArgument("DeviceTrainer: epochs and checkpoint_every must be >= 1 (got " +
-                            std::to_string(options_.epochs) + " and " +
-                            std::to_string(options_.checkpoint_every) + ")");
-    if (options_.resume && options_.checkpoint_dir.empty())
-      throw InvalidArgument("DeviceTrainer: resume needs a checkpoint directory");
+    detail::check_trainer_options(options_, "DeviceTrainer");
+    if (options_.grad_accum > 1 || options_.clip_grad_norm || options_.eval_only)
+      throw InvalidArgument(
+          "DeviceTrainer: grad_accum > 1, clip_grad_norm and eval_only are the CPU trainer's "
+          "(train/trainer.hpp) for now; the GPU trainer does not have them yet");
     if (options_.cuda_graph && !ddp_.capturable())
       throw InvalidArgument(
           "DeviceTrainer: cuda_graph needs collectives that do not block the host (the NCCL "
           "backend, or one rank); this communicator stages device buffers through the host");
-    progress_ = rank0() && options_.progress.value_or(::isatty(STDOUT_FILENO) == 1);
+    progress_ = rank0() && options_.progress.value_or(writes_to_terminal());
   }
 
   template <class Transform>
@@ -97,19 +97,23 @@ class DeviceTrainer {
     FitResult result;
     std::int64_t first_epoch = 0;
     double train_seconds_before = 0;
+    std::optional<EarlyStopping> early_stopping;
+    if (options_.early_stopping_patience) early_stopping.emplace(*options_.early_stopping_patience);
     if (options_.resume) {
-      if (find_latest_checkpoint(options_.checkpoint_dir)) {
+      const std::filesystem::path& source = detail::checkpoint_source(options_);
+      if (find_latest_checkpoint(source)) {
         const TrainingState state =
-            load_checkpoint(options_.checkpoint_dir, network_, optimizer_, checkpoint_options());
+            load_checkpoint(source, network_, optimizer_, checkpoint_options());
         first_epoch = state.epoch;
         global_step_ = state.global_step;
         train_seconds_before = state.extra.value("train_seconds", 0.0);
+        if (early_stopping)
+          early_stopping->from_json(state.extra.value("early_stopping", nlohmann::json()));
         if (rank0())
           *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
-                        << ") from " << options_.checkpoint_dir.string() << '\n';
+                        << ") from " << source.string() << '\n';
       } else if (rank0()) {
-        *options_.out << "no checkpoint in " << options_.checkpoint_dir.string()
-                      << "; starting from scratch\n";
+        *options_.out << "no checkpoint in " << source.string() << "; starting from scratch\n";
       }
     }
     context_step_at_start_ = network_.context().step();
@@ -203,7 +207,9 @@ class DeviceTrainer {
           log->append_epoch(record);
         }
       }
-      const bool last = epoch == options_.epochs || reached;
+      // Every rank evaluated the same (summed) metrics, so every rank decides alike.
+      result.stopped_early = early_stopping && early_stopping->update(metrics.mean_loss(), epoch);
+      const bool last = epoch == options_.epochs || reached || result.stopped_early;
       if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
         auto timed = phases.time(Phase::kOther);
         if (rank0()) {
@@ -212,12 +218,16 @@ class DeviceTrainer {
           state.epoch = epoch;
           state.global_step = global_step_;
           state.extra["train_seconds"] = train_seconds;
+          if (early_stopping) state.extra["early_stopping"] = early_stopping->to_json();
           save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state,
                           checkpoint_options());
         }
       }
       result.validation = std::move(metrics);
-      if (reached) break;
+      if (result.stopped_early && rank0() && !reached)
+        *options_.out << "early stopping after epoch " << epoch << ": " << early_stopping->reason()
+                      << '\n';
+      if (reached || result.stopped_early) break;
     }
 
     result.epochs = epoch;
