@@ -154,6 +154,28 @@ TEST_CASE("Slurm variables with a step node list take the first node as master",
   CHECK(env.master_port == 29500);
 }
 
+// srun --mpi=pmix (an Open MPI binary under Slurm) exports PMIX_RANK but no world size: the ranks
+// are Slurm's, and MPI_Init can reach the others, so the automatic backend is MPI.
+TEST_CASE("a PMIx server marks an MPI launch; its ranks come from Slurm", "[env][slurm][pmix]") {
+  Vars vars{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"PMIX_RANK", "1"}};
+  const auto env = detect(vars);
+  CHECK(env.launcher == Launcher::kSlurm);
+  CHECK(env.rank == 1);
+  CHECK(env.world_size == 2);
+  CHECK(env.pmix_server);
+  CHECK(env.started_by_mpi());
+  // Without it, srun's tasks are no MPI launch (srun --mpi=none: the TCP backend).
+  vars.erase("PMIX_RANK");
+  CHECK_FALSE(detect(vars).started_by_mpi());
+  // torchrun's variables are explicit: its workers are not MPI's even inside a PMIx job.
+  const auto torchrun = detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"PMIX_RANK", "0"}});
+  CHECK(torchrun.launcher == Launcher::kTorchrun);
+  CHECK_FALSE(torchrun.started_by_mpi());
+  CHECK(detect({{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}}).started_by_mpi());
+  CHECK(detect({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}).started_by_mpi());
+  CHECK_FALSE(detect({}).started_by_mpi());
+}
+
 TEST_CASE("Slurm falls back to the job node list, then to localhost", "[env][slurm]") {
   Vars vars{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}};
   CHECK(detect(vars).master_addr == "127.0.0.1");

@@ -3,14 +3,19 @@
 # slurmctld and slurmd from Debian's slurm-wlm and munge, with a slurm.conf generated for this host
 # and ports, everything under one temporary folder. It submits the project's own
 # samples/slurm/mnist_convnet.sbatch unchanged; only what a site would set differently on the
-# command line (one node of this host's cores, the binary's folder) differs from the file. The job
-# runs twice: over MPI (srun --mpi=pmi2 with MPICH) and with COLTRAIN_BACKEND=tcp (ranks and rank 0's
-# host from SLURM_* variables). Each run must train 2 ranks to the end and print the epoch lines.
+# command line (one node of this host's cores, the binary's folder) differs from the file. Each job
+# must train 2 ranks to the end and show they found each other ("2 ranks (BACKEND)"). The jobs:
+#   mpi          the MPI backend, srun --mpi=pmi2 (MPICH's binary)
+#   tcp          COLTRAIN_BACKEND=tcp: ranks and rank 0's host from SLURM_* variables
+#   mpi-pmix     the MPI backend, SLURM_MPI_TYPE=pmix (Open MPI's binary)
 #
-# usage: slurm_job.sh SAMPLE_BINARY SOURCE_DIR WORK_DIR
+# usage: slurm_job.sh SAMPLE_BINARY SOURCE_DIR WORK_DIR [JOB...]   (default: mpi tcp)
 # Exit 77 (CTest: skipped) where it cannot run: not root, or Slurm or munge not installed.
 set -euo pipefail
 binary=$1 source_dir=$2 work=$3
+shift 3
+jobs=("$@")
+[ ${#jobs[@]} -gt 0 ] || jobs=(mpi tcp)
 skip() { echo "skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "starting slurmd needs root"
 for program in munged slurmctld slurmd sbatch squeue scontrol; do
@@ -98,8 +103,8 @@ done
 # COLTRAIN_DATA_DIR.
 ln -s "$binary" "$work/job/mnist_convnet"
 export COLTRAIN_DATA_DIR="$source_dir/data/mnist"
-run_job() {  # name (the backend it must report), extra environment (NAME=value or nothing)
-  local name=$1 extra=$2 id state
+run_job() {  # name, the backend it must report, extra environment (NAME=value or nothing)
+  local name=$1 backend=$2 extra=$3 id state
   id=$(cd "$work/job" && sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
          --time=10 --output="$work/job/$name-%j.out" --export="ALL${extra:+,$extra}" \
          "$source_dir/samples/slurm/mnist_convnet.sbatch")
@@ -112,9 +117,15 @@ run_job() {  # name (the backend it must report), extra environment (NAME=value 
   echo "---- $name: $state; its output:"
   cat "$work/job/$name-$id.out"
   [ "$state" = COMPLETED ] || { echo "job $name ended $state"; exit 1; }
-  grep -q "2 ranks ($name)" "$work/job/$name-$id.out" ||
-    { echo "job $name: the ranks did not find each other (no '2 ranks ($name)')"; exit 1; }
+  grep -q "2 ranks ($backend)" "$work/job/$name-$id.out" ||
+    { echo "job $name: the ranks did not find each other (no '2 ranks ($backend)')"; exit 1; }
 }
-run_job mpi ""
-run_job tcp "COLTRAIN_BACKEND=tcp"
-echo "both Slurm jobs trained on 2 ranks"
+for job in "${jobs[@]}"; do
+  case "$job" in
+    mpi) run_job mpi mpi "" ;;
+    tcp) run_job tcp tcp "COLTRAIN_BACKEND=tcp" ;;
+    mpi-pmix) run_job mpi-pmix mpi "SLURM_MPI_TYPE=pmix" ;;
+    *) echo "slurm_job.sh: unknown job '$job'"; exit 2 ;;
+  esac
+done
+echo "Slurm jobs trained on 2 ranks: ${jobs[*]}"

@@ -177,7 +177,7 @@ class Communicator {
                                Memory memory = Memory::kHost) {
     const LaunchEnv env = detect_launch_env();
     BackendEnvironment environment;
-    environment.mpi_launch = env.launcher == Launcher::kMpich || env.launcher == Launcher::kOpenMpi;
+    environment.mpi_launch = env.started_by_mpi();
     const char* requested = std::getenv("COLTRAIN_BACKEND");
     [[maybe_unused]] const BackendChoice choice =
         choose_backend(backend, requested != nullptr ? requested : "", memory, environment);

@@ -28,6 +28,9 @@
 // - torchrun's static rendezvous (its default) keeps MASTER_PORT for its agent's own store and says
 //   so with TORCHELASTIC_USE_AGENT_STORE=True: the rendezvous then uses MASTER_PORT + 1.
 // - An empty variable counts as unset: `export RANK=` is a common way to clear one.
+// - PMIX_RANK marks a process a PMIx server started (srun --mpi=pmix, Open MPI 5's mpirun): it
+//   exports no world size, so the ranks come from the other sources (Slurm's), and it only tells
+//   that MPI_Init can reach the others (LaunchEnv::started_by_mpi).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -76,8 +79,18 @@ struct LaunchEnv {
   // Whether a launcher gave local_rank; otherwise it is the rank, assumed (a Kubeflow PyTorchJob
   // sets no LOCAL_RANK).
   bool local_rank_from_launcher = false;
+  // Whether a PMIx server started this process (PMIX_RANK set): srun --mpi=pmix, or Open MPI 5's
+  // mpirun. The ranks then come from Slurm's variables, and MPI_Init finds its peers through PMIx.
+  bool pmix_server = false;
 
   bool is_root() const noexcept { return rank == 0; }
+
+  // Whether an MPI process manager started this process, so that MPI_Init joins the others: an MPI
+  // launcher, or a PMIx server where no explicit launcher (torchrun's variables) says otherwise.
+  bool started_by_mpi() const noexcept {
+    return launcher == Launcher::kMpich || launcher == Launcher::kOpenMpi ||
+           (pmix_server && (launcher == Launcher::kSlurm || launcher == Launcher::kNone));
+  }
 };
 
 // Returns a variable's value, or nothing when it is unset. Tests substitute a map for the process
@@ -389,6 +402,7 @@ inline LaunchEnv detect_launch_env(const EnvLookup& lookup) {
     }
   }
 
+  env.pmix_server = detail::read_var(lookup, "PMIX_RANK").has_value();
   if (std::optional<detail::RawVar> addr = detail::read_var(lookup, "MASTER_ADDR")) {
     env.master_addr = std::move(addr->text);
   } else if (env.launcher == Launcher::kSlurm) {
