@@ -156,7 +156,7 @@ TEST_CASE("Slurm variables with a step node list take the first node as master",
 
 // srun --mpi=pmix (an Open MPI binary under Slurm) exports PMIX_RANK but no world size: the ranks
 // are Slurm's, and MPI_Init can reach the others, so the automatic backend is MPI.
-TEST_CASE("a PMIx server marks an MPI launch; its ranks come from Slurm", "[env][slurm][pmix]") {
+TEST_CASE("a PMIx server marks an MPI launch, its ranks come from Slurm", "[env][slurm][pmix]") {
   Vars vars{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"PMIX_RANK", "1"}};
   const auto env = detect(vars);
   CHECK(env.launcher == Launcher::kSlurm);
