@@ -402,7 +402,7 @@ TEST_CASE("early stopping ends the run when the validation loss stops improving,
   }
 }
 
-TEST_CASE("eval_only evaluates the newest checkpoint; resume_from reads another directory",
+TEST_CASE("eval_only evaluates the newest checkpoint, resume_from reads another directory",
           "[trainer][eval_only]") {
   for (const Backend backend : kBackends) {
     comm::Communicator& comm = shared_communicator(backend);
