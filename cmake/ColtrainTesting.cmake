@@ -24,12 +24,54 @@ function(_coltrain_catch_main_library name source)
   endif()
 endfunction()
 
-function(_coltrain_timeout_for labels out)
-  if("slow" IN_LIST labels)
-    set(${out} ${COLTRAIN_SLOW_TEST_TIMEOUT} PARENT_SCOPE)
+# COLTRAIN_SANITIZE_TESTS: the suites named in COLTRAIN_SANITIZED_SUITES (set by tests/CMakeLists.txt:
+# the transports, collectives, failure paths and parsers) are built with AddressSanitizer (and
+# LeakSanitizer) and UndefinedBehaviorSanitizer in this build, in place of a plain build of them, so
+# CI builds and runs them once (a separate sanitizer build took 13 of CI's 63 minutes). -O0:
+# instrumented code builds in a half to a third of -O1's time, which more than pays for its slower
+# run; the sanitizers miss nothing for it, and assertions stay on (-UNDEBUG). -g1 (line tables) is
+# all a stack trace needs. _GLIBCXX_ASSERTIONS adds libstdc++'s bounds checks (operator[] within
+# capacity, which ASan cannot see). ASan makes g++ 12 warn falsely of uninitialised members inside
+# libstdc++ (<regex>, std::function), hence -Wno-maybe-uninitialized for these suites alone. Any
+# report ends the program with an error, failing its test.
+option(COLTRAIN_SANITIZE_TESTS "Build the transport, collective and parser suites with ASan+UBSan" OFF)
+set(COLTRAIN_SANITIZER_FLAGS -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all)
+# Their timeouts are tripled for the slower code.
+set(COLTRAIN_SANITIZED_TIMEOUT_FACTOR 3)
+
+function(_coltrain_is_sanitized target out)
+  if(COLTRAIN_SANITIZE_TESTS AND target IN_LIST COLTRAIN_SANITIZED_SUITES)
+    set(${out} ON PARENT_SCOPE)
   else()
-    set(${out} ${COLTRAIN_TEST_TIMEOUT} PARENT_SCOPE)
+    set(${out} OFF PARENT_SCOPE)
   endif()
+endfunction()
+
+# coltrain_sanitize(target): the sanitizer build of one program, if COLTRAIN_SANITIZE_TESTS is on
+# and the program is one of COLTRAIN_SANITIZED_SUITES.
+function(coltrain_sanitize target)
+  _coltrain_is_sanitized(${target} sanitized)
+  if(sanitized)
+    target_compile_options(${target} PRIVATE ${COLTRAIN_SANITIZER_FLAGS} -fno-omit-frame-pointer
+                           -O0 -g1 -UNDEBUG -D_GLIBCXX_ASSERTIONS -Wno-maybe-uninitialized)
+    target_link_options(${target} PRIVATE ${COLTRAIN_SANITIZER_FLAGS})
+  endif()
+endfunction()
+
+# The timeout of a suite's tests: the one given, else the label's default; tripled if sanitized.
+function(_coltrain_timeout_for target labels given out)
+  if(given)
+    set(timeout ${given})
+  elseif("slow" IN_LIST labels)
+    set(timeout ${COLTRAIN_SLOW_TEST_TIMEOUT})
+  else()
+    set(timeout ${COLTRAIN_TEST_TIMEOUT})
+  endif()
+  _coltrain_is_sanitized(${target} sanitized)
+  if(sanitized)
+    math(EXPR timeout "${timeout} * ${COLTRAIN_SANITIZED_TIMEOUT_FACTOR}")
+  endif()
+  set(${out} ${timeout} PARENT_SCOPE)
 endfunction()
 
 # coltrain_add_unit_test(NAME n SOURCES s... [LABELS l...] [LINK t...])
@@ -39,8 +81,9 @@ function(coltrain_add_unit_test)
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_main
                                             ${ARG_LINK})
+  coltrain_sanitize(${ARG_NAME})
   set(labels unit ${ARG_LABELS})
-  _coltrain_timeout_for("${labels}" timeout)
+  _coltrain_timeout_for(${ARG_NAME} "${labels}" "" timeout)
   # --warn NoTests: a test whose name matches no case fails instead of passing having run nothing
   # (CMake splits discovered names at ';', so a case named "a; b" was run as "a" and matched none).
   catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}." EXTRA_ARGS --warn NoTests
@@ -57,11 +100,9 @@ function(coltrain_add_mpi_test)
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_mpi_main
                                             ${ARG_LINK})
+  coltrain_sanitize(${ARG_NAME})
   set(labels mpi ${ARG_LABELS})
-  _coltrain_timeout_for("${labels}" timeout)
-  if(ARG_TIMEOUT)
-    set(timeout ${ARG_TIMEOUT})
-  endif()
+  _coltrain_timeout_for(${ARG_NAME} "${labels}" "${ARG_TIMEOUT}" timeout)
   foreach(ranks IN LISTS ARG_RANKS)
     set(test "${ARG_NAME}.np${ranks}")
     add_test(NAME ${test}
@@ -73,18 +114,26 @@ endfunction()
 
 # coltrain_add_gpu_test(NAME n SOURCES s... [LINK t...] [RUN_WITH command...])
 # Sources may mix .cu (nvcc) and .cpp. Without a CUDA device the test reports "skipped: no CUDA device"
-# and CTest lists it as skipped. RUN_WITH: a command that runs the test program, given as its last
-# argument (a wrapper that prepares its inputs first).
+# and CTest lists it as skipped; under COLTRAIN_GPU_CHECK_ONLY it is not linked and says so,
+# skipped as well. RUN_WITH: a command that runs the test program, given as its last argument (a
+# wrapper that prepares its inputs first).
 function(coltrain_add_gpu_test)
   cmake_parse_arguments(ARG "" "NAME" "SOURCES;LINK;RUN_WITH" ${ARGN})
-  if(NOT TARGET coltrain_catch_gpu_main)
-    _coltrain_catch_main_library(coltrain_catch_gpu_main catch_gpu_main.cpp)
-    target_link_libraries(coltrain_catch_gpu_main PUBLIC CUDA::cudart)
+  coltrain_add_gpu_program(${ARG_NAME} ${ARG_SOURCES})
+  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings ${ARG_LINK})
+  if(COLTRAIN_GPU_CHECK_ONLY)
+    target_link_libraries(${ARG_NAME} PRIVATE coltrain_catch_session CUDA::cudart)
+    add_test(NAME ${ARG_NAME}
+             COMMAND sh -c "echo 'skipped: no GPU; compiled by nvcc -cuda, not linked \
+(COLTRAIN_GPU_CHECK_ONLY)'; exit ${COLTRAIN_SKIP_RETURN_CODE}")
+  else()
+    if(NOT TARGET coltrain_catch_gpu_main)
+      _coltrain_catch_main_library(coltrain_catch_gpu_main catch_gpu_main.cpp)
+      target_link_libraries(coltrain_catch_gpu_main PUBLIC CUDA::cudart)
+    endif()
+    target_link_libraries(${ARG_NAME} PRIVATE coltrain_catch_gpu_main)
+    add_test(NAME ${ARG_NAME} COMMAND ${ARG_RUN_WITH} $<TARGET_FILE:${ARG_NAME}>)
   endif()
-  add_executable(${ARG_NAME} ${ARG_SOURCES})
-  target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_gpu_main
-                                            ${ARG_LINK})
-  add_test(NAME ${ARG_NAME} COMMAND ${ARG_RUN_WITH} $<TARGET_FILE:${ARG_NAME}>)
   set_tests_properties(${ARG_NAME} PROPERTIES LABELS gpu TIMEOUT ${COLTRAIN_TEST_TIMEOUT}
                                               SKIP_RETURN_CODE ${COLTRAIN_SKIP_RETURN_CODE})
 endfunction()
@@ -151,8 +200,8 @@ function(coltrain_add_header_checks)
     if(header MATCHES "\\.cuh$")
       if(CMAKE_CUDA_COMPILER)
         file(CONFIGURE OUTPUT "${check_dir}/${stem}.cu" CONTENT "${content}")
-        # nvcc's front end only (-cuda: preprocess and cudafe++, no device code generation and
-        # no host compile): a header that misses an include fails there, in about 60% of the
+        # nvcc without the host compile (-cuda: cudafe++, then the device pass; the host side is
+        # only preprocessed): a header that misses an include fails there, in about 60% of the
         # time of a full compile.
         add_test(NAME header.${relative}.nvcc
                  COMMAND ${nvcc} -cuda "${check_dir}/${stem}.cu" -o "${check_dir}/${stem}.ii")
@@ -180,9 +229,15 @@ function(coltrain_add_header_checks)
   if(CMAKE_CUDA_COMPILER)
     file(CONFIGURE OUTPUT "${check_dir}/all_headers.cu"
          CONTENT "${all_includes}int main() { return 0; }\n")
+    # Compiled completely, host compile included, unless the build skips the host compile of GPU
+    # code (COLTRAIN_GPU_CHECK_ONLY); the GPU samples then compile the headers completely.
+    set(phase -c)
+    if(COLTRAIN_GPU_CHECK_ONLY)
+      set(phase -cuda)
+    endif()
     add_test(NAME header.all.nvcc
-             COMMAND ${nvcc} -c "${check_dir}/all_headers.cu" -o "${check_dir}/all_headers.o")
-    # One nvcc run over every header: 64 s alone on the 2-core machine (2026-11-27), over the
+             COMMAND ${nvcc} ${phase} "${check_dir}/all_headers.cu" -o "${check_dir}/all_headers.o")
+    # One full nvcc run over every header: 64 s alone on the 2-core machine (2026-11-27), over the
     # default limit.
     set_tests_properties(header.all.nvcc PROPERTIES LABELS headers TIMEOUT 240)
   endif()

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <sstream>
 
-// Under AddressSanitizer (scripts/test_sanitize): a communicator that failed keeps its MPI
+// Under AddressSanitizer (COLTRAIN_SANITIZE_TESTS): a communicator that failed keeps its MPI
 // communicator on purpose (~MpiTransport says why), and abandon_pending keeps the frames of
 // requests MPI may still complete; LeakSanitizer would report both. The communicator is allocated
 // inside libmpich, which has no frame pointers: only the slow unwinder reaches the coltrain frame

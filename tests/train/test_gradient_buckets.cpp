@@ -109,8 +109,8 @@ TEST_CASE("bucket agreement finds a rank whose buckets differ from one kMin redu
 }
 
 TEST_CASE("the bucket fingerprint wraps, without overflow, for models with many large buckets") {
-  // 25 MiB buckets: the product passes 2^63 at the third (a signed overflow, which the sanitizer
-  // build, scripts/test_sanitize, reports). The reference wraps at 2^64, which 2^61 divides, so its
+  // 25 MiB buckets: the product passes 2^63 at the third (a signed overflow, which
+  // UndefinedBehaviorSanitizer reports). The reference wraps at 2^64, which 2^61 divides, so its
   // last 61 bits are exact.
   const std::vector<std::size_t> bytes(40, std::size_t{25} << 20);
   const auto buckets = train::assign_gradient_buckets(bytes, std::size_t{1} << 20, 25u << 20);
