@@ -38,7 +38,10 @@ using Reader = tensor::SafetensorsReader;
 inline constexpr double kRel = 1e-5;
 inline constexpr double kTrainingRel = 1e-4;
 inline constexpr double kFloor = 1e-6;
-inline constexpr double kResNetRunRel = 1e-3;
+// ResNet-20's float32 loss curve (chaotic, see its test case): with Winograd F(4x4, 3x3), whose
+// outputs round about 5e-6 of their largest value away from the direct product's, the five losses
+// measured 2e-7, 5e-8, 9e-5, 1.7e-3 and 8.6e-3 from PyTorch's, growing about 20x a step.
+inline constexpr double kResNetRunRel = 2e-2;
 
 // Checks max|a - e| <= rel * max(max|e|, kFloor), reporting the worst element, and returns the error
 // max|a - e| / max(max|e|, kFloor).

@@ -479,7 +479,7 @@ TEST_CASE("gradients: Conv2d through Winograd F(2x2, 3x3), padding 0, 1 and 2", 
   // 16 channels each way and even outputs: forward, input gradient and weight gradient all go
   // through the transformed tiles; several images per product, split over 2 threads.
   using Padded1 = nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 6, 6>, double, tensor::Cpu>;
-  static_assert(Padded1::kUsesWinograd);
+  static_assert(Padded1::kUsesWinograd && Padded1::kWinogradOutputTile == 2);
   static_assert(!nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<8, 6, 6>, double, tensor::Cpu>::kUsesWinograd);
   static_assert(!nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 7, 7>, double, tensor::Cpu>::kUsesWinograd);
   check<Sequential<Input<16, 6, 6>, GradProbe, nn::Conv2d<16, 3, 1, 1>>>(
@@ -490,6 +490,21 @@ TEST_CASE("gradients: Conv2d through Winograd F(2x2, 3x3), padding 0, 1 and 2", 
       "Conv2d<16,3,1,2> on 16x4x6", {.batch = 2, .threads = 2, .max_elements = 150});
   check<Sequential<Input<16, 6, 6>, GradProbe, nn::Conv2dReLU<16, 3, 1, 1, false>>>(
       "Conv2dReLU<16,3,1,1,nobias> on 16x6x6", {.batch = 4, .threads = 2, .max_elements = 150, .kinks = true});
+}
+
+TEST_CASE("gradients: Conv2d through Winograd F(4x4, 3x3)", "[nn][gradients][conv2d]") {
+  // Sizes that are multiples of 4 take the larger tiles; one and two rows of tiles, several images
+  // per product, 2 threads.
+  static_assert(nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 8, 8>, double,
+                           tensor::Cpu>::kWinogradOutputTile == 4);
+  static_assert(nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 4, 8>, double,
+                           tensor::Cpu>::kWinogradOutputTile == 4);
+  check<Sequential<Input<16, 8, 8>, GradProbe, nn::Conv2d<16, 3, 1, 1>>>(
+      "Conv2d<16,3,1,1> on 16x8x8, batch 5, 2 threads",
+      {.batch = 5, .threads = 2, .max_elements = 150});
+  check<Sequential<Input<16, 4, 8>, GradProbe, nn::Conv2dReLU<24, 3, 1, 1, false>>>(
+      "Conv2dReLU<24,3,1,1,nobias> on 16x4x8",
+      {.batch = 3, .threads = 2, .max_elements = 150, .kinks = true});
 }
 
 TEST_CASE("gradients: Conv2d as the first layer, stacked convolutions", "[nn][gradients][conv2d]") {

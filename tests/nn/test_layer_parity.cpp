@@ -111,9 +111,11 @@ TEST_CASE("parity: Conv2d", "[nn][parity]") {
   check_layer<Probed<Input<2, 6, 6>, nn::Conv2d<5, 3>>>("conv_k3_s1_p0_packed", 2);
 }
 
-TEST_CASE("parity: Conv2d through Winograd F(2x2, 3x3)", "[nn][parity]") {
-  static_assert(nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 8, 8>, float, tensor::Cpu>::kUsesWinograd);
-  static_assert(nn::bind_t<nn::Conv2d<24, 3, 1, 0, false>, nn::Chw<16, 10, 10>, float, tensor::Cpu>::kUsesWinograd);
+TEST_CASE("parity: Conv2d through Winograd F(4x4, 3x3) and F(2x2, 3x3)", "[nn][parity]") {
+  static_assert(nn::bind_t<nn::Conv2d<16, 3, 1, 1>, nn::Chw<16, 8, 8>, float,
+                           tensor::Cpu>::kWinogradOutputTile == 4);
+  static_assert(nn::bind_t<nn::Conv2d<24, 3, 1, 0, false>, nn::Chw<16, 10, 10>, float,
+                           tensor::Cpu>::kWinogradOutputTile == 2);
   check_layer<Probed<Input<16, 8, 8>, nn::Conv2d<16, 3, 1, 1>>>("conv_winograd_p1", 2);
   check_layer<Probed<Input<16, 10, 10>, nn::Conv2d<24, 3, 1, 0, false>>>("conv_winograd_p0_nobias");
 }

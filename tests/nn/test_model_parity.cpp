@@ -1,5 +1,5 @@
-// Parity with PyTorch 1.13 (CPU), training. layer_references.py trains each model's PyTorch twin for
-// 5 SGD steps (lr 0.05, momentum 0.9, written out by hand on both sides) and stores the initial
+// Parity with PyTorch 1.13 (CPU), training. layer_references.py trains each model's PyTorch twin
+// for 5 SGD steps (lr 0.05, momentum 0.9, written out by hand on both sides) and stores the initial
 // state_dict, every batch and loss, the first step's logits and gradients and the final state_dict;
 // this suite loads the initial state_dict BY NAME (the name sets must be equal on both sides) and
 // replays the run on coltrain's own weights.
@@ -8,7 +8,7 @@
 //   max_i |a_i - e_i| <= rel * max(max_i |e_i|, 1e-6)
 // rel = 1e-5 for the first step's logits, loss and gradients; rel = 1e-4 for every step's loss and
 // the final weights and BatchNorm statistics (float32). ResNet-20's float32 run is chaotic (see its
-// test case): there the first output and loss are held to 1e-5 and the losses to 1e-3, and the
+// test case): there the first output and loss are held to 1e-5 and the losses to 2e-2, and the
 // whole run is held to 1e-5 in float64 instead. Set NN_PARITY_REPORT=1 to print every comparison's
 // error.
 
@@ -128,8 +128,10 @@ TEST_CASE("parity: CifarNet, 5 SGD steps", "[nn][parity][training]") {
 }
 
 // ResNet-20 (batch 8, random labels, lr 0.05, momentum 0.9) is another matter in float32:
-//   - its run is chaotic: in PyTorch alone, scaling the initial weights by 1 + 1e-6 N(0, 1) moves the
-//     fifth loss by 6e-3 and the final BatchNorm biases by tens of percent;
+//   - its run is chaotic: in PyTorch alone, scaling the initial weights by 1 + 1e-6 N(0, 1) moves
+//   the
+//     fifth loss by 6e-3 and the final BatchNorm biases by tens of percent (coltrain's F(4x4, 3x3)
+//     convolutions, 5e-6 from the direct product, move it by 8.6e-3);
 //   - even one step's gradients are fragile: with some 1.5 million ReLU inputs, most of them
 //     BatchNorm outputs of unit scale, about one lies within float32 rounding of zero, and a ReLU
 //     that PyTorch opens and coltrain closes moves the first convolution's gradient by ~1e-3.

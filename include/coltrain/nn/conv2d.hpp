@@ -13,7 +13,8 @@
 // forward pass and the input gradient: the GEMM reads its rows straight from the zero-padded image
 // (IndirectConvolution). Their weight gradient does the same on maps of 8 pixels and more
 // (gemm_nn_windowed). 3x3 stride-1 convolutions with 16 channels and more each way and even output
-// sizes take Winograd F(2x2, 3x3) instead, for all three products (winograd_convolution.hpp).
+// sizes take Winograd instead, for all three products (winograd_convolution.hpp): F(4x4, 3x3) where
+// the sizes are multiples of 4, F(2x2, 3x3) otherwise.
 // Conv2dReLU is the convolution with the ReLU after it fused.
 
 #include <coltrain/core/config.hpp>
@@ -279,20 +280,30 @@ class Conv2dLayer {
                                                   kKernel * kKernel <= 25 &&
                                                   ForwardIndirect::kColumns * 4 <= kHw * 5;
   // 3x3 stride-1 convolutions with even output sizes run all three products as Winograd F(2x2, 3x3)
-  // (winograd_convolution.hpp), 2.25x fewer multiply-adds. Its transforms cost in proportion to the
-  // channels where the products cost their square, so it pays from about 16 channels each way: its
-  // forward pass measured 1.2x the indirect product's speed at 16 channels on 32x32 maps, 1.8x at
-  // 32 on 16x16 and 2.2x at 64 on 8x8 (one thread, transforms included).
-  using ForwardWinograd = detail::WinogradConvolution<kCin, kH, kW, kPadding>;
-  using GradientWinograd =
-      detail::WinogradConvolution<kCout, kOutH, kOutW, kGradientWindow.padding>;
-  static constexpr bool kWinograd = Kernel == 3 && Stride == 1 && Padding <= 2 &&
-                                    ForwardWinograd::kApplicable && GradientWinograd::kApplicable &&
-                                    kCin >= 16 && kCout >= 16;
+  // or, where the sizes are multiples of 4, F(4x4, 3x3) (winograd_convolution.hpp): 2.25x and 4x
+  // fewer multiply-adds. Its transforms cost in proportion to the channels where the products cost
+  // their square, so it pays from about 16 channels each way: F(2x2)'s forward pass measured 1.2x
+  // the indirect product's speed at 16 channels on 32x32 maps, 1.8x at 32 on 16x16 and 2.2x at 64
+  // on 8x8 (one thread, transforms included).
+  template <int Tile>
+  using ForwardWinogradOf = detail::WinogradConvolution<Tile, kCin, kH, kW, kPadding>;
+  template <int Tile>
+  using GradientWinogradOf =
+      detail::WinogradConvolution<Tile, kCout, kOutH, kOutW, kGradientWindow.padding>;
+  template <int Tile>
+  static constexpr bool kWinogradFits = Kernel == 3 && Stride == 1 && Padding <= 2 &&
+                                        (ForwardWinogradOf<Tile>::kApplicable) &&
+                                        (GradientWinogradOf<Tile>::kApplicable);
+  static constexpr bool kWinograd =
+      kCin >= 16 && kCout >= 16 && (kWinogradFits<2> || kWinogradFits<4>);
+  static constexpr int kWinogradTile = kWinogradFits<4> ? 4 : 2;
+  using ForwardWinograd = ForwardWinogradOf<kWinogradTile>;
+  using GradientWinograd = GradientWinogradOf<kWinogradTile>;
+  static constexpr std::int64_t kPositions = ForwardWinograd::kPositions;
   static constexpr std::int64_t kTiles = ForwardWinograd::kTiles;
   static constexpr std::int64_t kGradientTiles = GradientWinograd::kTiles;
-  static constexpr std::int64_t kWinogradGroup =
-      detail::winograd_group_images(std::max(kCin, kCout), std::max(kTiles, kGradientTiles));
+  static constexpr std::int64_t kWinogradGroup = detail::winograd_group_images(
+      std::max(kCin, kCout), std::max(kTiles, kGradientTiles), kPositions);
   static constexpr std::int64_t kWinogradLd = (kWinogradGroup * kTiles + 15) / 16 * 16;
   static constexpr std::int64_t kGradientWinogradLd =
       (kWinogradGroup * kGradientTiles + 15) / 16 * 16;
@@ -307,8 +318,10 @@ class Conv2dLayer {
   static constexpr std::size_t kParameterCount =
       OutChannels * In::kDims[0] * Kernel * Kernel + (HasBias ? OutChannels : 0);
   static constexpr std::size_t kForwardMacs = static_cast<std::size_t>(kCout * kK * kHw);
-  // Whether the products go through Winograd F(2x2, 3x3) (for tests and benchmarks).
+  // Whether the products go through Winograd, and its output tile: F(2x2, 3x3) or F(4x4, 3x3) (for
+  // tests and benchmarks).
   static constexpr bool kUsesWinograd = kWinograd;
+  static constexpr int kWinogradOutputTile = kWinograd ? kWinogradTile : 0;
 
   Conv2dLayer()
       : weight_(
@@ -501,9 +514,10 @@ class Conv2dLayer {
   // transformed weights, and the output transform (with bias and ReLU) straight into y.
   void forward_winograd(const S* x, const S* w, const S* bias, S* y, std::int64_t batch,
                         Context<Device>& ctx) {
-    winograd_weights_.resize({16 * kCout * kCin});
+    winograd_weights_.resize({kPositions * kCout * kCin});
     ctx.pool().parallel_for(kCout, [&](std::int64_t begin, std::int64_t end, int) {
-      detail::winograd_transform_weights(kCout, kCin, begin, end, w, winograd_weights_.data());
+      detail::winograd_transform_weights<kWinogradTile>(kCout, kCin, begin, end, w,
+                                                        winograd_weights_.data());
     });
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
@@ -514,7 +528,7 @@ class Conv2dLayer {
           ForwardWinograd::transform_input(ws.split.data(), ws.transformed.data(), kWinogradLd,
                                            g * kTiles);
         }
-        detail::winograd_multiply(kCout, kCin, count * kTiles, winograd_weights_.data(),
+        detail::winograd_multiply(kPositions, kCout, kCin, count * kTiles, winograd_weights_.data(),
                                   ws.transformed.data(), ws.product.data(), kWinogradLd);
         for (std::int64_t g = 0; g < count; ++g)
           ForwardWinograd::template transform_output<FusedRelu>(
@@ -530,10 +544,10 @@ class Conv2dLayer {
   void backward_winograd(const S* x, const T* y, const S* dy, const S* w, S* dx, std::int64_t batch,
                          Context<Device>& ctx) {
     if (dx) {
-      winograd_flipped_.resize({16 * kCin * kCout});
+      winograd_flipped_.resize({kPositions * kCin * kCout});
       ctx.pool().parallel_for(kCin, [&](std::int64_t begin, std::int64_t end, int) {
-        detail::winograd_transform_weights<true>(kCin, kCout, begin, end, w,
-                                                 winograd_flipped_.data());
+        detail::winograd_transform_weights<kWinogradTile, true>(kCin, kCout, begin, end, w,
+                                                                winograd_flipped_.data());
       });
     }
     prepare_workspaces(ctx.threads());
@@ -557,8 +571,8 @@ class Conv2dLayer {
           ForwardWinograd::transform_output_gradient(kCout, dy_images + g * kCout * kHw,
                                                      ws.product.data(), kWinogradLd, g * kTiles);
         }
-        detail::winograd_add_weight_gradient(kCout, kCin, count * kTiles, ws.product.data(),
-                                             ws.transformed.data(), kWinogradLd,
+        detail::winograd_add_weight_gradient(kPositions, kCout, kCin, count * kTiles,
+                                             ws.product.data(), ws.transformed.data(), kWinogradLd,
                                              ws.transformed_weight_grad.data());
         if (!dx) continue;
         for (std::int64_t g = 0; g < count; ++g) {
@@ -567,9 +581,9 @@ class Conv2dLayer {
                                             ws.gradient_transformed.data(), kGradientWinogradLd,
                                             g * kGradientTiles);
         }
-        detail::winograd_multiply(kCin, kCout, count * kGradientTiles, winograd_flipped_.data(),
-                                  ws.gradient_transformed.data(), ws.gradient_product.data(),
-                                  kGradientWinogradLd);
+        detail::winograd_multiply(kPositions, kCin, kCout, count * kGradientTiles,
+                                  winograd_flipped_.data(), ws.gradient_transformed.data(),
+                                  ws.gradient_product.data(), kGradientWinogradLd);
         for (std::int64_t g = 0; g < count; ++g)
           GradientWinograd::template transform_output<false>(
               kCin, ws.gradient_product.data(), kGradientWinogradLd, g * kGradientTiles,
@@ -578,8 +592,8 @@ class Conv2dLayer {
       // Folded back to 3x3 by each thread (the fold is linear), so that the calling thread sums
       // 9 values per kernel instead of 16.
       std::fill_n(ws.weight_grad.data(), kCout * kK, S(0));
-      detail::winograd_fold_weight_gradient(kCout, kCin, ws.transformed_weight_grad.data(),
-                                            ws.weight_grad.data());
+      detail::winograd_fold_weight_gradient<kWinogradTile>(
+          kCout, kCin, ws.transformed_weight_grad.data(), ws.weight_grad.data());
     });
     reduce_gradients(parts);
   }
@@ -638,13 +652,13 @@ class Conv2dLayer {
         // The split images' zero borders (storage comes zeroed) are never written.
         ws.split.resize({ForwardWinograd::kSplitSize});
         ws.gradient_split.resize({GradientWinograd::kSplitSize});
-        ws.transformed.resize({16 * detail::winograd_position_stride(kCin, kWinogradLd)});
-        ws.product.resize({16 * detail::winograd_position_stride(kCout, kWinogradLd)});
+        ws.transformed.resize({kPositions * detail::winograd_position_stride(kCin, kWinogradLd)});
+        ws.product.resize({kPositions * detail::winograd_position_stride(kCout, kWinogradLd)});
         ws.gradient_transformed.resize(
-            {16 * detail::winograd_position_stride(kCout, kGradientWinogradLd)});
+            {kPositions * detail::winograd_position_stride(kCout, kGradientWinogradLd)});
         ws.gradient_product.resize(
-            {16 * detail::winograd_position_stride(kCin, kGradientWinogradLd)});
-        ws.transformed_weight_grad.resize({16 * kCout * kCin});
+            {kPositions * detail::winograd_position_stride(kCin, kGradientWinogradLd)});
+        ws.transformed_weight_grad.resize({kPositions * kCout * kCin});
         ws.weight_grad.resize({kCout, kK});
         if constexpr (FusedRelu) ws.masked_grad.resize({kWinogradGroup * kCout * kHw});
         continue;

@@ -1,23 +1,28 @@
 #pragma once
-// Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional Neural
-// Networks", 2015) for stride-1 3x3 convolutions whose output has even height and width.
+// Winograd's minimal filtering F(2x2, 3x3) and F(4x4, 3x3) (Lavin & Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2015) for stride-1 3x3 convolutions whose output height and
+// width are multiples of the output tile (2 or 4).
 //
-// Each 2x2 tile of the output comes from a 4x4 tile of the padded input (tiles overlap by two):
+// Each Tile x Tile tile of the output comes from an a x a tile of the padded input, a = Tile + 2
+// (tiles overlap by two):
 //   Y = A^T [(G g G^T) . (B^T d B)] A        (. the element-wise product)
-// With the 16 positions of the transformed tile as the outer index, the element-wise products over
-// all channels become 16 GEMMs, U[pos] [Cout x Cin] * V[pos] [Cin x tiles]: 16 multiply-adds per 4
-// outputs and input channel instead of 36, 2.25x fewer. The input gradient of a stride-1
-// convolution is itself one (flipped kernel, channels swapped), and the weight gradient is the
-// adjoint of the same map:
+// With the a^2 positions of the transformed tile as the outer index, the element-wise products over
+// all channels become a^2 GEMMs, U[pos] [Cout x Cin] * V[pos] [Cin x tiles]: per output and input
+// channel 4 multiply-adds for F(2x2) and 2.25 for F(4x4), against 9 for the direct product. The
+// input gradient of a stride-1 convolution is itself one (flipped kernel, channels swapped), and
+// the weight gradient is the adjoint of the same map:
 //   dg = G^T [sum over tiles (A dY A^T) . (B^T d B)] G
-// that is 16 GEMMs dU[pos] [Cout x Cin] = dY'[pos] [Cout x tiles] * V[pos]^T, folded back to 3x3.
-// The transforms' coefficients are 0, +-1 and +-1/2, so the rounding stays close to the direct
-// product's (within a few units in the last place at these depths).
+// that is a^2 GEMMs dU[pos] [Cout x Cin] = dY'[pos] [Cout x tiles] * V[pos]^T, folded back to 3x3.
+// F(2x2)'s coefficients are 0, +-1 and +-1/2, so its rounding stays within a few units in the last
+// place of the direct product's; F(4x4)'s reach 8 and 1/24 (points 0, +-1, +-2), which costs about
+// one decimal digit in float (measured: docs/benchmarks.md) for 1.8x fewer products and transforms
+// that move 2.25 values per input instead of 4.
 //
-// Layouts: a transformed tensor is [16][rows][ld], column `first + ty * kTileCols + tx` for tile
+// Layouts: a transformed tensor is [a^2][rows][ld], column `first + ty * kTileCols + tx` for tile
 // (ty, tx) of an image placed at column `first`, so that several images share one GEMM. The padded
-// input is kept with its even and odd columns apart ("split"): the four columns of every tile in a
-// row of tiles are then four contiguous runs, and the transforms are plain vector arithmetic.
+// input is kept with its columns split by their remainder modulo Tile ("phases"): the a columns of
+// every tile in a row of tiles are then a contiguous runs, and the transforms are plain vector
+// arithmetic.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/tensor/cpu_microkernels.hpp>
@@ -29,14 +34,13 @@
 
 namespace coltrain::nn::detail {
 
-// even[l] = p[2l], odd[l] = p[2l + 1], l < N.
+// The 2N values low ++ high as their even and odd elements.
 template <class S, int N, class P = tensor::pack_t<S, N>>
-COLTRAIN_FORCE_INLINE void load_deinterleaved(const S* p, P& even, P& odd) {
+COLTRAIN_FORCE_INLINE void deinterleave(P low, P high, P& even, P& odd) {
   if constexpr (N == 1) {
-    even = p[0];
-    odd = p[1];
+    even = low;
+    odd = high;
   } else {
-    const P low = tensor::load_pack<P>(p), high = tensor::load_pack<P>(p + N);
     [&]<int... L>(std::integer_sequence<int, L...>) {
 #if defined(__clang__)
       even = __builtin_shufflevector(low, high, (2 * L)...);
@@ -51,80 +55,227 @@ COLTRAIN_FORCE_INLINE void load_deinterleaved(const S* p, P& even, P& odd) {
   }
 }
 
-// p[2l] = even[l], p[2l + 1] = odd[l], l < N.
+// The inverse: low ++ high = even[0], odd[0], even[1], odd[1], ...
 template <class S, int N, class P = tensor::pack_t<S, N>>
-COLTRAIN_FORCE_INLINE void store_interleaved(S* p, P even, P odd) {
+COLTRAIN_FORCE_INLINE void interleave(P even, P odd, P& low, P& high) {
   if constexpr (N == 1) {
-    p[0] = even;
-    p[1] = odd;
+    low = even;
+    high = odd;
   } else {
     // Lane o of the result is lane o/2 of even (o even) or of odd (o odd), from the low half of
-    // the tiles for the first vector and the high half for the second.
+    // the inputs for the first vector and the high half for the second.
     [&]<int... L>(std::integer_sequence<int, L...>) {
 #if defined(__clang__)
-      tensor::store_pack(p, P(__builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...)));
-      tensor::store_pack(p + N,
-                         P(__builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...)));
+      low = __builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...);
+      high = __builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...);
 #else
       using Indices = typename tensor::Pack<S, N>::Indices;
-      tensor::store_pack(p, __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...}));
-      tensor::store_pack(p + N,
-                         __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...}));
+      low = __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...});
+      high = __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...});
 #endif
     }
     (std::make_integer_sequence<int, N>{});
   }
 }
 
+// phase[r][l] = p[Ways * l + r], l < N, for Ways 2 or 4.
+template <int Ways, class S, int N, class P = tensor::pack_t<S, N>>
+COLTRAIN_FORCE_INLINE void load_phases(const S* p, P (&phase)[Ways]) {
+  static_assert(Ways == 2 || Ways == 4);
+  if constexpr (Ways == 2) {
+    deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), phase[0], phase[1]);
+  } else {
+    // Even and odd elements of each half, then of the evens and of the odds: 4l, 4l+2 and
+    // 4l+1, 4l+3.
+    P even_low, odd_low, even_high, odd_high;
+    deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), even_low, odd_low);
+    deinterleave<S, N>(tensor::load_pack<P>(p + 2 * N), tensor::load_pack<P>(p + 3 * N), even_high,
+                       odd_high);
+    deinterleave<S, N>(even_low, even_high, phase[0], phase[2]);
+    deinterleave<S, N>(odd_low, odd_high, phase[1], phase[3]);
+  }
+}
+
+// p[Ways * l + r] = phase[r][l]: the inverse of load_phases.
+template <int Ways, class S, int N, class P = tensor::pack_t<S, N>>
+COLTRAIN_FORCE_INLINE void store_phases(S* p, const P (&phase)[Ways]) {
+  static_assert(Ways == 2 || Ways == 4);
+  if constexpr (Ways == 2) {
+    P low, high;
+    interleave<S, N>(phase[0], phase[1], low, high);
+    tensor::store_pack(p, low);
+    tensor::store_pack(p + N, high);
+  } else {
+    P even_low, even_high, odd_low, odd_high, out[4];
+    interleave<S, N>(phase[0], phase[2], even_low, even_high);
+    interleave<S, N>(phase[1], phase[3], odd_low, odd_high);
+    interleave<S, N>(even_low, odd_low, out[0], out[1]);
+    interleave<S, N>(even_high, odd_high, out[2], out[3]);
+    for (int i = 0; i < 4; ++i) tensor::store_pack(p + i * N, out[i]);
+  }
+}
+
+// The one-dimensional transforms of F(Tile, 3), on packs or scalars V; the two-dimensional ones
+// apply them to the rows, then to the columns.
+template <int Tile>
+struct WinogradMatrices;
+
+template <>
+struct WinogradMatrices<2> {
+  // B^T's rows: (1 0 -1 0), (0 1 1 0), (0 -1 1 0), (0 1 0 -1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void input(const V (&d)[4], V (&o)[4]) {
+    o[0] = d[0] - d[2];
+    o[1] = d[1] + d[2];
+    o[2] = d[2] - d[1];
+    o[3] = d[1] - d[3];
+  }
+  // A^T's rows: (1 1 1 0), (0 1 -1 -1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void output(const V (&m)[4], V (&y)[2]) {
+    y[0] = m[0] + m[1] + m[2];
+    y[1] = m[1] - m[2] - m[3];
+  }
+  // A's rows, the adjoint: (1 0), (1 1), (1 -1), (0 -1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void output_adjoint(const V (&g)[2], V (&e)[4]) {
+    e[0] = g[0];
+    e[1] = g[0] + g[1];
+    e[2] = g[0] - g[1];
+    e[3] = -g[1];
+  }
+  // G's rows: (1 0 0), (1/2 1/2 1/2), (1/2 -1/2 1/2), (0 0 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void kernel(const V (&g)[3], V (&u)[4]) {
+    u[0] = g[0];
+    u[1] = S(0.5) * (g[0] + g[1] + g[2]);
+    u[2] = S(0.5) * (g[0] - g[1] + g[2]);
+    u[3] = g[2];
+  }
+  // G^T's rows: (1 1/2 1/2 0), (0 1/2 -1/2 0), (0 1/2 1/2 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void kernel_adjoint(const V (&x)[4], V (&g)[3]) {
+    g[0] = x[0] + S(0.5) * (x[1] + x[2]);
+    g[1] = S(0.5) * (x[1] - x[2]);
+    g[2] = S(0.5) * (x[1] + x[2]) + x[3];
+  }
+};
+
+template <>
+struct WinogradMatrices<4> {
+  // B^T's rows: (4 0 -5 0 1 0), (0 -4 -4 1 1 0), (0 4 -4 -1 1 0), (0 -2 -1 2 1 0),
+  // (0 2 -1 -2 1 0), (0 4 0 -5 0 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void input(const V (&d)[6], V (&o)[6]) {
+    const V four_apart = d[4] - S(4) * d[2], four_odd = d[3] - S(4) * d[1];
+    const V two_apart = d[4] - d[2], two_odd = S(2) * (d[3] - d[1]);
+    o[0] = S(4) * d[0] - S(5) * d[2] + d[4];
+    o[1] = four_apart + four_odd;
+    o[2] = four_apart - four_odd;
+    o[3] = two_apart + two_odd;
+    o[4] = two_apart - two_odd;
+    o[5] = S(4) * d[1] - S(5) * d[3] + d[5];
+  }
+  // A^T's rows: (1 1 1 1 1 0), (0 1 -1 2 -2 0), (0 1 1 4 4 0), (0 1 -1 8 -8 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void output(const V (&m)[6], V (&y)[4]) {
+    const V sum12 = m[1] + m[2], difference12 = m[1] - m[2];
+    const V sum34 = m[3] + m[4], difference34 = m[3] - m[4];
+    y[0] = m[0] + sum12 + sum34;
+    y[1] = difference12 + S(2) * difference34;
+    y[2] = sum12 + S(4) * sum34;
+    y[3] = difference12 + S(8) * difference34 + m[5];
+  }
+  // A's rows, the adjoint: (1 0 0 0), (1 1 1 1), (1 -1 1 -1), (1 2 4 8), (1 -2 4 -8), (0 0 0 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void output_adjoint(const V (&g)[4], V (&e)[6]) {
+    const V even = g[0] + g[2], odd = g[1] + g[3];
+    const V even_scaled = g[0] + S(4) * g[2], odd_scaled = S(2) * g[1] + S(8) * g[3];
+    e[0] = g[0];
+    e[1] = even + odd;
+    e[2] = even - odd;
+    e[3] = even_scaled + odd_scaled;
+    e[4] = even_scaled - odd_scaled;
+    e[5] = g[3];
+  }
+  // G's rows: (1/4 0 0), (-1/6 -1/6 -1/6), (-1/6 1/6 -1/6), (1/24 1/12 1/6), (1/24 -1/12 1/6),
+  // (0 0 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void kernel(const V (&g)[3], V (&u)[6]) {
+    const V outer = g[0] + g[2], weighted = S(1.0 / 24) * g[0] + S(1.0 / 6) * g[2];
+    const V middle = S(1.0 / 12) * g[1];
+    u[0] = S(0.25) * g[0];
+    u[1] = S(-1.0 / 6) * (outer + g[1]);
+    u[2] = S(-1.0 / 6) * (outer - g[1]);
+    u[3] = weighted + middle;
+    u[4] = weighted - middle;
+    u[5] = g[2];
+  }
+  // G^T's rows: (1/4 -1/6 -1/6 1/24 1/24 0), (0 -1/6 1/6 1/12 -1/12 0), (0 -1/6 -1/6 1/6 1/6 1).
+  template <class S, class V>
+  COLTRAIN_FORCE_INLINE static void kernel_adjoint(const V (&x)[6], V (&g)[3]) {
+    const V sum12 = x[1] + x[2], sum34 = x[3] + x[4];
+    g[0] = S(0.25) * x[0] - S(1.0 / 6) * sum12 + S(1.0 / 24) * sum34;
+    g[1] = S(1.0 / 6) * (x[2] - x[1]) + S(1.0 / 12) * (x[3] - x[4]);
+    g[2] = S(1.0 / 6) * (sum34 - sum12) + x[5];
+  }
+};
+
 // Elements from one position's [rows][ld] matrix to the next: one 64-byte line more than the
-// matrix, so that the 16 positions of a tile, written or read together, fall in different L1 sets
+// matrix, so that the positions of a tile, written or read together, fall in different L1 sets
 // (with a stride that is a multiple of 4 KiB they share one set and evict each other: 2.5x slower).
 constexpr std::int64_t winograd_position_stride(std::int64_t rows, std::int64_t ld) {
   return rows * ld + 16;
 }
 
-// Images per group of products: up to 256 columns of tiles, fewer where a transformed group (16
-// positions x channels x columns, float) would pass 256 KiB; ResNet-20's step measured 3% faster
-// with that bound than with twice or half of it. `channels` is the larger of the two sides.
-constexpr std::int64_t winograd_group_images(std::int64_t channels, std::int64_t tiles_per_image) {
-  const std::int64_t columns = std::min<std::int64_t>(256, 4096 / channels);
+// Images per group of products: about 256 KiB of transformed group (positions x channels x columns,
+// float), within 64 to 256 columns of tiles. ResNet-20's step measured 3% faster with that bound
+// than with twice or half of it for F(2x2); F(4x4)'s 64 x 64 stage (4 tiles an image) ran 15%
+// faster with 56 columns than with 28, its 16 x 16 stage 8% slower with 192 than with 64
+// (winograd_bench). `channels` is the larger of the two sides.
+constexpr std::int64_t winograd_group_images(std::int64_t channels, std::int64_t tiles_per_image,
+                                             std::int64_t positions) {
+  const std::int64_t columns = std::clamp<std::int64_t>(65536 / (positions * channels), 64, 256);
   return std::max<std::int64_t>(1, columns / tiles_per_image);
 }
 
-template <std::int64_t Channels, std::int64_t Height, std::int64_t Width, std::int64_t Padding>
+template <int Tile, std::int64_t Channels, std::int64_t Height, std::int64_t Width,
+          std::int64_t Padding>
 struct WinogradConvolution {
+  static_assert(Tile == 2 || Tile == 4);
+  using Matrices = WinogradMatrices<Tile>;
+  static constexpr int kAlpha = Tile + 2;  // input tile side
+  static constexpr std::int64_t kPositions = kAlpha * kAlpha;
   static constexpr std::int64_t kOutHeight = Height + 2 * Padding - 2;
   static constexpr std::int64_t kOutWidth = Width + 2 * Padding - 2;
-  static constexpr bool kApplicable = kOutHeight > 0 && kOutWidth > 0 && kOutHeight % 2 == 0 &&
-                                      kOutWidth % 2 == 0 && Width % 2 == 0;
-  static constexpr std::int64_t kTileRows = kOutHeight / 2, kTileCols = kOutWidth / 2;
+  static constexpr bool kApplicable = kOutHeight > 0 && kOutWidth > 0 && kOutHeight % Tile == 0 &&
+                                      kOutWidth % Tile == 0 && Width % Tile == 0;
+  static constexpr std::int64_t kTileRows = kOutHeight / Tile, kTileCols = kOutWidth / Tile;
   static constexpr std::int64_t kTiles = kTileRows * kTileCols;  // per image
-  static constexpr std::int64_t kPaddedHeight = kOutHeight + 2, kPaddedWidth = kOutWidth + 2;
-  static constexpr std::int64_t kHalfWidth = kPaddedWidth / 2;
+  static constexpr std::int64_t kPaddedHeight = kOutHeight + 2;
+  // Padded column Tile * i + r is element i of phase r; a row is Tile phases of kPhaseWidth.
+  static constexpr std::int64_t kPhaseWidth = kTileCols + 1;
+  static constexpr std::int64_t kSplitRow = Tile * kPhaseWidth;
   // Elements of a split padded image.
-  static constexpr std::int64_t kSplitSize = Channels * kPaddedHeight * kPaddedWidth;
+  static constexpr std::int64_t kSplitSize = Channels * kPaddedHeight * kSplitRow;
 
-  // split[c][row][0][i] = padded[c][row][2i], split[c][row][1][i] = padded[c][row][2i + 1], where
-  // padded is the image with a zero border of `Padding`. The border is never written: the owner
-  // zeroes the buffer once.
+  // The padded image (a zero border of `Padding`) with its columns split into phases. The border
+  // is never written: the owner zeroes the buffer once.
   template <class S>
   static void split_image(const S* COLTRAIN_RESTRICT image, S* COLTRAIN_RESTRICT split) {
-    constexpr int N = tensor::pack_lanes<S>(Width / 2);
+    constexpr int N = tensor::pack_lanes<S>(Width / Tile);
     using P = tensor::pack_t<S, N>;
-    // Image column 2i lands on padded column 2i + Padding: in the even half when Padding is even.
-    constexpr std::int64_t kFirst = Padding % 2 == 0 ? 0 : 1, kSecond = 1 - kFirst;
-    constexpr std::int64_t kFirstShift = Padding / 2, kSecondShift = (Padding + 1) / 2;
     for (std::int64_t c = 0; c < Channels; ++c)
       for (std::int64_t h = 0; h < Height; ++h) {
         const S* src = image + (c * Height + h) * Width;
-        S* row = split + (c * kPaddedHeight + h + Padding) * kPaddedWidth;
-        S* first = row + kFirst * kHalfWidth + kFirstShift;
-        S* second = row + kSecond * kHalfWidth + kSecondShift;
-        for (std::int64_t i = 0; i < Width / 2; i += N) {
-          P even, odd;
-          load_deinterleaved<S, N>(src + 2 * i, even, odd);
-          tensor::store_pack(first + i, even);
-          tensor::store_pack(second + i, odd);
+        S* row = split + (c * kPaddedHeight + h + Padding) * kSplitRow;
+        for (std::int64_t i = 0; i < Width / Tile; i += N) {
+          // Image column Tile * (i + l) + r is padded column Tile * (i + l) + r + Padding.
+          P phase[Tile];
+          load_phases<Tile, S, N>(src + Tile * i, phase);
+          for (int r = 0; r < Tile; ++r)
+            tensor::store_pack(row + (r + Padding) % Tile * kPhaseWidth + i + (r + Padding) / Tile,
+                               phase[r]);
         }
       }
   }
@@ -138,26 +289,23 @@ struct WinogradConvolution {
     const std::int64_t position_stride = winograd_position_stride(Channels, ld);
     for (std::int64_t c = 0; c < Channels; ++c)
       for (std::int64_t ty = 0; ty < kTileRows; ++ty) {
-        const S* rows = split + (c * kPaddedHeight + 2 * ty) * kPaddedWidth;
+        const S* rows = split + (c * kPaddedHeight + Tile * ty) * kSplitRow;
         S* out = v + c * ld + first + ty * kTileCols;
         for (std::int64_t tx = 0; tx < kTileCols; tx += N) {
-          // t = d B, row by row: B^T's rows are (1 0 -1 0), (0 1 1 0), (0 -1 1 0), (0 1 0 -1).
-          P t[4][4];
-          for (int r = 0; r < 4; ++r) {
-            const S* even = rows + r * kPaddedWidth + tx;
-            const S* odd = even + kHalfWidth;
-            const P d0 = tensor::load_pack<P>(even), d1 = tensor::load_pack<P>(odd);
-            const P d2 = tensor::load_pack<P>(even + 1), d3 = tensor::load_pack<P>(odd + 1);
-            t[r][0] = d0 - d2;
-            t[r][1] = d1 + d2;
-            t[r][2] = d2 - d1;
-            t[r][3] = d1 - d3;
+          P t[kAlpha][kAlpha];  // d B, row by row
+          for (int r = 0; r < kAlpha; ++r) {
+            P d[kAlpha];
+            for (int col = 0; col < kAlpha; ++col)
+              d[col] = tensor::load_pack<P>(rows + r * kSplitRow + col % Tile * kPhaseWidth + tx +
+                                            col / Tile);
+            Matrices::template input<S>(d, t[r]);
           }
-          for (int j = 0; j < 4; ++j) {
-            tensor::store_pack(out + (0 * 4 + j) * position_stride + tx, t[0][j] - t[2][j]);
-            tensor::store_pack(out + (1 * 4 + j) * position_stride + tx, t[1][j] + t[2][j]);
-            tensor::store_pack(out + (2 * 4 + j) * position_stride + tx, t[2][j] - t[1][j]);
-            tensor::store_pack(out + (3 * 4 + j) * position_stride + tx, t[1][j] - t[3][j]);
+          for (int j = 0; j < kAlpha; ++j) {
+            P column[kAlpha], o[kAlpha];
+            for (int r = 0; r < kAlpha; ++r) column[r] = t[r][j];
+            Matrices::template input<S>(column, o);
+            for (int i = 0; i < kAlpha; ++i)
+              tensor::store_pack(out + (i * kAlpha + j) * position_stride + tx, o[i]);
           }
         }
       }
@@ -176,36 +324,33 @@ struct WinogradConvolution {
       const P shift = P{} + (bias ? bias[k] : S(0));
       for (std::int64_t ty = 0; ty < kTileRows; ++ty) {
         const S* in = m + k * ld + first + ty * kTileCols;
-        S* top = out + (k * kOutHeight + 2 * ty) * kOutWidth;
-        S* bottom = top + kOutWidth;
+        S* top = out + (k * kOutHeight + Tile * ty) * kOutWidth;
         for (std::int64_t tx = 0; tx < kTileCols; tx += N) {
-          // s = m A, row by row: A^T's rows are (1 1 1 0) and (0 1 -1 -1).
-          P s[4][2];
-          for (int r = 0; r < 4; ++r) {
-            const P m0 = tensor::load_pack<P>(in + (r * 4 + 0) * position_stride + tx);
-            const P m1 = tensor::load_pack<P>(in + (r * 4 + 1) * position_stride + tx);
-            const P m2 = tensor::load_pack<P>(in + (r * 4 + 2) * position_stride + tx);
-            const P m3 = tensor::load_pack<P>(in + (r * 4 + 3) * position_stride + tx);
-            s[r][0] = m0 + m1 + m2;
-            s[r][1] = m1 - m2 - m3;
+          P s[kAlpha][Tile];  // m A, row by row
+          for (int r = 0; r < kAlpha; ++r) {
+            P row[kAlpha];
+            for (int j = 0; j < kAlpha; ++j)
+              row[j] = tensor::load_pack<P>(in + (r * kAlpha + j) * position_stride + tx);
+            Matrices::template output<S>(row, s[r]);
           }
-          P y[2][2];
-          for (int j = 0; j < 2; ++j) {
-            y[0][j] = s[0][j] + s[1][j] + s[2][j] + shift;
-            y[1][j] = s[1][j] - s[2][j] - s[3][j] + shift;
-            if constexpr (Relu) {
-              y[0][j] = tensor::relu_pack(y[0][j]);
-              y[1][j] = tensor::relu_pack(y[1][j]);
+          P y[Tile][Tile];  // y[i][j]: output row i of the tile, column j
+          for (int j = 0; j < Tile; ++j) {
+            P column[kAlpha], o[Tile];
+            for (int r = 0; r < kAlpha; ++r) column[r] = s[r][j];
+            Matrices::template output<S>(column, o);
+            for (int i = 0; i < Tile; ++i) {
+              y[i][j] = o[i] + shift;
+              if constexpr (Relu) y[i][j] = tensor::relu_pack(y[i][j]);
             }
           }
-          store_interleaved<S, N>(top + 2 * tx, y[0][0], y[0][1]);
-          store_interleaved<S, N>(bottom + 2 * tx, y[1][0], y[1][1]);
+          for (int i = 0; i < Tile; ++i)
+            store_phases<Tile, S, N>(top + i * kOutWidth + Tile * tx, y[i]);
         }
       }
     }
   }
 
-  // d[pos][k][first + tile] = (A dy A^T)[pos] for every 2x2 tile dy of the output gradient
+  // d[pos][k][first + tile] = (A dy A^T)[pos] for every Tile x Tile tile dy of the output gradient
   // [out_channels][kOutHeight][kOutWidth]: the adjoint of transform_output.
   template <class S>
   static void transform_output_gradient(std::int64_t out_channels, const S* COLTRAIN_RESTRICT dy,
@@ -216,21 +361,24 @@ struct WinogradConvolution {
     const std::int64_t position_stride = winograd_position_stride(out_channels, ld);
     for (std::int64_t k = 0; k < out_channels; ++k)
       for (std::int64_t ty = 0; ty < kTileRows; ++ty) {
-        const S* top = dy + (k * kOutHeight + 2 * ty) * kOutWidth;
-        const S* bottom = top + kOutWidth;
+        const S* top = dy + (k * kOutHeight + Tile * ty) * kOutWidth;
         S* out = d + k * ld + first + ty * kTileCols;
         for (std::int64_t tx = 0; tx < kTileCols; tx += N) {
-          // e = A g, column by column, then e A^T: A's rows are (1 0), (1 1), (1 -1), (0 -1).
-          P g00, g01, g10, g11;
-          load_deinterleaved<S, N>(top + 2 * tx, g00, g01);
-          load_deinterleaved<S, N>(bottom + 2 * tx, g10, g11);
-          const P e[4][2] = {
-              {g00, g01}, {g00 + g10, g01 + g11}, {g00 - g10, g01 - g11}, {-g10, -g11}};
-          for (int r = 0; r < 4; ++r) {
-            tensor::store_pack(out + (r * 4 + 0) * position_stride + tx, e[r][0]);
-            tensor::store_pack(out + (r * 4 + 1) * position_stride + tx, e[r][0] + e[r][1]);
-            tensor::store_pack(out + (r * 4 + 2) * position_stride + tx, e[r][0] - e[r][1]);
-            tensor::store_pack(out + (r * 4 + 3) * position_stride + tx, -e[r][1]);
+          P g[Tile][Tile];  // g[i][j]: row i of the tile, column j
+          for (int i = 0; i < Tile; ++i)
+            load_phases<Tile, S, N>(top + i * kOutWidth + Tile * tx, g[i]);
+          P e[kAlpha][Tile];  // A g, column by column
+          for (int j = 0; j < Tile; ++j) {
+            P column[Tile], o[kAlpha];
+            for (int i = 0; i < Tile; ++i) column[i] = g[i][j];
+            Matrices::template output_adjoint<S>(column, o);
+            for (int r = 0; r < kAlpha; ++r) e[r][j] = o[r];
+          }
+          for (int r = 0; r < kAlpha; ++r) {
+            P o[kAlpha];
+            Matrices::template output_adjoint<S>(e[r], o);
+            for (int j = 0; j < kAlpha; ++j)
+              tensor::store_pack(out + (r * kAlpha + j) * position_stride + tx, o[j]);
           }
         }
       }
@@ -240,40 +388,40 @@ struct WinogradConvolution {
 // Rows [row_begin, row_end) of u[pos][k][c] = (G g G^T)[pos], u being rows x columns per position,
 // for the 3x3 kernels g = weights[k][c] ([rows][columns][3][3]) or, when Flipped, the kernels of
 // the input-gradient convolution: weights[c][k] ([columns][rows][3][3]) turned by 180 degrees.
-// G's rows are (1 0 0), (1/2 1/2 1/2), (1/2 -1/2 1/2), (0 0 1).
-template <bool Flipped = false, class S>
+template <int Tile, bool Flipped = false, class S>
 void winograd_transform_weights(std::int64_t rows, std::int64_t columns, std::int64_t row_begin,
                                 std::int64_t row_end, const S* COLTRAIN_RESTRICT weights,
                                 S* COLTRAIN_RESTRICT u) {
+  using Matrices = WinogradMatrices<Tile>;
+  constexpr int kAlpha = Tile + 2;
   const std::int64_t position_stride = rows * columns;
   for (std::int64_t k = row_begin; k < row_end; ++k)
     for (std::int64_t c = 0; c < columns; ++c) {
       const S* kernel = weights + (Flipped ? c * rows + k : k * columns + c) * 9;
       S g[9];
       for (int l = 0; l < 9; ++l) g[l] = kernel[Flipped ? 8 - l : l];
-      S t[4][3];  // G g
+      S t[kAlpha][3];  // G g, column by column
       for (int l = 0; l < 3; ++l) {
-        t[0][l] = g[l];
-        t[1][l] = S(0.5) * (g[l] + g[3 + l] + g[6 + l]);
-        t[2][l] = S(0.5) * (g[l] - g[3 + l] + g[6 + l]);
-        t[3][l] = g[6 + l];
+        const S column[3] = {g[l], g[3 + l], g[6 + l]};
+        S o[kAlpha];
+        Matrices::template kernel<S>(column, o);
+        for (int i = 0; i < kAlpha; ++i) t[i][l] = o[i];
       }
       S* out = u + k * columns + c;
-      for (int i = 0; i < 4; ++i) {
-        out[(i * 4 + 0) * position_stride] = t[i][0];
-        out[(i * 4 + 1) * position_stride] = S(0.5) * (t[i][0] + t[i][1] + t[i][2]);
-        out[(i * 4 + 2) * position_stride] = S(0.5) * (t[i][0] - t[i][1] + t[i][2]);
-        out[(i * 4 + 3) * position_stride] = t[i][2];
+      for (int i = 0; i < kAlpha; ++i) {
+        S o[kAlpha];
+        Matrices::template kernel<S>(t[i], o);
+        for (int j = 0; j < kAlpha; ++j) out[(i * kAlpha + j) * position_stride] = o[j];
       }
     }
 }
 
-// The 16 products of a transformed batch of tiles: m[pos] [out_channels x columns] =
+// The products of a transformed batch of tiles: m[pos] [out_channels x columns] =
 // u[pos] [out_channels x in_channels] * v[pos] [in_channels x columns]; v and m as above, ld apart.
 template <class S>
-void winograd_multiply(std::int64_t out_channels, std::int64_t in_channels, std::int64_t columns,
-                       const S* u, const S* v, S* m, std::int64_t ld) {
-  for (std::int64_t pos = 0; pos < 16; ++pos)
+void winograd_multiply(std::int64_t positions, std::int64_t out_channels, std::int64_t in_channels,
+                       std::int64_t columns, const S* u, const S* v, S* m, std::int64_t ld) {
+  for (std::int64_t pos = 0; pos < positions; ++pos)
     tensor::gemm_nn_small_m(out_channels, columns, in_channels,
                             u + pos * out_channels * in_channels, in_channels,
                             v + pos * winograd_position_stride(in_channels, ld), ld,
@@ -284,10 +432,10 @@ void winograd_multiply(std::int64_t out_channels, std::int64_t in_channels, std:
 // in_channels] += d[pos] [out_channels x columns] * v[pos]^T, with d from transform_output_gradient
 // and v from transform_input.
 template <class S>
-void winograd_add_weight_gradient(std::int64_t out_channels, std::int64_t in_channels,
-                                  std::int64_t columns, const S* d, const S* v, std::int64_t ld,
-                                  S* du) {
-  for (std::int64_t pos = 0; pos < 16; ++pos)
+void winograd_add_weight_gradient(std::int64_t positions, std::int64_t out_channels,
+                                  std::int64_t in_channels, std::int64_t columns, const S* d,
+                                  const S* v, std::int64_t ld, S* du) {
+  for (std::int64_t pos = 0; pos < positions; ++pos)
     tensor::gemm_nt_long_k(out_channels, in_channels, columns,
                            d + pos * winograd_position_stride(out_channels, ld), ld,
                            v + pos * winograd_position_stride(in_channels, ld), ld,
@@ -296,24 +444,25 @@ void winograd_add_weight_gradient(std::int64_t out_channels, std::int64_t in_cha
 
 // grad[k][c] += G^T du[pos][k][c] G for every kernel (out_channels x in_channels x 3 x 3): the
 // adjoint of winograd_transform_weights.
-template <class S>
+template <int Tile, class S>
 void winograd_fold_weight_gradient(std::int64_t out_channels, std::int64_t in_channels,
                                    const S* COLTRAIN_RESTRICT du, S* COLTRAIN_RESTRICT grad) {
+  using Matrices = WinogradMatrices<Tile>;
+  constexpr int kAlpha = Tile + 2;
   const std::int64_t position_stride = out_channels * in_channels;
   for (std::int64_t kc = 0; kc < position_stride; ++kc) {
-    S x[4][4];
-    for (int p = 0; p < 16; ++p) x[p / 4][p % 4] = du[p * position_stride + kc];
-    S t[3][4];  // G^T x: G^T's rows are (1 1/2 1/2 0), (0 1/2 -1/2 0), (0 1/2 1/2 1).
-    for (int j = 0; j < 4; ++j) {
-      t[0][j] = x[0][j] + S(0.5) * (x[1][j] + x[2][j]);
-      t[1][j] = S(0.5) * (x[1][j] - x[2][j]);
-      t[2][j] = S(0.5) * (x[1][j] + x[2][j]) + x[3][j];
+    S t[3][kAlpha];  // G^T x, column by column
+    for (int j = 0; j < kAlpha; ++j) {
+      S column[kAlpha], o[3];
+      for (int i = 0; i < kAlpha; ++i) column[i] = du[(i * kAlpha + j) * position_stride + kc];
+      Matrices::template kernel_adjoint<S>(column, o);
+      for (int a = 0; a < 3; ++a) t[a][j] = o[a];
     }
     S* g = grad + kc * 9;
     for (int a = 0; a < 3; ++a) {
-      g[a * 3 + 0] += t[a][0] + S(0.5) * (t[a][1] + t[a][2]);
-      g[a * 3 + 1] += S(0.5) * (t[a][1] - t[a][2]);
-      g[a * 3 + 2] += S(0.5) * (t[a][1] + t[a][2]) + t[a][3];
+      S o[3];
+      Matrices::template kernel_adjoint<S>(t[a], o);
+      for (int b = 0; b < 3; ++b) g[a * 3 + b] += o[b];
     }
   }
 }
