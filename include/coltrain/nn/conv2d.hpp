@@ -510,8 +510,8 @@ class Conv2dLayer {
     tensor::Tensor<S, Device> transformed_weight_grad;            // Winograd's dU
   };
 
-  // Winograd: per group of images, V = the input tiles transformed, the 16 products with U = the
-  // transformed weights, and the output transform (with bias and ReLU) straight into y.
+  // Winograd: per group of images, V = the input tiles transformed, the 16 or 36 products with U =
+  // the transformed weights, and the output transform (with bias and ReLU) straight into y.
   void forward_winograd(const S* x, const S* w, const S* bias, S* y, std::int64_t batch,
                         Context<Device>& ctx) {
     winograd_weights_.resize({kPositions * kCout * kCin});
