@@ -590,7 +590,7 @@ class Conv2dLayer {
               dx + (first + g) * kCin * kInHw, static_cast<const S*>(nullptr));
       }
       // Folded back to 3x3 by each thread (the fold is linear), so that the calling thread sums
-      // 9 values per kernel instead of 16.
+      // 9 values per kernel instead of 16 or 36.
       std::fill_n(ws.weight_grad.data(), kCout * kK, S(0));
       detail::winograd_fold_weight_gradient<kWinogradTile>(
           kCout, kCin, ws.transformed_weight_grad.data(), ws.weight_grad.data());
