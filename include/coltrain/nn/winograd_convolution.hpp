@@ -21,7 +21,7 @@
 // Layouts: a transformed tensor is [a^2][rows][ld], column `first + ty * kTileCols + tx` for tile
 // (ty, tx) of an image placed at column `first`, so that several images share one GEMM. The padded
 // input is kept with its columns split by their remainder modulo Tile ("phases"): the a columns of
-// every tile in a row of tiles are then a contiguous runs, and the transforms are plain vector
+// every tile in a row of tiles are then contiguous runs, and the transforms are plain vector
 // arithmetic.
 
 #include <coltrain/core/config.hpp>
