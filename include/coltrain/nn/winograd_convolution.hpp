@@ -78,34 +78,22 @@ COLTRAIN_FORCE_INLINE void interleave(P even, P odd, P& low, P& high) {
   }
 }
 
-// parts[0] ++ parts[1] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N (R a power
-// of two; N > 1 unless R is 1).
+// parts[0] ++ parts[1] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N (N > 1
+// unless R is 1). The transforms' one case, two 2-lane rows, is one shuffle; others are built lane
+// by lane, which measured 5% slower there (nvcc's host code cannot take __builtin_shufflevector's
+// indices from a pack expansion, and a memcpy through memory stalls on store forwarding: 35%).
 template <class S, int N, int R, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE tensor::pack_t<S, N * R> concatenate(const P (&parts)[R]) {
   if constexpr (R == 1) {
     return parts[0];
+  } else if constexpr (N == 2 && R == 2) {
+    return __builtin_shufflevector(parts[0], parts[1], 0, 1, 2, 3);
   } else {
-    P low_parts[R / 2], high_parts[R / 2];
-    for (int q = 0; q < R / 2; ++q) {
-      low_parts[q] = parts[q];
-      high_parts[q] = parts[R / 2 + q];
-    }
-    const auto low = concatenate<S, N, R / 2>(low_parts);
-    const auto high = concatenate<S, N, R / 2>(high_parts);
     return [&]<int... L>(std::integer_sequence<int, L...>) {
-      return __builtin_shufflevector(low, high, L...);
+      return tensor::pack_t<S, N * R>{parts[L / N][L % N]...};
     }
     (std::make_integer_sequence<int, N * R>{});
   }
-}
-
-// Lanes [Q * N, Q * N + N) of a pack.
-template <class S, int N, int Q, class Wide>
-COLTRAIN_FORCE_INLINE tensor::pack_t<S, N> lanes_of(Wide wide) {
-  return [&]<int... L>(std::integer_sequence<int, L...>) {
-    return __builtin_shufflevector(wide, wide, (Q * N + L)...);
-  }
-  (std::make_integer_sequence<int, N>{});
 }
 
 // The inverse of concatenate: parts[q] = lanes [q * N, q * N + N) of wide.
@@ -114,8 +102,10 @@ COLTRAIN_FORCE_INLINE void split_pack(tensor::pack_t<S, N * R> wide, P (&parts)[
   if constexpr (R == 1) {
     parts[0] = wide;
   } else {
-    [&]<int... Q>(std::integer_sequence<int, Q...>) { ((parts[Q] = lanes_of<S, N, Q>(wide)), ...); }
-    (std::make_integer_sequence<int, R>{});
+    [&]<int... L>(std::integer_sequence<int, L...>) {
+      for (int q = 0; q < R; ++q) parts[q] = P{wide[q * N + L]...};
+    }
+    (std::make_integer_sequence<int, N>{});
   }
 }
 
