@@ -78,21 +78,17 @@ COLTRAIN_FORCE_INLINE void interleave(P even, P odd, P& low, P& high) {
   }
 }
 
-// parts[0] ++ parts[1] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N (N > 1
-// unless R is 1). The transforms' one case, two 2-lane rows, is one shuffle; others are built lane
-// by lane, which measured 5% slower there (nvcc's host code cannot take __builtin_shufflevector's
-// indices from a pack expansion, and a memcpy through memory stalls on store forwarding: 35%).
+// parts[0] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N. Past R = 1 the
+// transforms' only case is two rows of 2 lanes (rows_per_pack), one shuffle with literal indices:
+// nvcc's host code rejects __builtin_shufflevector's indices from a pack expansion, building the
+// pack lane by lane measured 5% slower, and a memcpy through memory 35% (store forwarding).
 template <class S, int N, int R, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE tensor::pack_t<S, N * R> concatenate(const P (&parts)[R]) {
   if constexpr (R == 1) {
     return parts[0];
-  } else if constexpr (N == 2 && R == 2) {
-    return __builtin_shufflevector(parts[0], parts[1], 0, 1, 2, 3);
   } else {
-    return [&]<int... L>(std::integer_sequence<int, L...>) {
-      return tensor::pack_t<S, N * R>{parts[L / N][L % N]...};
-    }
-    (std::make_integer_sequence<int, N * R>{});
+    static_assert(N == 2 && R == 2, "concatenate: only two packs of 2 lanes are joined");
+    return __builtin_shufflevector(parts[0], parts[1], 0, 1, 2, 3);
   }
 }
 
