@@ -290,14 +290,10 @@ struct WinogradConvolution {
   // (kTileCols of 2, as for 8 x 8 maps under F(4x4)), the transformed columns of consecutive rows
   // are contiguous, so two rows fill a pack of 4 lanes instead of leaving half of every operation
   // idle: ResNet-20's step went from 627 to 671 images/s (medians of 10 rounds, 2026-11-28). Not
-  // 8 lanes: the 36 packs of a tile then spill.
+  // 8 lanes: the 36 packs of a tile then spill, so two rows of 2 lanes is the only case.
   template <class S>
   static constexpr int rows_per_pack() {
-    constexpr int lanes = tensor::pack_lanes<S>(kTileCols);
-    int rows = 1;
-    if (lanes > 1 && lanes == kTileCols)
-      while (2 * rows * lanes <= 4 && kTileRows % (2 * rows) == 0) rows *= 2;
-    return rows;
+    return kTileCols == 2 && tensor::pack_lanes<S>(kTileCols) == 2 && kTileRows % 2 == 0 ? 2 : 1;
   }
 
   // The padded image (a zero border of `Padding`) with its columns split into phases. The border
