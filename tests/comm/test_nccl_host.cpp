@@ -1,7 +1,8 @@
 // The parts of the NCCL backend that need no GPU: the dtype and op maps, the unique id's trip over
 // the host bootstrap (real TCP ranks), and the ring allreduce's schedule, run on host arrays for
 // many world sizes, and the tree allreduce's plan likewise (one GPU can run only one NCCL rank, so
-// the GPU suite sees the ring and the tree at p = 1).
+// the GPU suite sees the ring and the tree at p = 1), and the point-to-point groups of the
+// collectives that move blocks, run by memcpy.
 #include <catch2/catch.hpp>
 
 #include "../support/tcp_launch.hpp"
@@ -351,4 +352,136 @@ TEST_CASE("the tree allreduce plan pairs every transfer and reduces every elemen
   }
 
   check_allreduced(input, output, op);
+}
+
+namespace {
+
+// Runs every rank's PeerTransfers as NCCL would: rank i's k-th send to rank j meets rank j's k-th
+// receive from rank i, which must have the same size.
+void run_transfers(const std::vector<coltrain::comm::PeerTransfers>& ranks) {
+  const auto p = ranks.size();
+  for (std::size_t from = 0; from < p; ++from) {
+    for (std::size_t to = 0; to < p; ++to) {
+      std::vector<coltrain::comm::PeerSend> sends;
+      std::vector<coltrain::comm::PeerReceive> receives;
+      for (const auto& send : ranks[from].sends) {
+        if (send.peer == static_cast<int>(to)) sends.push_back(send);
+      }
+      for (const auto& receive : ranks[to].receives) {
+        if (receive.peer == static_cast<int>(from)) receives.push_back(receive);
+      }
+      INFO("from rank " << from << " to rank " << to);
+      REQUIRE(sends.size() == receives.size());
+      for (std::size_t k = 0; k < sends.size(); ++k) {
+        REQUIRE(sends[k].bytes == receives[k].bytes);
+        if (sends[k].bytes > 0) std::memcpy(receives[k].data, sends[k].data, sends[k].bytes);
+      }
+    }
+  }
+}
+
+// Rank r's element i of the block meant for rank t.
+std::int32_t block_value(int r, int t, std::size_t i) {
+  return static_cast<std::int32_t>(r * 100000 + t * 1000 + static_cast<int>(i));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the point-to-point groups of alltoall(v), gather, scatter and allgatherv move every "
+    "block to its place, 1 to 5 ranks",
+    "[nccl]") {
+  using coltrain::comm::PeerTransfers;
+  constexpr std::int32_t kPoison = -1;
+  for (int p = 1; p <= 5; ++p) {
+    const auto n = static_cast<std::size_t>(p);
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{17}}) {
+      CAPTURE(p, count);
+      const std::size_t b = count * sizeof(std::int32_t);
+      std::vector<std::vector<std::int32_t>> in(n), out(n);
+      std::vector<PeerTransfers> groups(n);
+      // alltoall, through the alltoallv form with equal blocks
+      for (int r = 0; r < p; ++r) {
+        auto& mine = in[static_cast<std::size_t>(r)];
+        for (int t = 0; t < p; ++t) {
+          for (std::size_t i = 0; i < count; ++i) mine.push_back(block_value(r, t, i));
+        }
+        out[static_cast<std::size_t>(r)].assign(n * count, kPoison);
+        const std::vector<std::size_t> bytes(n, b);
+        std::vector<std::size_t> offsets(n);
+        for (std::size_t j = 0; j < n; ++j) offsets[j] = j * b;
+        groups[static_cast<std::size_t>(r)] = coltrain::comm::pairwise_transfers(
+            mine.data(), bytes, offsets, out[static_cast<std::size_t>(r)].data(), bytes, offsets);
+      }
+      run_transfers(groups);
+      for (int r = 0; r < p; ++r) {
+        for (int j = 0; j < p; ++j) {
+          for (std::size_t i = 0; i < count; ++i) {
+            REQUIRE(out[static_cast<std::size_t>(r)][static_cast<std::size_t>(j) * count + i] ==
+                    block_value(j, r, i));
+          }
+        }
+      }
+      for (int root = 0; root < p; ++root) {  // gather: rank j's block for the root, at block j
+        for (int r = 0; r < p; ++r) {
+          const auto u = static_cast<std::size_t>(r);
+          in[u].clear();
+          for (std::size_t i = 0; i < count; ++i) in[u].push_back(block_value(r, root, i));
+          out[u].assign(r == root ? n * count : 0, kPoison);
+          groups[u] = coltrain::comm::gather_transfers(r, p, root, in[u].data(), out[u].data(), b);
+        }
+        run_transfers(groups);
+        const auto& gathered = out[static_cast<std::size_t>(root)];
+        for (std::size_t k = 0; k < n * count; ++k) {
+          REQUIRE(gathered[k] == block_value(static_cast<int>(k / count), root, k % count));
+        }
+      }
+      for (int root = 0; root < p; ++root) {  // scatter: the root's block j to rank j
+        for (int r = 0; r < p; ++r) {
+          const auto u = static_cast<std::size_t>(r);
+          in[u].clear();
+          if (r == root) {
+            for (int t = 0; t < p; ++t) {
+              for (std::size_t i = 0; i < count; ++i) in[u].push_back(block_value(root, t, i));
+            }
+          }
+          out[u].assign(count, kPoison);
+          groups[u] = coltrain::comm::scatter_transfers(r, p, root, in[u].data(), out[u].data(), b);
+        }
+        run_transfers(groups);
+        for (int r = 0; r < p; ++r) {
+          for (std::size_t i = 0; i < count; ++i) {
+            REQUIRE(out[static_cast<std::size_t>(r)][i] == block_value(root, r, i));
+          }
+        }
+      }
+      {  // allgatherv: rank j contributes count + j % 2 elements
+        std::vector<std::size_t> bytes(n), offsets(n);
+        std::size_t total = 0;
+        for (std::size_t j = 0; j < n; ++j) {
+          bytes[j] = (count + j % 2) * sizeof(std::int32_t);
+          offsets[j] = total;
+          total += bytes[j];
+        }
+        for (int r = 0; r < p; ++r) {
+          const auto u = static_cast<std::size_t>(r);
+          in[u].clear();
+          for (std::size_t i = 0; i < count + u % 2; ++i) in[u].push_back(block_value(r, 0, i));
+          out[u].assign(total / sizeof(std::int32_t), kPoison);
+          groups[u] = coltrain::comm::allgatherv_transfers(in[u].data(), bytes[u], out[u].data(),
+                                                           bytes, offsets);
+        }
+        run_transfers(groups);
+        for (int r = 0; r < p; ++r) {
+          for (std::size_t j = 0; j < n; ++j) {
+            for (std::size_t i = 0; i < count + j % 2; ++i) {
+              REQUIRE(out[static_cast<std::size_t>(r)][offsets[j] / sizeof(std::int32_t) + i] ==
+                      block_value(static_cast<int>(j), 0, i));
+            }
+          }
+        }
+      }
+    }
+  }
 }

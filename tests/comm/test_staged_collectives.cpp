@@ -306,6 +306,119 @@ void run_all_collectives(HostStagedCommunicator& staged, std::size_t count) {
   }
 }
 
+// Elements that rank `from` sends rank `to` in alltoallv on `count`: 0 to 2 more than count, so
+// that blocks differ in size and some are empty.
+std::size_t pair_count(std::size_t count, int from, int to) {
+  return count + static_cast<std::size_t>(from + 2 * to) % 3;
+}
+
+// The calls staged whole (alltoall(v), gather, scatter, allgatherv) on `count` elements per block.
+// Rank r's element i of the block meant for rank t is value(r, t * 1000 + i).
+template <class T>
+void run_block_collectives(HostStagedCommunicator& staged, std::size_t count) {
+  const int ranks = staged.host().size();
+  const int rank = staged.host().rank();
+  const auto n = static_cast<std::size_t>(ranks);
+  const T poison = element<T>(-7);
+  const std::string at = " at count " + std::to_string(count);
+  const auto sent = [](int from, int to, std::size_t i) {
+    return element<T>(value(from, static_cast<std::size_t>(to) * 1000 + i));
+  };
+
+  {  // alltoall: block j of the output is rank j's block for this rank
+    std::vector<T> in(n * count);
+    for (int t = 0; t < ranks; ++t) {
+      for (std::size_t i = 0; i < count; ++i)
+        in[static_cast<std::size_t>(t) * count + i] = sent(rank, t, i);
+    }
+    const auto received = [&](std::size_t i) { return sent(int(i / count), rank, i % count); };
+    std::vector<T> out(n * count, poison);
+    staged.alltoall(std::span<const T>(in), std::span<T>(out));
+    check<T>("alltoall" + at, first_difference(out, 0, n * count, received));
+    std::vector<T> data = in;
+    staged.alltoall(std::span<T>(data));
+    check<T>("alltoall in place" + at, first_difference(data, 0, n * count, received));
+  }
+  {  // alltoallv: blocks of pair_count elements, one poisoned element between blocks
+    std::vector<std::size_t> send_counts(n), send_displacements(n), recv_counts(n),
+        recv_displacements(n);
+    std::size_t send_total = 0;
+    std::size_t recv_total = 0;
+    for (int j = 0; j < ranks; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      send_counts[u] = pair_count(count, rank, j);
+      send_displacements[u] = send_total + 1;
+      send_total += send_counts[u] + 1;
+      recv_counts[u] = pair_count(count, j, rank);
+      recv_displacements[u] = recv_total + 1;
+      recv_total += recv_counts[u] + 1;
+    }
+    std::vector<T> in(send_total, poison);
+    for (int j = 0; j < ranks; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      for (std::size_t i = 0; i < send_counts[u]; ++i)
+        in[send_displacements[u] + i] = sent(rank, j, i);
+    }
+    std::vector<T> out(recv_total, poison);
+    staged.alltoallv(std::span<const T>(in), std::span<const std::size_t>(send_counts),
+                     std::span<const std::size_t>(send_displacements), std::span<T>(out),
+                     std::span<const std::size_t>(recv_counts),
+                     std::span<const std::size_t>(recv_displacements));
+    for (int j = 0; j < ranks; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      check<T>("alltoallv, block from rank " + std::to_string(j) + at,
+               first_difference(out, recv_displacements[u], recv_counts[u],
+                                [&](std::size_t i) { return sent(j, rank, i); }));
+      check<T>(
+          "alltoallv, the gap before block " + std::to_string(j) + at,
+          first_difference(out, recv_displacements[u] - 1, 1, [&](std::size_t) { return poison; }));
+    }
+  }
+  for (int root = 0; root < ranks; ++root) {  // gather to every root; others' output untouched
+    const std::vector<T> in = rank_input<T>(rank, count);
+    std::vector<T> out(rank == root ? n * count : 0, poison);
+    staged.gather(std::span<const T>(in), std::span<T>(out), root);
+    if (rank == root) {
+      check<T>("gather to " + std::to_string(root) + at,
+               first_difference(out, 0, n * count, [&](std::size_t i) {
+                 return element<T>(value(int(i / count), i % count));
+               }));
+    }
+  }
+  for (int root = 0; root < ranks; ++root) {  // scatter from every root; others' input unread
+    std::vector<T> in;
+    if (rank == root) {
+      for (int t = 0; t < ranks; ++t) {
+        for (std::size_t i = 0; i < count; ++i) in.push_back(sent(root, t, i));
+      }
+    }
+    std::vector<T> out(count, poison);
+    staged.scatter(std::span<const T>(in), std::span<T>(out), root);
+    check<T>("scatter from " + std::to_string(root) + at,
+             first_difference(out, 0, count, [&](std::size_t i) { return sent(root, rank, i); }));
+  }
+  {  // allgatherv: rank j contributes count + j % 2 elements
+    std::vector<std::size_t> counts(n);
+    std::vector<std::size_t> offsets(n);
+    std::size_t total = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      counts[j] = count + j % 2;
+      offsets[j] = total;
+      total += counts[j];
+    }
+    const std::vector<T> in = rank_input<T>(rank, counts[static_cast<std::size_t>(rank)]);
+    std::vector<T> out(total, poison);
+    staged.allgatherv(std::span<const T>(in), std::span<T>(out),
+                      std::span<const std::size_t>(counts));
+    for (std::size_t j = 0; j < n; ++j) {
+      check<T>("allgatherv, rank " + std::to_string(j) + "'s block" + at,
+               first_difference(out, offsets[j], counts[j], [&](std::size_t i) {
+                 return element<T>(value(static_cast<int>(j), i));
+               }));
+    }
+  }
+}
+
 template <class T>
 void run_counts(Communicator& comm) {
   StagingOptions options;  // tiny chunks: many pipeline rounds even for short arrays
@@ -314,11 +427,13 @@ void run_counts(Communicator& comm) {
   HostStagedCommunicator staged(comm, options);
   for (std::size_t count : {0, 1, 2, 6, 7, 8, 13, 22, 100, 1001}) {
     run_all_collectives<T>(staged, count);
+    run_block_collectives<T>(staged, count);
   }
   HostStagedCommunicator defaults(comm);  // one chunk for small arrays, several for large ones
   for (std::size_t count : {std::size_t{1000}, std::size_t{600001}}) {
     run_all_collectives<T>(defaults, count);
   }
+  run_block_collectives<T>(defaults, 200001);
 }
 
 }  // namespace

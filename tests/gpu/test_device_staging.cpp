@@ -298,3 +298,183 @@ TEST_CASE("a staged call comes after the work queued on its caller's stream", "[
   INFO(coltrain::testing::joined(failures));
   CHECK(coltrain::testing::joined(failures).empty());
 }
+
+namespace {
+
+// Rank `from`'s block for rank `to` in the block collectives below.
+template <class T>
+std::vector<T> block_for(int from, int to, std::size_t count) {
+  return random_input<T>(from, count, 100 + static_cast<std::uint64_t>(to));
+}
+
+template <class T>
+std::vector<T> joined_blocks(const std::vector<std::vector<T>>& blocks) {
+  std::vector<T> all;
+  for (const std::vector<T>& block : blocks) all.insert(all.end(), block.begin(), block.end());
+  return all;
+}
+
+// alltoall (out of place, in place, non-blocking), alltoallv, gather, scatter and allgatherv on
+// device buffers: each moves bytes without arithmetic, so results are compared exactly.
+template <class T>
+void check_block_collectives(Communicator& comm, std::size_t count) {
+  const int rank = comm.rank();
+  const int ranks = comm.size();
+  const auto n = static_cast<std::size_t>(ranks);
+  const std::string at = " (" + std::string(name_of(data_type_v<T>)) + ", " +
+                         std::to_string(ranks) + " ranks, " + std::to_string(count) + " elements)";
+  {
+    std::vector<std::vector<T>> mine;
+    std::vector<std::vector<T>> theirs;
+    for (int j = 0; j < ranks; ++j) {
+      mine.push_back(block_for<T>(rank, j, count));
+      theirs.push_back(block_for<T>(j, rank, count));
+    }
+    const std::vector<T> expected = joined_blocks(theirs);
+    DeviceArray<T> input(n * count);
+    DeviceArray<T> output(n * count);
+    input.upload(joined_blocks(mine));
+    output.poison();
+    comm.alltoall(std::span<const T>(input.span()), output.span());
+    expect(output.download() == expected, "alltoall" + at);
+    output.poison();
+    comm.ialltoall(std::span<const T>(input.span()), output.span()).wait();
+    expect(output.download() == expected, "ialltoall" + at);
+    comm.alltoall(input.span());
+    expect(input.download() == expected, "alltoall in place" + at);
+  }
+  {  // alltoallv: rank f sends rank t count + (f + 2t) % 3 elements; a poisoned element between
+    std::vector<std::size_t> send_counts(n), send_displacements(n), recv_counts(n),
+        recv_displacements(n);
+    std::vector<T> sent;
+    std::size_t recv_total = 0;
+    const T poison = static_cast<T>(-1);
+    for (int j = 0; j < ranks; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      send_counts[u] = count + static_cast<std::size_t>(rank + 2 * j) % 3;
+      recv_counts[u] = count + static_cast<std::size_t>(j + 2 * rank) % 3;
+      sent.push_back(poison);
+      send_displacements[u] = sent.size();
+      const std::vector<T> block = block_for<T>(rank, j, send_counts[u]);
+      sent.insert(sent.end(), block.begin(), block.end());
+      recv_displacements[u] = recv_total + 1;
+      recv_total += recv_counts[u] + 1;
+    }
+    DeviceArray<T> input(sent.size());
+    DeviceArray<T> output(recv_total);
+    input.upload(sent);
+    output.upload(std::vector<T>(recv_total, poison));
+    comm.alltoallv(std::span<const T>(input.span()), std::span<const std::size_t>(send_counts),
+                   std::span<const std::size_t>(send_displacements), output.span(),
+                   std::span<const std::size_t>(recv_counts),
+                   std::span<const std::size_t>(recv_displacements));
+    std::vector<T> expected;
+    for (int j = 0; j < ranks; ++j) {
+      expected.push_back(poison);  // the gap stays as it was
+      const std::vector<T> block = block_for<T>(j, rank, recv_counts[static_cast<std::size_t>(j)]);
+      expected.insert(expected.end(), block.begin(), block.end());
+    }
+    expect(output.download() == expected, "alltoallv" + at);
+  }
+  for (int root = 0; root < ranks; ++root) {
+    const std::vector<T> mine = block_for<T>(rank, root, count);
+    DeviceArray<T> input(count);
+    DeviceArray<T> output(rank == root ? n * count : 0);
+    input.upload(mine);
+    output.poison();
+    comm.gather(std::span<const T>(input.span()), output.span(), root);
+    if (rank == root) {
+      std::vector<std::vector<T>> blocks;
+      for (int j = 0; j < ranks; ++j) blocks.push_back(block_for<T>(j, root, count));
+      expect(output.download() == joined_blocks(blocks), "gather to " + std::to_string(root) + at);
+    }
+  }
+  for (int root = 0; root < ranks; ++root) {
+    DeviceArray<T> input(rank == root ? n * count : 0);
+    DeviceArray<T> output(count);
+    if (rank == root) {
+      std::vector<std::vector<T>> blocks;
+      for (int j = 0; j < ranks; ++j) blocks.push_back(block_for<T>(root, j, count));
+      input.upload(joined_blocks(blocks));
+    }
+    output.poison();
+    comm.scatter(std::span<const T>(input.span()), output.span(), root);
+    expect(output.download() == block_for<T>(root, rank, count),
+           "scatter from " + std::to_string(root) + at);
+  }
+  {
+    std::vector<std::size_t> counts(n);
+    std::vector<std::vector<T>> blocks;
+    for (std::size_t j = 0; j < n; ++j) {
+      counts[j] = count + j % 2;
+      blocks.push_back(block_for<T>(static_cast<int>(j), -1, counts[j]));
+    }
+    const std::vector<T> expected = joined_blocks(blocks);
+    DeviceArray<T> input(counts[static_cast<std::size_t>(rank)]);
+    DeviceArray<T> output(expected.size());
+    input.upload(blocks[static_cast<std::size_t>(rank)]);
+    output.poison();
+    comm.allgatherv(std::span<const T>(input.span()), output.span(),
+                    std::span<const std::size_t>(counts));
+    expect(output.download() == expected, "allgatherv" + at);
+  }
+}
+
+// send/recv of device buffers: every rank posts its receive from the left and its send to the
+// right before waiting (which would deadlock if either completed before returning), then rank 0
+// posts rank 1 two tagged messages that rank 1 receives in the other order, each blocking.
+void check_device_messages(Communicator& comm, std::size_t count) {
+  const int rank = comm.rank();
+  const int ranks = comm.size();
+  const int right = (rank + 1) % ranks;
+  const int left = (rank + ranks - 1) % ranks;
+  const std::string at = " (" + std::to_string(count) + " elements)";
+  DeviceArray<float> outgoing(count);
+  DeviceArray<float> incoming(count);
+  outgoing.upload(block_for<float>(rank, right, count));
+  incoming.poison();
+  Request received = comm.irecv(incoming.span(), left, 3);
+  Request sent = comm.isend(std::span<const float>(outgoing.span()), right, 3);
+  sent.wait();
+  received.wait();
+  expect(incoming.download() == block_for<float>(left, rank, count), "isend/irecv ring" + at);
+  expect(outgoing.download() == block_for<float>(rank, right, count),
+         "isend leaves its buffer as it was" + at);
+  DeviceArray<std::int64_t> first(count);
+  DeviceArray<std::int64_t> second(count + 1);
+  if (rank == 0) {
+    first.upload(block_for<std::int64_t>(0, 11, count));
+    second.upload(block_for<std::int64_t>(0, 12, count + 1));
+    const Request requests[] = {comm.isend(std::span<const std::int64_t>(first.span()), 1, 11),
+                                comm.isend(std::span<const std::int64_t>(second.span()), 1, 12)};
+    wait_all(requests);
+  } else if (rank == 1) {
+    first.poison();
+    second.poison();
+    comm.recv(second.span(), 0, 12);
+    comm.recv(first.span(), 0, 11);
+    expect(first.download() == block_for<std::int64_t>(0, 11, count), "tag 11" + at);
+    expect(second.download() == block_for<std::int64_t>(0, 12, count + 1), "tag 12" + at);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("staged alltoall(v), gather, scatter, allgatherv and send/recv of device buffers",
+          "[gpu][staging]") {
+  for (int ranks : {2, 3}) {
+    INFO(ranks << " ranks");
+    const auto failures = coltrain::testing::run_thread_ranks(ranks, [](Communicator& comm) {
+      COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{1001},
+                                std::size_t{300007}}) {
+        check_block_collectives<float>(comm, count);
+        check_block_collectives<std::int64_t>(comm, count);
+        check_block_collectives<double>(comm, count);
+        check_device_messages(comm, count);
+      }
+    });
+    INFO(coltrain::testing::joined(failures));
+    CHECK(coltrain::testing::joined(failures).empty());
+  }
+}

@@ -614,3 +614,82 @@ TEST_CASE("split on NCCL: ncclCommSplit gives a working one-rank child, a negati
   child->allreduce(std::span(host), ReduceOp::kSum);  // host spans on the child's TCP bootstrap
   CHECK(host == std::vector<int>{4, 5});
 }
+
+TEST_CASE("one rank: exchange, and alltoall(v), gather, scatter, allgatherv through the front door",
+          "[nccl][tcp]") {
+  using coltrain::comm::Backend;
+  using coltrain::comm::Communicator;
+  using coltrain::comm::PeerReceive;
+  using coltrain::comm::PeerSend;
+  std::mt19937 random(31);
+  {  // raw: three sends to this rank meet its three receives in order, in one group
+    NcclBackend nccl = one_rank();
+    const Stream stream;
+    const Bytes input = random_elements(DataType::kFloat16, 3000, random);
+    DeviceBuffer in(input.size());
+    DeviceBuffer out(input.size());
+    in.upload(input);
+    out.poison();
+    auto* source = static_cast<const std::byte*>(in.get());
+    auto* target = static_cast<std::byte*>(out.get());
+    // Pieces of 1000, 0 and 2000 elements, received in reverse places.
+    const PeerSend sends[] = {{0, source, 2000}, {0, source + 2000, 0}, {0, source + 2000, 4000}};
+    const PeerReceive receives[] = {{0, target + 4000, 2000}, {0, target, 0}, {0, target, 4000}};
+    nccl.exchange(coltrain::comm::Collective::kSendRecv, 3000, DataType::kFloat16, sends, receives,
+                  stream.get());
+    nccl.synchronize(stream.get());
+    Bytes expected(input.begin() + 2000, input.end());
+    expected.insert(expected.end(), input.begin(), input.begin() + 2000);
+    CHECK_SAME_ELEMENTS(out.download(), expected, DataType::kFloat16);
+    const PeerSend stranger[] = {{1, source, 2}};
+    CHECK_THROWS_WITH(nccl.exchange(coltrain::comm::Collective::kSendRecv, 1, DataType::kFloat16,
+                                    stranger, {}, stream.get()),
+                      Contains("peer 1 is not a rank of this 1-rank communicator"));
+  }
+  Communicator comm = Communicator::from_env(Backend::kNccl, options_with_timeout(60s));
+  const Stream stream;
+  comm.set_stream(stream.get());
+  for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{4099}}) {
+    CAPTURE(count);
+    const Bytes input = random_elements(DataType::kInt32, count, random);
+    DeviceBuffer in(input.size());
+    DeviceBuffer out(input.size() + sizeof(std::int32_t));
+    in.upload(input);
+    const std::span<const std::int32_t> in_span(static_cast<const std::int32_t*>(in.get()), count);
+    const std::span<std::int32_t> out_span(static_cast<std::int32_t*>(out.get()), count);
+    const auto check = [&](const Bytes& expected) {
+      comm.synchronize();
+      CHECK_SAME_ELEMENTS(out.download(), expected, DataType::kInt32);
+      out.poison();
+    };
+    Bytes poisoned_tail = input;
+    poisoned_tail.resize(input.size() + sizeof(std::int32_t), std::byte{0xff});
+    out.poison();
+    comm.alltoall(in_span, out_span);
+    check(poisoned_tail);
+    comm.gather(in_span, out_span, 0);
+    check(poisoned_tail);
+    comm.scatter(in_span, out_span, 0);
+    check(poisoned_tail);
+    const std::size_t counts[] = {count};
+    comm.allgatherv(in_span, out_span, std::span<const std::size_t>(counts));
+    check(poisoned_tail);
+    // alltoallv into the output's second element on: its first keeps the poison.
+    const std::size_t at_start[] = {0};
+    const std::size_t shifted[] = {1};
+    const std::span<std::int32_t> longer(static_cast<std::int32_t*>(out.get()), count + 1);
+    comm.alltoallv(in_span, std::span<const std::size_t>(counts),
+                   std::span<const std::size_t>(at_start), longer,
+                   std::span<const std::size_t>(counts), std::span<const std::size_t>(shifted));
+    Bytes shifted_input(sizeof(std::int32_t), std::byte{0xff});
+    shifted_input.insert(shifted_input.end(), input.begin(), input.end());
+    check(shifted_input);
+    out.upload(poisoned_tail);
+    comm.alltoall(out_span);  // in place
+    check(poisoned_tail);
+  }
+  const std::span<float> device_floats(static_cast<float*>(nullptr), 0);
+  CHECK_THROWS_WITH(
+      comm.alltoall(std::span<const float>(device_floats), device_floats, Algorithm::kPairwise),
+      Contains("alltoall on NCCL device buffers has no algorithm 'pairwise'"));
+}

@@ -41,6 +41,7 @@
 #include <coltrain/comm/flight_recorder.hpp>
 #include <coltrain/comm/message_book.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/peer_transfers.hpp>
 #include <coltrain/comm/request.hpp>
 #include <coltrain/comm/split.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
@@ -78,6 +79,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -348,6 +350,7 @@ class Communicator {
   void synchronize() {
 #if COLTRAIN_WITH_NCCL
     if (!nccl_) return;
+    flush_device_messages();
     for (cudaStream_t earlier : earlier_streams_) nccl_->synchronize(earlier);
     earlier_streams_.clear();
     nccl_->synchronize(stream_);
@@ -497,20 +500,41 @@ class Communicator {
   }
 
   // ---- alltoall: block j of this rank's input goes to rank j, as block rank() of its output;
-  // input and output hold size() blocks of the same count. Host buffers.
+  // input and output hold size() blocks of the same count.
   template <detail::CollectiveElement T>
   void alltoall(std::span<const T> input, std::span<T> output,
                 Algorithm algorithm = Algorithm::kAutomatic) {
     require_size(Collective::kAlltoall, "output", output.size(), input.size());
     const std::size_t count = input.size() / group_size();
     require_size(Collective::kAlltoall, "input", input.size(), count * group_size());
-    require_host(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output));
     require_distinct(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output));
-    host_alltoall(std::as_bytes(input), std::as_writable_bytes(output), data_type_v<T>, algorithm);
+    dispatch(
+        memory_of_call(Collective::kAlltoall, std::as_bytes(input), std::as_bytes(output)),
+        [&] {
+          host_alltoall(std::as_bytes(input), std::as_writable_bytes(output), data_type_v<T>,
+                        algorithm);
+        },
+        [&](auto& staged) { staged.alltoall(input, output, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kAlltoall, algorithm);
+          const std::vector<std::size_t> bytes(group_size(), count * sizeof(T));
+          std::vector<std::size_t> offsets(group_size());
+          for (std::size_t j = 0; j < offsets.size(); ++j) offsets[j] = j * count * sizeof(T);
+          const PeerTransfers transfers =
+              pairwise_transfers(input.data(), bytes, offsets, output.data(), bytes, offsets);
+          nccl.exchange(Collective::kAlltoall, input.size(), data_type_v<T>, transfers.sends,
+                        transfers.receives, stream);
+        });
   }
   // In place: data's blocks are replaced by the blocks the other ranks sent (through a copy).
   template <detail::CollectiveElement T>
   void alltoall(std::span<T> data, Algorithm algorithm = Algorithm::kAutomatic) {
+#if COLTRAIN_WITH_CUDA
+    if (memory_of_call(Collective::kAlltoall, std::as_bytes(data), std::as_bytes(data)) ==
+        Memory::kDevice) {
+      return device_alltoall_in_place(data, algorithm);
+    }
+#endif
     std::vector<std::byte>& copy = alltoall_input_;
     const auto bytes = std::as_bytes(data);
     copy.assign(bytes.begin(), bytes.end());
@@ -519,34 +543,60 @@ class Communicator {
   }
 
   // ---- gather: the root's output holds every rank's input in rank order (size() blocks); other
-  // ranks' output may be empty and is not touched. Host buffers.
+  // ranks' output may be empty and is not touched.
   template <detail::CollectiveElement T>
   void gather(std::span<const T> input, std::span<T> output, int root = 0,
               Algorithm algorithm = Algorithm::kAutomatic) {
     require_root(Collective::kGather, root);
     if (rank() == root)
       require_size(Collective::kGather, "output", output.size(), input.size() * group_size());
-    require_host(Collective::kGather, std::as_bytes(input), std::as_bytes(output));
-    host_rooted_blocks(Collective::kGather, std::as_bytes(input), std::as_writable_bytes(output),
-                       input.size_bytes(), data_type_v<T>, root, algorithm);
+    const std::span<T> used = rank() == root ? output : std::span<T>();
+    dispatch(
+        memory_of_call(Collective::kGather, std::as_bytes(input), std::as_bytes(used)),
+        [&] {
+          host_rooted_blocks(Collective::kGather, std::as_bytes(input),
+                             std::as_writable_bytes(output), input.size_bytes(), data_type_v<T>,
+                             root, algorithm);
+        },
+        [&](auto& staged) { staged.gather(input, output, root, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kGather, algorithm);
+          const PeerTransfers transfers =
+              gather_transfers(rank(), size(), root, input.data(), used.data(), input.size_bytes());
+          nccl.exchange(Collective::kGather, input.size(), data_type_v<T>, transfers.sends,
+                        transfers.receives, stream);
+        });
   }
 
   // ---- scatter: rank i's output is block i of the root's input (size() blocks); other ranks'
-  // input may be empty and is not read. Host buffers.
+  // input may be empty and is not read.
   template <detail::CollectiveElement T>
   void scatter(std::span<const T> input, std::span<T> output, int root = 0,
                Algorithm algorithm = Algorithm::kAutomatic) {
     require_root(Collective::kScatter, root);
     if (rank() == root)
       require_size(Collective::kScatter, "input", input.size(), output.size() * group_size());
-    require_host(Collective::kScatter, std::as_bytes(input), std::as_bytes(output));
-    host_rooted_blocks(Collective::kScatter, std::as_bytes(input), std::as_writable_bytes(output),
-                       output.size_bytes(), data_type_v<T>, root, algorithm);
+    const std::span<const T> used = rank() == root ? input : std::span<const T>();
+    dispatch(
+        memory_of_call(Collective::kScatter, std::as_bytes(used), std::as_bytes(output)),
+        [&] {
+          host_rooted_blocks(Collective::kScatter, std::as_bytes(input),
+                             std::as_writable_bytes(output), output.size_bytes(), data_type_v<T>,
+                             root, algorithm);
+        },
+        [&](auto& staged) { staged.scatter(input, output, root, algorithm); },
+        [&](auto& nccl, auto stream) {
+          require_nccl_native(Collective::kScatter, algorithm);
+          const PeerTransfers transfers = scatter_transfers(rank(), size(), root, used.data(),
+                                                            output.data(), output.size_bytes());
+          nccl.exchange(Collective::kScatter, output.size(), data_type_v<T>, transfers.sends,
+                        transfers.receives, stream);
+        });
   }
 
   // ---- allgatherv: rank i contributes counts[i] elements; output holds them all in rank order
   // (rank i's at the sum of counts[0..i)). counts has size() entries, the same on every rank;
-  // counts[rank()] is input.size(). Host buffers.
+  // counts[rank()] is input.size().
   template <detail::CollectiveElement T>
   void allgatherv(std::span<const T> input, std::span<T> output,
                   std::span<const std::size_t> counts,
@@ -563,8 +613,20 @@ class Communicator {
       total += counts[i];
     }
     require_size(Collective::kAllgatherv, "output", output.size(), total);
-    require_host(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output));
     require_distinct(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output));
+    const Memory memory =
+        memory_of_call(Collective::kAllgatherv, std::as_bytes(input), std::as_bytes(output));
+    if (memory == Memory::kDevice) {
+      return dispatch(
+          memory, [] {}, [&](auto& staged) { staged.allgatherv(input, output, counts, algorithm); },
+          [&](auto& nccl, auto stream) {
+            require_nccl_native(Collective::kAllgatherv, algorithm);
+            const PeerTransfers transfers = allgatherv_transfers(input.data(), input.size_bytes(),
+                                                                 output.data(), bytes, offsets);
+            nccl.exchange(Collective::kAllgatherv, total, data_type_v<T>, transfers.sends,
+                          transfers.receives, stream);
+          });
+    }
     const MessageHeader call = start(Collective::kAllgatherv, data_type_v<T>, total, ReduceOp::kSum,
                                      0, algorithm, output.size_bytes());
     const auto* in = reinterpret_cast<const std::byte*>(input.data());
@@ -581,7 +643,7 @@ class Communicator {
   // ---- alltoallv: rank i sends send_counts[j] elements from input[send_displacements[j]] to rank
   // j, which receives recv_counts[i] of them at output[recv_displacements[i]] (MPI_Alltoallv's
   // contract; counts and displacements in elements, size() entries each). A sender and receiver
-  // that disagree on a count fail with MismatchError. Host buffers.
+  // that disagree on a count fail with MismatchError (host buffers; NCCL does not compare them).
   template <detail::CollectiveElement T>
   void alltoallv(std::span<const T> input, std::span<const std::size_t> send_counts,
                  std::span<const std::size_t> send_displacements, std::span<T> output,
@@ -595,8 +657,25 @@ class Communicator {
     const auto self = static_cast<std::size_t>(rank());
     require_size(Collective::kAlltoallv, "the block this rank sends itself (recv_counts[rank])",
                  recv_counts[self], send_counts[self]);
-    require_host(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output));
     require_distinct(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output));
+    const Memory memory =
+        memory_of_call(Collective::kAlltoallv, std::as_bytes(input), std::as_bytes(output));
+    if (memory == Memory::kDevice) {
+      return dispatch(
+          memory, [] {},
+          [&](auto& staged) {
+            staged.alltoallv(input, send_counts, send_displacements, output, recv_counts,
+                             recv_displacements, algorithm);
+          },
+          [&](auto& nccl, auto stream) {
+            require_nccl_native(Collective::kAlltoallv, algorithm);
+            const PeerTransfers transfers =
+                pairwise_transfers(input.data(), sent.bytes, sent.offsets, output.data(),
+                                   received.bytes, received.offsets);
+            nccl.exchange(Collective::kAlltoallv, input.size(), data_type_v<T>, transfers.sends,
+                          transfers.receives, stream);
+          });
+    }
     const MessageHeader call = start(Collective::kAlltoallv, data_type_v<T>, input.size(),
                                      ReduceOp::kSum, 0, algorithm, input.size_bytes());
     const auto* in = reinterpret_cast<const std::byte*>(input.data());
@@ -723,7 +802,10 @@ class Communicator {
   // and the same tag (0 to kMaxTag). Messages between two ranks with one tag arrive in the order
   // they were sent; with different tags, and against the collectives, in any order (MPI's rules):
   // a message never meets a collective's receive. The receive's count and dtype must be the
-  // sender's, or both fail with MismatchError. Host buffers; a rank cannot send to itself.
+  // sender's, or both fail with MismatchError. A rank cannot send to itself. Device buffers over
+  // MPI and TCP travel through host memory; on NCCL they take tag 0 only, wait in one group that
+  // goes to NCCL when one of them is waited for or tested (or another device call comes), and
+  // are then ordered on stream() like the collectives: synchronize() waits for the data.
   // isend/irecv post the message at once and return; it progresses whenever this communicator
   // moves bytes (any call on it, or wait/test on any of its requests). The buffer must stay valid
   // and untouched until the request completes. ----
@@ -808,7 +890,27 @@ class Communicator {
                             context);
     }
     const std::span<const std::byte> buffer = sending ? outgoing : incoming;
-    require_host(Collective::kSendRecv, buffer, buffer);
+    // Device buffers over MPI and TCP travel through host memory of the message's own: a send's
+    // is filled now, a receive's copied into device memory once the message is in.
+    std::shared_ptr<std::vector<std::byte>> bounce;
+    std::function<void()> on_arrival;
+#if COLTRAIN_WITH_CUDA
+    if (memory_of_call(Collective::kSendRecv, buffer, buffer) == Memory::kDevice) {
+#if COLTRAIN_WITH_NCCL
+      if (nccl_) return post_nccl_message(sending, peer, tag, outgoing, incoming, context);
+#endif
+      bounce = std::make_shared<std::vector<std::byte>>(buffer.size());
+      if (sending) {
+        copy_after_stream(bounce->data(), outgoing.data(), outgoing.size(), stream_);
+        outgoing = *bounce;
+      } else {
+        on_arrival = [bounce, target = incoming.data(), stream = stream_] {
+          copy_after_stream(target, bounce->data(), bounce->size(), stream);
+        };
+        incoming = *bounce;
+      }
+    }
+#endif
     MessageHeader header;
     header.collective = Collective::kSendRecv;
     header.algorithm = Algorithm::kNative;
@@ -823,9 +925,10 @@ class Communicator {
     return with_transport([&](auto& t) {
       const auto request =
           sending ? t.isend(peer, header, outgoing) : t.irecv(peer, header, incoming);
-      return messages_.book->add([transport = &t, request](bool block) {
-        if (!block) return transport->test(request);
-        transport->wait(request);
+      return messages_.book->add([transport = &t, request, bounce, on_arrival](bool block) {
+        if (!block && !transport->test(request)) return false;
+        if (block) transport->wait(request);
+        if (on_arrival) on_arrival();
         return true;
       });
     });
@@ -942,11 +1045,101 @@ class Communicator {
     if (memory == Memory::kHost) return host();
 #if COLTRAIN_WITH_CUDA
 #if COLTRAIN_WITH_NCCL
-    if (nccl_) return nccl(*nccl_, stream_);
+    if (nccl_) {
+      flush_device_messages();
+      return nccl(*nccl_, stream_);
+    }
 #endif
     return staged(staging());
 #endif
   }
+
+#if COLTRAIN_WITH_CUDA
+  // A blocking copy between host and device memory, after the work queued on `stream`.
+  static void copy_after_stream(void* to, const void* from, std::size_t bytes,
+                                cudaStream_t stream) {
+    if (bytes == 0) return;
+    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream));
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+
+  // The in-place alltoall of device buffers: staged, the input slot holds the copy; on NCCL, a
+  // copy on the device, made and freed on stream().
+  template <class T>
+  void device_alltoall_in_place(std::span<T> data, Algorithm algorithm) {
+    const std::size_t count = data.size() / group_size();
+    require_size(Collective::kAlltoall, "data", data.size(), count * group_size());
+    dispatch(
+        Memory::kDevice, [] {}, [&](auto& staged) { staged.alltoall(data, algorithm); },
+        [&](auto&, auto stream) {
+          if (data.empty()) return alltoall(std::span<const T>(), data, algorithm);
+          void* copy = nullptr;
+          COLTRAIN_CHECK_CUDA(cudaMallocAsync(&copy, data.size_bytes(), stream));
+          try {
+            COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(copy, data.data(), data.size_bytes(),
+                                                cudaMemcpyDeviceToDevice, stream));
+            alltoall(std::span<const T>(static_cast<const T*>(copy), data.size()), data, algorithm);
+          } catch (...) {
+            cudaFreeAsync(copy, stream);
+            throw;
+          }
+          COLTRAIN_CHECK_CUDA(cudaFreeAsync(copy, stream));
+        });
+  }
+#endif
+
+#if COLTRAIN_WITH_NCCL
+  // Device messages on NCCL wait in one group, which goes to NCCL as one ncclGroupStart ...
+  // ncclGroupEnd when one of its requests is waited for or tested, and before any other device
+  // call: two ranks that each isend and then irecv do not deadlock, as two separate NCCL calls
+  // would.
+  struct DeviceMessageGroup {
+    DeviceCollectives* nccl = nullptr;
+    cudaStream_t stream = nullptr;
+    PeerTransfers transfers;
+    std::size_t bytes = 0;
+
+    void flush() {
+      if (transfers.sends.empty() && transfers.receives.empty()) return;
+      const PeerTransfers posted = std::exchange(transfers, {});
+      nccl->exchange(Collective::kSendRecv, std::exchange(bytes, 0), DataType::kUInt8, posted.sends,
+                     posted.receives, stream);
+    }
+  };
+
+  Request post_nccl_message(bool sending, int peer, int tag, std::span<const std::byte> outgoing,
+                            std::span<std::byte> incoming, const ErrorContext& context) {
+    if (tag != 0) {
+      throw InvalidArgument(std::string(sending ? "send" : "recv") + ": tag " +
+                                std::to_string(tag) +
+                                " on NCCL device buffers; NCCL has no tags and matches a pair of "
+                                "ranks' messages in the order they are posted: use tag 0",
+                            context);
+    }
+    if (!device_messages_) device_messages_ = std::make_shared<DeviceMessageGroup>();
+    DeviceMessageGroup& group = *device_messages_;
+    if (group.stream != stream_) group.flush();
+    group.nccl = nccl_.get();
+    group.stream = stream_;
+    if (sending) {
+      group.transfers.sends.push_back({peer, outgoing.data(), outgoing.size()});
+    } else {
+      group.transfers.receives.push_back({peer, incoming.data(), incoming.size()});
+    }
+    group.bytes += sending ? outgoing.size() : incoming.size();
+    progress_.drain();
+    if (!messages_.book)
+      messages_.book = std::make_shared<detail::MessageBook>(progress_.drainer());
+    return messages_.book->add([group = device_messages_](bool) {
+      group->flush();
+      return true;
+    });
+  }
+
+  void flush_device_messages() {
+    if (device_messages_) device_messages_->flush();
+  }
+#endif
 
 #if COLTRAIN_WITH_CUDA
   using DeviceStaging = StagedCommunicator<CudaStager, Communicator>;
@@ -997,16 +1190,6 @@ class Communicator {
       layout.offsets.push_back(displacements[i] * element_bytes);
     }
     return layout;
-  }
-
-  // alltoall, gather and scatter run on host buffers for now; device buffers are refused.
-  void require_host(Collective collective, std::span<const std::byte> input,
-                    std::span<const std::byte> output) const {
-    if (memory_of_call(collective, input, output) == Memory::kHost) return;
-    const ErrorContext context = call_context(collective);
-    throw InvalidArgument(std::string(name_of(collective)) +
-                              " takes host buffers; copy device data to the host first",
-                          context);
   }
 
   void require_distinct(Collective collective, std::span<const std::byte> input,
@@ -1366,6 +1549,7 @@ class Communicator {
 #endif
 #if COLTRAIN_WITH_NCCL
   std::vector<cudaStream_t> earlier_streams_;  // NCCL calls went there before set_stream
+  std::shared_ptr<DeviceMessageGroup> device_messages_;  // isend/irecv not yet given to NCCL
   std::unique_ptr<DeviceCollectives> nccl_;    // declared last: goes before the host transport
 #endif
 };

@@ -14,6 +14,7 @@
 
 #include <coltrain/comm/device_reduction.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/peer_transfers.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 
@@ -45,6 +46,11 @@ class DeviceCollectives {
                               cudaStream_t stream, ReduceOp op) = 0;
   virtual void reduce(const void* input, void* output, std::size_t count, DataType dtype, int root,
                       cudaStream_t stream, ReduceOp op) = 0;
+  // The sends and receives as one group on `stream` (alltoall(v), gather, scatter, allgatherv,
+  // send and recv are such groups); `collective`, `count` and `dtype` name the call in errors.
+  virtual void exchange(Collective collective, std::size_t count, DataType dtype,
+                        std::span<const PeerSend> sends, std::span<const PeerReceive> receives,
+                        cudaStream_t stream) = 0;
   // Returns once `stream`'s work is done; throws TimeoutError or BackendError at the deadline or on
   // an error.
   virtual void synchronize(cudaStream_t stream) = 0;

@@ -609,6 +609,41 @@ class NcclBackend final : public DeviceCollectives {
     reduce(input.data(), output.data(), input.size(), data_type_v<T>, root, stream, op);
   }
 
+  // ---- exchange: the sends and receives as one NCCL group (ncclSend/ncclRecv of bytes); a send
+  // to this rank meets this rank's receive from itself in the same group. Empty transfers are
+  // left out. NCCL does not compare the two ends' sizes: a receive that waits for more than its
+  // peer sends never completes, and synchronize() times out naming this call. ----
+  void exchange(Collective collective, std::size_t count, DataType dtype,
+                std::span<const PeerSend> sends, std::span<const PeerReceive> receives,
+                cudaStream_t stream) override {
+    start(collective, count, dtype);
+    const std::size_t element = size_of(dtype);
+    bool any = false;
+    for (const PeerSend& send : sends) {
+      require_peer(send.peer);
+      require_buffer("input", send.data, send.bytes / element);
+      any = any || send.bytes > 0;
+    }
+    for (const PeerReceive& receive : receives) {
+      require_peer(receive.peer);
+      require_buffer("output", receive.data, receive.bytes / element);
+      any = any || receive.bytes > 0;
+    }
+    if (!any) return;
+    const detail::CurrentDevice current(device_);
+    finish_enqueue(ncclGroupStart());
+    for (const PeerSend& send : sends) {
+      if (send.bytes == 0) continue;
+      finish_enqueue(ncclSend(send.data, send.bytes, ncclUint8, send.peer, comm_.get(), stream));
+    }
+    for (const PeerReceive& receive : receives) {
+      if (receive.bytes == 0) continue;
+      finish_enqueue(
+          ncclRecv(receive.data, receive.bytes, ncclUint8, receive.peer, comm_.get(), stream));
+    }
+    finish_enqueue(ncclGroupEnd());
+  }
+
   // ---- split: ncclCommSplit, with this communicator's options; null for a negative color ----
   std::unique_ptr<DeviceCollectives> split(int color, int key) override {
     require_usable();
@@ -729,6 +764,13 @@ class NcclBackend final : public DeviceCollectives {
   void require_root(int root) const {
     if (root < 0 || root >= size_) {
       throw invalid("root " + std::to_string(root) + " is not a rank of this " +
+                    std::to_string(size_) + "-rank communicator");
+    }
+  }
+
+  void require_peer(int peer) const {
+    if (peer < 0 || peer >= size_) {
+      throw invalid("peer " + std::to_string(peer) + " is not a rank of this " +
                     std::to_string(size_) + "-rank communicator");
     }
   }

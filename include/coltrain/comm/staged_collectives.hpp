@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace coltrain::comm {
 
@@ -263,6 +264,73 @@ class StagedCommunicator {
     reduce(std::span<const T>(data), data, root, op, algorithm);
   }
 
+  // The calls below move each byte once and have blocks of different sizes, or blocks on one
+  // rank only, so they are staged whole rather than pipelined: the input is copied into one slot,
+  // the host call runs from it into another, and the output is copied out (run_whole). Arguments
+  // are the host calls' and are checked there.
+
+  template <detail::CollectiveElement T>
+  void alltoall(std::span<const T> input, std::span<T> output,
+                Algorithm algorithm = Algorithm::kAutomatic) {
+    run_whole(input, output, [&](std::span<const T> in, std::span<T> out) {
+      host_->alltoall(in, out, algorithm);
+    });
+  }
+  template <detail::CollectiveElement T>
+  void alltoall(std::span<T> data, Algorithm algorithm = Algorithm::kAutomatic) {
+    alltoall(std::span<const T>(data), data, algorithm);
+  }
+
+  template <detail::CollectiveElement T>
+  void alltoallv(std::span<const T> input, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displacements, std::span<T> output,
+                 std::span<const std::size_t> recv_counts,
+                 std::span<const std::size_t> recv_displacements,
+                 Algorithm algorithm = Algorithm::kAutomatic) {
+    // Only the received blocks are copied out: the output between them stays as it was.
+    std::vector<StagedChunk> received;
+    for (std::size_t j = 0; j < recv_counts.size() && j < recv_displacements.size(); ++j)
+      received.push_back({recv_displacements[j], recv_counts[j]});
+    run_whole(
+        input, output,
+        [&](std::span<const T> in, std::span<T> out) {
+          host_->alltoallv(in, send_counts, send_displacements, out, recv_counts,
+                           recv_displacements, algorithm);
+        },
+        received);
+  }
+
+  // Only the root's output is written; other ranks' may be empty.
+  template <detail::CollectiveElement T>
+  void gather(std::span<const T> input, std::span<T> output, int root = 0,
+              Algorithm algorithm = Algorithm::kAutomatic) {
+    require_root(Collective::kGather, root);
+    const std::span<T> used = host_->rank() == root ? output : std::span<T>();
+    run_whole(input, used, [&](std::span<const T> in, std::span<T> out) {
+      host_->gather(in, out, root, algorithm);
+    });
+  }
+
+  // Only the root's input is read; other ranks' may be empty.
+  template <detail::CollectiveElement T>
+  void scatter(std::span<const T> input, std::span<T> output, int root = 0,
+               Algorithm algorithm = Algorithm::kAutomatic) {
+    require_root(Collective::kScatter, root);
+    const std::span<const T> used = host_->rank() == root ? input : std::span<const T>();
+    run_whole(used, output, [&](std::span<const T> in, std::span<T> out) {
+      host_->scatter(in, out, root, algorithm);
+    });
+  }
+
+  template <detail::CollectiveElement T>
+  void allgatherv(std::span<const T> input, std::span<T> output,
+                  std::span<const std::size_t> counts,
+                  Algorithm algorithm = Algorithm::kAutomatic) {
+    run_whole(input, output, [&](std::span<const T> in, std::span<T> out) {
+      host_->allgatherv(in, out, counts, algorithm);
+    });
+  }
+
  private:
   // Slots hold a chunk of every rank's block for allgather and reduce_scatter.
   std::size_t blocks_of(Collective collective) const {
@@ -313,6 +381,37 @@ class StagedCommunicator {
         communicate(plan.chunk(k), slot(k));
         const std::optional<StagedCopy> copy = to_device(plan.chunk(k), slot(k));
         if (copy) stager_.to_device(k % kSlots, *copy);
+      }
+      stager_.finish();
+    } catch (...) {
+      stager_.abandon();
+      throw;
+    }
+  }
+
+  // Slot 0 holds the input and slot 1 the output while `communicate(in, out)` runs on them; the
+  // output's `written` ranges (default: all of it) are copied out.
+  template <class T, class Communicate>
+  void run_whole(std::span<const T> input, std::span<T> output, Communicate communicate,
+                 std::span<const StagedChunk> written = {}) {
+    const StagedChunk whole{0, output.size()};
+    if (written.empty()) written = std::span(&whole, 1);
+    static_assert(S::kSlots >= 2, "run_whole needs an input and an output slot");
+    stager_.reserve(std::max({input.size_bytes(), output.size_bytes(), sizeof(T)}));
+    const std::span<const T> in(reinterpret_cast<const T*>(stager_.slot(0)), input.size());
+    const std::span<T> out(reinterpret_cast<T*>(stager_.slot(1)), output.size());
+    try {
+      stager_.begin();
+      stager_.to_host(0,
+                      contiguous(stager_.slot(0), reinterpret_cast<const std::byte*>(input.data()),
+                                 input.size_bytes()));
+      stager_.wait_host(0);
+      stager_.wait_host(1);
+      communicate(in, out);
+      for (const StagedChunk& range : written) {
+        if (range.size > 0)
+          stager_.to_device(
+              1, contiguous(output.data() + range.begin, out.data() + range.begin, range.size));
       }
       stager_.finish();
     } catch (...) {
