@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -477,4 +478,61 @@ TEST_CASE("staged alltoall(v), gather, scatter, allgatherv and send/recv of devi
     INFO(coltrain::testing::joined(failures));
     CHECK(coltrain::testing::joined(failures).empty());
   }
+}
+
+TEST_CASE("staged non-blocking calls on device buffers start after the stream's work when issued, "
+          "and complete in order",
+          "[gpu][staging]") {
+  const auto failures = coltrain::testing::run_thread_ranks(kRanks, [](Communicator& comm) {
+    COLTRAIN_CHECK_CUDA(cudaSetDevice(0));
+    cudaStream_t stream = nullptr;
+    COLTRAIN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    void* pinned = nullptr;
+    try {
+      // 64 MiB uploaded on the stream and issued at once: the queued call must wait for it.
+      const std::size_t count = std::size_t{16} << 20;
+      const std::size_t small = 1001;
+      const std::vector<float> mine = random_input<float>(comm.rank(), count, 31);
+      const std::vector<float> few = random_input<float>(comm.rank(), small, 32);
+      COLTRAIN_CHECK_CUDA(cudaMallocHost(&pinned, (count + small) * sizeof(float)));
+      auto* host = static_cast<float*>(pinned);
+      std::copy(mine.begin(), mine.end(), host);
+      std::copy(few.begin(), few.end(), host + count);
+      DeviceArray<float> data(count);
+      DeviceArray<float> second(small);
+      data.poison();
+      second.poison();
+      comm.set_stream(stream);
+      COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(data.span().data(), host, count * sizeof(float),
+                                          cudaMemcpyHostToDevice, stream));
+      const Request first = comm.iallreduce(data.span());
+      COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(second.span().data(), host + count,
+                                          small * sizeof(float), cudaMemcpyHostToDevice, stream));
+      const Request later = comm.iallreduce(second.span(), ReduceOp::kMax);
+      // A blocking call first waits for the requests issued before it.
+      std::vector<double> metrics{1.0, 2.0};
+      comm.allreduce(std::span(metrics));
+      expect(first.test() && later.test(), "a blocking call after two requests found them done");
+      expect(metrics == std::vector<double>{2.0, 4.0}, "the host allreduce after the requests");
+      expect_close(data.download(), sum_of_inputs<float>(count, 31), "iallreduce after an upload");
+      std::vector<double> largest(small);
+      for (int r = 0; r < kRanks; ++r) {
+        const std::vector<float> theirs = random_input<float>(r, small, 32);
+        for (std::size_t i = 0; i < small; ++i) {
+          largest[i] = r == 0 ? theirs[i] : std::max<double>(largest[i], theirs[i]);
+        }
+      }
+      expect_close(second.download(), largest, "a second request, issued after a later upload");
+    } catch (...) {
+      cudaStreamSynchronize(stream);
+      cudaFreeHost(pinned);
+      cudaStreamDestroy(stream);
+      throw;
+    }
+    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(stream));
+    COLTRAIN_CHECK_CUDA(cudaFreeHost(pinned));
+    COLTRAIN_CHECK_CUDA(cudaStreamDestroy(stream));
+  });
+  INFO(coltrain::testing::joined(failures));
+  CHECK(coltrain::testing::joined(failures).empty());
 }

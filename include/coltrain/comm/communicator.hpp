@@ -92,6 +92,27 @@
 namespace coltrain::comm {
 namespace detail {
 
+#if COLTRAIN_WITH_CUDA
+// An event recorded on a stream when a queued call is issued; destroyed with the call.
+class IssuedEvent {
+ public:
+  explicit IssuedEvent(cudaStream_t stream) {
+    COLTRAIN_CHECK_CUDA(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    if (const cudaError_t status = cudaEventRecord(event_, stream); status != cudaSuccess) {
+      cudaEventDestroy(event_);
+      COLTRAIN_CHECK_CUDA(status);
+    }
+  }
+  IssuedEvent(const IssuedEvent&) = delete;
+  IssuedEvent& operator=(const IssuedEvent&) = delete;
+  ~IssuedEvent() { cudaEventDestroy(event_); }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+#endif
+
 #if COLTRAIN_WITH_MPI
 // Initialises MPI when nobody has, and then finalises it when the last communicator using it goes.
 // MULTIPLE: a communicator's non-blocking calls run on its progress thread while the caller's
@@ -307,6 +328,7 @@ class Communicator {
   const StagingOptions& staging_options() const { return staging_options_; }
   void set_staging_options(const StagingOptions& options) {
     plan_chunks(0, 1, 1, options);  // rejects bad options here
+    progress_.drain();              // queued staged calls keep the options they were issued under
     staging_options_ = options;
 #if COLTRAIN_WITH_CUDA
     if (staged_) staged_->set_options(options);
@@ -710,8 +732,9 @@ class Communicator {
   // ---- Non-blocking calls: each takes the blocking call's arguments and returns a Request
   // (comm/request.hpp) at once; the call runs on this communicator's progress thread, after the
   // calls issued before it, and Request::wait() throws what the blocking call would. Its buffers
-  // must stay valid and untouched until then. Device buffers are not queued: on NCCL the call is
-  // enqueued on stream() as its blocking form is, staged ones complete before the call returns.
+  // must stay valid and untouched until then. Staged device buffers (MPI, TCP) are queued the same
+  // way and start after the work on stream() at the time of the call; on NCCL the call is enqueued
+  // on stream() as its blocking form is, and its Request is complete at once.
   template <detail::CollectiveElement T>
   Request iallreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
                      Algorithm algorithm = Algorithm::kAutomatic,
@@ -858,16 +881,43 @@ class Communicator {
   }
 
  private:
-  // Queues `call` on the progress thread for host buffers; runs it at once for device buffers.
+  // Queues `call` on the progress thread; device buffers on NCCL are enqueued on stream() at once
+  // instead, as their blocking form is.
   template <class F>
   Request issue(Collective collective, std::span<const std::byte> input,
                 std::span<const std::byte> output, F&& call) {
     if (memory_of_call(collective, input, output) == Memory::kDevice) {
+#if COLTRAIN_WITH_CUDA
+      if (!stream_ordered()) return issue_staged(std::forward<F>(call));
+#endif
       call();
       return Request();
     }
     return progress_.submit(std::forward<F>(call));
   }
+
+#if COLTRAIN_WITH_CUDA
+  // A staged device call, queued: it starts after the work stream() held when it was issued (an
+  // event recorded now), not after what the stream holds when the progress thread reaches it, so
+  // work the caller enqueues meanwhile neither delays it nor races it. The stager is made here, on
+  // the caller's device.
+  template <class F>
+  Request issue_staged(F&& call) {
+    DeviceStaging& staged = staging();
+    const auto issued = std::make_shared<detail::IssuedEvent>(stream_);
+    return progress_.submit([this, &staged, issued, call = std::forward<F>(call)]() mutable {
+      COLTRAIN_CHECK_CUDA(cudaSetDevice(staged.stager().device()));
+      staged.stager().start_after(issued->event());
+      try {
+        call();
+      } catch (...) {
+        staged.stager().start_after(nullptr);
+        throw;
+      }
+      staged.stager().start_after(nullptr);
+    });
+  }
+#endif
 
   // isend/irecv: checks the arguments, numbers the message within its rank pair and tag, and posts
   // it to the transport once the progress thread has finished the calls issued before it.

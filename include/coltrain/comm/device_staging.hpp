@@ -8,7 +8,8 @@
 //
 // A call first waits (on the GPU, not the CPU) for the work queued on the caller's stream
 // (Communicator::stream(); default: the legacy default stream, which waits for every blocking
-// stream), then returns once the result is in device memory. Copies use cudaMemcpyDefault, so any
+// stream), or for a queued call the work queued when it was issued (start_after), then returns
+// once the result is in device memory. Copies use cudaMemcpyDefault, so any
 // memory that CUDA can address works, though device memory is the point. Runtime API only: plain
 // g++ builds it. Without CUDA (COLTRAIN_WITH_CUDA=0) this header declares nothing.
 
@@ -22,6 +23,7 @@
 
 #include <array>
 #include <cstddef>
+#include <utility>
 
 namespace coltrain::comm {
 
@@ -67,12 +69,20 @@ class CudaStager {
   }
   std::byte* slot(std::size_t s) { return static_cast<std::byte*>(slots_[s]); }
 
+  // The next begin() comes after `issued` (an event recorded when a queued call was issued)
+  // instead of after the work on the caller's stream when it runs; null goes back to the stream.
+  void start_after(cudaEvent_t issued) { issued_ = issued; }
+
   void begin() {
     COLTRAIN_CHECK_CUDA(cudaGetDevice(&caller_device_));
     COLTRAIN_CHECK_CUDA(cudaSetDevice(device_));
-    COLTRAIN_CHECK_CUDA(cudaEventRecord(caller_ready_, caller_));
-    COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(to_host_stream_, caller_ready_, 0));
-    COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(to_device_stream_, caller_ready_, 0));
+    cudaEvent_t ready = std::exchange(issued_, nullptr);
+    if (ready == nullptr) {
+      COLTRAIN_CHECK_CUDA(cudaEventRecord(caller_ready_, caller_));
+      ready = caller_ready_;
+    }
+    COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(to_host_stream_, ready, 0));
+    COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(to_device_stream_, ready, 0));
   }
   void to_host(std::size_t s, const StagedCopy& copy) {
     COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(to_host_stream_, device_done_[s], 0));
@@ -144,6 +154,7 @@ class CudaStager {
   cudaStream_t to_host_stream_ = nullptr;
   cudaStream_t to_device_stream_ = nullptr;
   cudaEvent_t caller_ready_ = nullptr;
+  cudaEvent_t issued_ = nullptr;  // start_after's event, for the next begin() only
   std::array<cudaEvent_t, kSlots> host_ready_{};
   std::array<cudaEvent_t, kSlots> device_done_{};
   std::array<void*, kSlots> slots_{};

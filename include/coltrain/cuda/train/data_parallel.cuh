@@ -18,8 +18,9 @@
 // on the network's stream.
 // - NCCL (stream-ordered): all of this is enqueued from the caller's thread; the host never waits,
 //   and a whole step, collectives included, can be captured as a CUDA graph.
-// - MPI and TCP (staged): the collective blocks a host thread, so a communication thread does it,
-//   as in DataParallel; it waits for each bucket's event, then runs the staged allreduce.
+// - MPI and TCP (staged): each bucket is a non-blocking iallreduce (comm/request.hpp), issued
+//   from the backward pass once the communication stream waits for its event; the
+//   communicator's progress thread stages it from there, in order, as DataParallel's buckets.
 // finish_gradient_sync() makes the network's stream wait (on the GPU) for the last bucket.
 // On one rank nothing is communicated (the average of one is itself).
 //
@@ -49,14 +50,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -75,8 +73,8 @@ class DeviceDataParallel {
   static constexpr bool kInPlace = std::is_same_v<T, B>;  // the allreduce works on the arena
 
  public:
-  // Broadcasts rank 0's parameters and buffers, checks that all ranks built the same buckets and,
-  // for staged backends, starts the communication thread. Collective. The network and the
+  // Broadcasts rank 0's parameters and buffers and checks that all ranks built the same buckets.
+  // Collective. The network and the
   // communicator must outlive this object; the current CUDA device must be the network's.
   DeviceDataParallel(Net& network, comm::Communicator& communicator,
                      DataParallelOptions options = {})
@@ -92,7 +90,6 @@ class DeviceDataParallel {
           "another DataParallel?)",
           error_context("construct"));
     }
-    COLTRAIN_CHECK_CUDA(cudaGetDevice(&device_));
     auto& arena = network_.parameter_arena();
     std::vector<std::size_t> bytes;
     network_.visit_parameters([&](const std::string& name, auto& parameter) {
@@ -107,38 +104,31 @@ class DeviceDataParallel {
       if constexpr (!kInPlace) buffers_.emplace_back(end - first);
       ready_.emplace_back();
     }
+    requests_.resize(buckets_.size());
     tracker_ = BucketLaunchTracker(buckets_, names_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
         [this](const void* parameter) { on_gradient_ready(parameter); });
-    if (!stream_ordered_ && communicates()) {
-      try {
-        thread_ = std::thread([this] { communicate(); });
-      } catch (...) {
-        network_.context().set_gradient_ready_hook(nullptr);
-        throw;
-      }
-    }
   }
 
   DeviceDataParallel(const DeviceDataParallel&) = delete;
   DeviceDataParallel& operator=(const DeviceDataParallel&) = delete;
 
+  // Waits for the buckets still in flight (a step abandoned by an exception): they use its buffers.
   ~DeviceDataParallel() {
     network_.context().set_gradient_ready_hook(nullptr);
-    if (!thread_.joinable()) return;
-    {
-      const std::lock_guard lock(mutex_);
-      stopping_ = true;
+    for (const comm::Request& request : requests_) {
+      try {
+        request.wait();
+      } catch (...) {  // the step's error was reported, or its owner is unwinding from one
+      }
     }
-    work_ready_.notify_all();
-    thread_.join();
   }
 
   // Launches what is left of this step's buckets and makes the network's stream wait for the
   // averaged gradients. Returns the seconds the host waited: 0 with NCCL or one rank, the wait for
-  // the communication thread otherwise. Rethrows a communication error, prefixed with the bucket.
+  // the buckets' requests otherwise. Rethrows a communication error, prefixed with the bucket.
   // Under no_sync() it does nothing.
   double finish_gradient_sync() {
     throw_if_failed("finish_gradient_sync");
@@ -162,25 +152,34 @@ class DeviceDataParallel {
         error_bucket = next_launch_;
       }
     } else {
-      {
-        const std::lock_guard lock(mutex_);
-        reduced_before_wait = completed_;
-      }
-      launch(last);  // the others; the last is reduced here, as DataParallel does
-      {
-        std::unique_lock lock(mutex_);
-        work_done_.wait(lock, [this] { return completed_ == launched_; });
-        error = std::exchange(error_, nullptr);
-        error_bucket = error_bucket_;
-        launched_ = completed_ = 0;
-      }
-      if (!error) {
+      for (std::size_t b = 0; b < launched_during_backward; ++b) {
         try {
-          ready_[last].record(compute_stream());
-          reduce_bucket(last);
+          reduced_before_wait += requests_[b].test() ? 1 : 0;
+        } catch (...) {  // failed, so done: wait() below reports it
+          ++reduced_before_wait;
+        }
+      }
+      try {
+        launch(last + 1);
+      } catch (...) {
+        error = std::current_exception();
+        error_bucket = next_launch_;
+      }
+      // Every request is waited for, failed or not: they use the buckets' buffers.
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        try {
+          std::exchange(requests_[b], comm::Request()).wait();
+          if constexpr (!kInPlace) {
+            if (!error) {
+              cuda::cast(buffers_[b].data(), ranges_[b].data,
+                         static_cast<std::int64_t>(ranges_[b].size), comm_stream_.get());
+            }
+          }
         } catch (...) {
-          error = std::current_exception();
-          error_bucket = last;
+          if (!error) {
+            error = std::current_exception();
+            error_bucket = b;
+          }
         }
       }
     }
@@ -379,69 +378,37 @@ class DeviceDataParallel {
   void launch(std::size_t end) {
     if (end <= next_launch_) return;
     for (std::size_t b = next_launch_; b < end; ++b) ready_[b].record(compute_stream());
-    if (stream_ordered_) {
-      for (std::size_t b = next_launch_; b < end; ++b) {
-        next_launch_ = b;
-        reduce_bucket(b);
-      }
-      next_launch_ = end;
-      return;
+    for (std::size_t b = next_launch_; b < end; ++b) {
+      next_launch_ = b;
+      reduce_bucket(b);
     }
     next_launch_ = end;
-    {
-      const std::lock_guard lock(mutex_);
-      launched_ = end;
-    }
-    work_ready_.notify_one();
-  }
-
-  // Staged backends: reduces launched buckets in order; after an error only counts them off.
-  void communicate() {
-    bool device_set = cudaSetDevice(device_) == cudaSuccess;
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      work_ready_.wait(lock, [this] { return stopping_ || completed_ < launched_; });
-      if (completed_ == launched_) return;
-      const std::size_t b = completed_;
-      const bool skip = static_cast<bool>(error_);
-      lock.unlock();
-      std::exception_ptr error;
-      if (!skip) {
-        try {
-          if (!device_set) COLTRAIN_CHECK_CUDA(cudaSetDevice(device_));
-          device_set = true;
-          reduce_bucket(b);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      lock.lock();
-      if (error) {
-        error_ = error;
-        error_bucket_ = b;
-      }
-      ++completed_;
-      work_done_.notify_all();
-    }
   }
 
   // On the communication stream, after bucket b's event: average its range of the arena in
-  // place, or (16-bit gradients) widened into its f32 buffer and back.
+  // place, or (16-bit gradients) widened into its f32 buffer (and back: here on NCCL, after the
+  // request on staged backends). NCCL enqueues the allreduce; a staged one is a request that the
+  // progress thread runs after what the communication stream holds now.
   void reduce_bucket(std::size_t b) {
     cudaStream_t stream = comm_stream_.get();
     ready_[b].make_wait(stream);
     const ArenaRange range = ranges_[b];
     const auto n = static_cast<std::int64_t>(range.size);
     comm_.set_stream(stream);
+    B* averaged = nullptr;
     if constexpr (kInPlace) {
-      comm_.allreduce(std::span<B>(range.data, range.size), comm::ReduceOp::kAvg,
-                      options_.algorithm);
+      averaged = range.data;
     } else {
-      B* flat = buffers_[b].data();
-      cuda::cast(range.data, flat, n, stream);
-      comm_.allreduce(std::span<B>(flat, range.size), comm::ReduceOp::kAvg, options_.algorithm);
-      cuda::cast(flat, range.data, n, stream);
+      averaged = buffers_[b].data();
+      cuda::cast(range.data, averaged, n, stream);
     }
+    if (!stream_ordered_) {
+      requests_[b] = comm_.iallreduce(std::span<B>(averaged, range.size), comm::ReduceOp::kAvg,
+                                      options_.algorithm);
+      return;
+    }
+    comm_.allreduce(std::span<B>(averaged, range.size), comm::ReduceOp::kAvg, options_.algorithm);
+    if constexpr (!kInPlace) cuda::cast(averaged, range.data, n, stream);
   }
 
   void check_same_buckets_on_every_rank() {
@@ -457,7 +424,6 @@ class DeviceDataParallel {
   int rank_;
   int world_size_;
   bool stream_ordered_;
-  int device_ = 0;
 
   // Fixed at construction.
   std::vector<std::string> names_;  // by parameter index (state_dict order)
@@ -466,6 +432,7 @@ class DeviceDataParallel {
   std::vector<ArenaRange> ranges_;  // by bucket: its gradients, in the network's arena
   std::vector<tensor::Storage<B, tensor::Cuda>> buffers_;  // by bucket, 16-bit only: f32 copy
   std::vector<CudaEvent> ready_;                          // per bucket, on the network's stream
+  std::vector<comm::Request> requests_;  // per bucket, staged backends: the step's iallreduce
   CudaStream comm_stream_;
   CudaEvent synced_;                                  // the last bucket, on comm_stream_
   tensor::Tensor<float, tensor::Cuda> scratch_;       // 16-bit buffers widened for averaging
@@ -476,18 +443,6 @@ class DeviceDataParallel {
   bool sync_enabled_ = true;
   GradientSyncStats last_sync_;
   std::string failure_;
-
-  // Shared with the communication thread (staged backends), under mutex_.
-  std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable work_done_;
-  std::size_t launched_ = 0;
-  std::size_t completed_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::size_t error_bucket_ = 0;
-
-  std::thread thread_;
 };
 
 }  // namespace coltrain::train
