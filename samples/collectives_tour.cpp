@@ -173,6 +173,13 @@ int tour(Communicator& comm, const coltrain::Logger& logger) {
     coltrain::comm::wait_all(exchange);
     checker.check("isend/irecv around the ring, wait_all",
                   from_left == std::vector<double>(8, left_rank));
+
+    // Blocking send and recv: the last rank reports a count to rank 0.
+    std::vector<std::int64_t> report(1, rank == root ? 42 : 0);
+    if (rank == root) comm.send(std::span<const std::int64_t>(report), 0, /*tag=*/2);
+    if (rank == 0) comm.recv(std::span(report), root, /*tag=*/2);
+    checker.check("send/recv, rank " + std::to_string(root) + " to rank 0",
+                  rank != 0 || report[0] == 42);
   }
   return checker.failures();
 }
