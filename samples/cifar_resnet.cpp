@@ -32,7 +32,7 @@ static_assert(kCompiledModels == "resnet20" || kCompiledModels == "resnet32" ||
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("coltrain: a ResNet on CIFAR-10, data-parallel", "cifar_resnet");
+  sample::CommandLine app("coltrain: a ResNet on CIFAR-10, data-parallel", "cifar_resnet");
   sample::Options options;
   options.epochs = 160;
   options.lr = 0.1;
@@ -42,14 +42,12 @@ int main(int argc, char** argv) {
   std::string model = kCompiledModels == "resnet18" ? "resnet18" : "resnet";
   int depth = kCompiledModels == "resnet32" ? 32 : kCompiledModels == "resnet56" ? 56 : 20;
   sample::add_options(app, options);
-  app.add_option("--depth", depth, "CIFAR ResNet depth")
-      ->check(CLI::IsMember({20, 32, 56}))
-      ->capture_default_str();
-  app.add_option("--model", model,
-                 "resnet (CIFAR ResNet of --depth) or resnet18; compiled in: " +
-                     std::string(kCompiledModels))
-      ->check(CLI::IsMember({"resnet", "resnet18"}))
-      ->capture_default_str();
+  app.option("--depth", depth, "CIFAR ResNet depth").choices({20, 32, 56}).show_default();
+  app.option("--model", model,
+             "resnet (CIFAR ResNet of --depth) or resnet18; compiled in: " +
+                 std::string(kCompiledModels))
+      .choices({"resnet", "resnet18"})
+      .show_default();
   return sample::run_main(app, options, argc, argv, [&] {
     namespace data = coltrain::data;
     namespace models = coltrain::models;

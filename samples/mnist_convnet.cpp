@@ -7,7 +7,7 @@
 #include "common/training_sample.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app("coltrain: MnistConvNet on MNIST, data-parallel", "mnist_convnet");
+  sample::CommandLine app("coltrain: MnistConvNet on MNIST, data-parallel", "mnist_convnet");
   sample::Options options;
   options.epochs = 15;
   options.schedule = "constant";  // the recipe of benchmarks/reference/torch_ddp_mnist.py

@@ -6,7 +6,7 @@
 #include "common/training_sample.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app("coltrain: a multilayer perceptron on MNIST, data-parallel", "mnist_mlp");
+  sample::CommandLine app("coltrain: a multilayer perceptron on MNIST, data-parallel", "mnist_mlp");
   sample::Options options;
   options.epochs = 20;
   options.lr = 0.1;

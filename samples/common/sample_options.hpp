@@ -10,9 +10,9 @@
 // device likewise (COLTRAIN_SAMPLE_DEVICE: cuda under nvcc, cpu otherwise; =all compiles both into
 // an nvcc build). CMake takes the same macros as cache variables (samples/CMakeLists.txt).
 
-#include <coltrain/coltrain.hpp>
+#include "command_line.hpp"
 
-#include <CLI/CLI.hpp>
+#include <coltrain/coltrain.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -125,97 +125,88 @@ struct Options {
 };
 
 // The options every sample takes; `o` holds the sample's own recipe as their defaults.
-inline void add_options(CLI::App& app, Options& o) {
-  app.add_option("--backend", o.backend, "mpi, tcp, nccl (--device cuda) or auto")
-      ->check(CLI::IsMember({"auto", "mpi", "tcp", "nccl"}))
-      ->capture_default_str();
-  app.add_option("--grad-compression", o.grad_compression,
-                 "gradients on the wire (--device cpu): none, bf16 or fp16, reduced in f32")
-      ->check(CLI::IsMember({"none", "bf16", "fp16"}))
-      ->capture_default_str();
-  app.add_option("--zero", o.zero,
-                 "ZeRO stage (--device cpu): 1 shards the optimizer state (momentum, masters) "
-                 "across the ranks")
-      ->check(CLI::IsMember({0, 1}))
-      ->capture_default_str();
-  app.add_option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--epochs", o.epochs, "training epochs")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "batch size per rank")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--lr", o.lr,
-                 "learning rate (for the global batch; with --scale-lr, for one rank's)")
-      ->capture_default_str();
-  app.add_flag("--scale-lr", o.scale_lr,
-               "linear scaling rule: --lr times ranks times --grad-accum, warmed up from --lr over "
-               "--warmup-epochs (default: a fifth of the epochs, 1 to 5)");
-  app.add_option("--schedule", o.schedule, "cosine, step (/10 at 50% and 75%) or constant")
-      ->check(CLI::IsMember({"cosine", "step", "constant"}))
-      ->capture_default_str();
-  app.add_option("--warmup-epochs", o.warmup_epochs, "linear warm-up epochs (default 0)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "SGD weight decay")->capture_default_str();
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
-  app.add_option("--precision", o.precision,
-                 "fp32, fp16 or bf16 (mixed, fp32 master weights); compiled in: " +
-                     std::string(kCompiledPrecisions))
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
-      ->capture_default_str();
-  app.add_option("--data", o.data, "dataset directory");
-  app.add_option("--log-dir", o.log_dir, "write config.json, metrics.jsonl and result.json here");
-  app.add_option("--trace", o.trace,
-                 "write a Chrome trace (Perfetto) of collectives and training phases to this file "
-                 "(several ranks: FILE.rank<R>.json)");
-  app.add_option("--target-accuracy", o.target_accuracy,
-                 "stop when validation accuracy reaches this (exit status 2 if never)");
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints here");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "epochs between checkpoints")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option_function<std::string>(
-         "--resume",
-         [&o](const std::string& dir) {
-           o.resume = true;
-           o.resume_from = dir;
-         },
-         "continue from the newest checkpoint in DIR (default: --checkpoint-dir)")
-      ->expected(0, 1)
-      ->type_name("[DIR]");
-  app.add_flag("--eval-only", o.eval_only,
-               "evaluate the newest checkpoint of --resume DIR (or --checkpoint-dir) on the "
-               "validation set instead of training (the run's --seed and --precision)");
-  app.add_option("--grad-accum", o.grad_accum,
-                 "batches whose gradients are summed before each optimizer step (--device cpu)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--clip-grad-norm", o.clip_grad_norm,
-                 "clip the gradients' global L2 norm to this (--device cpu)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--early-stopping-patience", o.early_stopping_patience,
-                 "stop when the validation loss has not improved for this many epochs")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--threads", o.threads, "CPU threads per rank")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--seed", o.seed, "initialisation, data order and dropout")->capture_default_str();
-  app.add_flag_callback(
+inline void add_options(CommandLine& app, Options& o) {
+  app.option("--backend", o.backend, "mpi, tcp, nccl (--device cuda) or auto")
+      .choices({"auto", "mpi", "tcp", "nccl"})
+      .show_default();
+  app.option("--grad-compression", o.grad_compression,
+             "gradients on the wire (--device cpu): none, bf16 or fp16, reduced in f32")
+      .choices({"none", "bf16", "fp16"})
+      .show_default();
+  app.option("--zero", o.zero,
+             "ZeRO stage (--device cpu): 1 shards the optimizer state (momentum, masters) "
+             "across the ranks")
+      .choices({0, 1})
+      .show_default();
+  app.option("--device", o.device, "cpu or cuda (default: $COLTRAIN_DEVICE, else cpu)")
+      .choices({"cpu", "cuda"});
+  app.option("--epochs", o.epochs, "training epochs").positive().show_default();
+  app.option("--batch-size", o.batch_size, "batch size per rank").positive().show_default();
+  app.option("--lr", o.lr, "learning rate (for the global batch; with --scale-lr, for one rank's)")
+      .show_default();
+  app.flag("--scale-lr", o.scale_lr,
+           "linear scaling rule: --lr times ranks times --grad-accum, warmed up from --lr over "
+           "--warmup-epochs (default: a fifth of the epochs, 1 to 5)");
+  app.option("--schedule", o.schedule, "cosine, step (/10 at 50% and 75%) or constant")
+      .choices({"cosine", "step", "constant"})
+      .show_default();
+  app.option("--warmup-epochs", o.warmup_epochs, "linear warm-up epochs (default 0)")
+      .non_negative();
+  app.option("--momentum", o.momentum, "SGD momentum").show_default();
+  app.option("--weight-decay", o.weight_decay, "SGD weight decay").show_default();
+  app.flag("--nesterov", o.nesterov, "Nesterov momentum");
+  app.option("--precision", o.precision,
+             "fp32, fp16 or bf16 (mixed, fp32 master weights); compiled in: " +
+                 std::string(kCompiledPrecisions))
+      .choices({"fp32", "fp16", "bf16"})
+      .show_default();
+  app.option("--data", o.data, "dataset directory");
+  app.option("--log-dir", o.log_dir, "write config.json, metrics.jsonl and result.json here");
+  app.option("--trace", o.trace,
+             "write a Chrome trace (Perfetto) of collectives and training phases to this file "
+             "(several ranks: FILE.rank<R>.json)");
+  app.option("--target-accuracy", o.target_accuracy,
+             "stop when validation accuracy reaches this (exit status 2 if never)");
+  app.option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints here");
+  app.option("--checkpoint-every", o.checkpoint_every, "epochs between checkpoints")
+      .positive()
+      .show_default();
+  app.optional_value(
+      "--resume", "DIR",
+      [&o](const std::string& dir) {
+        o.resume = true;
+        o.resume_from = dir;
+      },
+      "continue from the newest checkpoint in DIR (default: --checkpoint-dir)");
+  app.flag("--eval-only", o.eval_only,
+           "evaluate the newest checkpoint of --resume DIR (or --checkpoint-dir) on the "
+           "validation set instead of training (the run's --seed and --precision)");
+  app.option("--grad-accum", o.grad_accum,
+             "batches whose gradients are summed before each optimizer step (--device cpu)")
+      .positive()
+      .show_default();
+  app.option("--clip-grad-norm", o.clip_grad_norm,
+             "clip the gradients' global L2 norm to this (--device cpu)")
+      .positive();
+  app.option("--early-stopping-patience", o.early_stopping_patience,
+             "stop when the validation loss has not improved for this many epochs")
+      .positive();
+  app.option("--threads", o.threads, "CPU threads per rank").positive().show_default();
+  app.option("--seed", o.seed, "initialisation, data order and dropout").show_default();
+  app.flag(
       "--progress", [&o] { o.progress = true; },
       "progress bar (default: only when standard output is a terminal)");
-  app.add_flag_callback(
+  app.flag(
       "--no-progress", [&o] { o.progress = false; }, "no progress bar");
-  app.add_flag("--cuda-graph", o.cuda_graph,
-               "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
-  app.add_flag("--elastic", o.elastic,
-               "keep training on the surviving ranks when ranks die (TCP backend, CPU)");
-  app.add_option("--min-ranks", o.min_ranks, "--elastic: stop when fewer ranks are left")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_flag("--join", o.join,
-               "--elastic: join the running job at MASTER_ADDR:MASTER_PORT at its next epoch");
+  app.flag("--cuda-graph", o.cuda_graph,
+           "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
+  app.flag("--elastic", o.elastic,
+           "keep training on the surviving ranks when ranks die (TCP backend, CPU)");
+  app.option("--min-ranks", o.min_ranks, "--elastic: stop when fewer ranks are left")
+      .positive()
+      .show_default();
+  app.flag("--join", o.join,
+           "--elastic: join the running job at MASTER_ADDR:MASTER_PORT at its next epoch");
 }
 
 // Fills o.device from COLTRAIN_DEVICE when --device was not given (when that is unset too: cpu, or

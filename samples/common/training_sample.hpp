@@ -14,8 +14,6 @@
 
 #include <coltrain/coltrain.hpp>
 
-#include <CLI/CLI.hpp>
-
 #include <exception>
 #include <iostream>
 #include <optional>
@@ -109,11 +107,15 @@ int train_classifier(const Options& options, const std::string& model_name,
   ct::comm::CommOptions comm_options = ct::comm::comm_options_from_env();
   // The flight recorder writes into the run directory unless COLTRAIN_TRACE_DIR says elsewhere.
   if (comm_options.trace_dir.empty() && !o.log_dir.empty()) comm_options.trace_dir = o.log_dir;
-  if (o.elastic) {
-    ct::comm::ElasticGroup group(ct::detect_launch_env(), comm_options,
-                                 {.min_ranks = o.min_ranks, .join = o.join});
-    return train_at_precision<Model>(o, model_name, group, train, test, train_transform,
-                                     eval_transform);
+  // Elastic training is the CPU trainer's (resolve_and_check refuses it elsewhere), so a binary
+  // without the CPU path does not compile it.
+  if constexpr (is_compiled(kCompiledDevices, "cpu")) {
+    if (o.elastic) {
+      ct::comm::ElasticGroup group(ct::detect_launch_env(), comm_options,
+                                   {.min_ranks = o.min_ranks, .join = o.join});
+      return train_at_precision<Model>(o, model_name, group, train, test, train_transform,
+                                       eval_transform);
+    }
   }
   ct::comm::Communicator comm = ct::comm::Communicator::from_env(backend, comm_options, memory);
   return train_at_precision<Model>(o, model_name, comm, train, test, train_transform,
@@ -132,17 +134,13 @@ inline std::pair<ct::data::ImageDataset, ct::data::ImageDataset> load_mnist(Opti
 // precision in `o` before anything is loaded, runs `body`, and turns errors into a message and
 // exit status 1 (coltrain's errors name the rank, peer, file or option at fault).
 template <class Body>
-int run_main(CLI::App& app, Options& o, int argc, char** argv, Body&& body) {
+int run_main(CommandLine& app, Options& o, int argc, char** argv, Body&& body) {
+  if (const std::optional<int> status = app.parse(argc, argv, std::cout, std::cerr)) return *status;
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    resolve_and_check(o, app.get_name());
+    resolve_and_check(o, app.program());
     return body();
   } catch (const std::exception& e) {
-    std::cerr << app.get_name() << ": error: " << e.what() << '\n';
+    std::cerr << app.program() << ": error: " << e.what() << '\n';
     return 1;
   }
 }

@@ -12,8 +12,12 @@
 //   void forward(TensorView<const T, D> in, TensorView<T, D> out, Context<D>&);
 //   void backward(TensorView<const T, D> in, TensorView<const T, D> out,
 //                 TensorView<const T, D> grad_out, TensorView<T, D> grad_in, Context<D>&);
-//   template <class F> void visit_parameters(F&& f, const std::string& prefix);  // f(name, Parameter&)
-//   template <class F> void visit_buffers(F&& f, const std::string& prefix);     // f(name, Tensor&)
+//   template <class F>
+//   void visit_parameters(F&& f, const std::string& prefix);  // f(name, Parameter&)
+//   template <class F>
+//   void visit_buffers(F&& f, const std::string& prefix);     // f(name, Tensor&)
+// (Inside a Network, f is a ParameterVisitor or BufferVisitor, nn/state_visitors.hpp: a buffer is a
+// tensor of compute_t<T> or std::int64_t.)
 //
 // Tensors carry the batch as their first axis. backward() adds to the parameter gradients and
 // writes grad_in unless grad_in is empty (the first layer's input needs no gradient). A shape that

@@ -20,6 +20,7 @@
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/nn/parameter.hpp>
 #include <coltrain/nn/parameter_arena.hpp>
+#include <coltrain/nn/state_visitors.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <algorithm>
@@ -91,12 +92,15 @@ class Network {
   // f(const std::string& name, Parameter<T, Device>&), in state_dict order.
   template <class F>
   void visit_parameters(F&& f) {
-    body_.visit_parameters(f, "");
+    const ParameterVisitor<T, Device> visitor(f);
+    body_.visit_parameters(visitor, "");
   }
-  // f(const std::string& name, Tensor<U, Device>&) for non-learnable state (BatchNorm statistics).
+  // f(const std::string& name, Tensor<U, Device>&) for non-learnable state (BatchNorm statistics:
+  // U is compute_t<T> or std::int64_t).
   template <class F>
   void visit_buffers(F&& f) {
-    body_.visit_buffers(f, "");
+    const BufferVisitor<T, Device> visitor(f);
+    body_.visit_buffers(visitor, "");
   }
 
   Context<Device>& context() { return context_; }

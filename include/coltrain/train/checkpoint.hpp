@@ -222,7 +222,8 @@ inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
   }
   nlohmann::json sidecar;
   try {
-    sidecar = nlohmann::json::parse(text);
+    // Through const char*, as safetensors.hpp does: one parser compiled, not two.
+    sidecar = nlohmann::json::parse(text.data(), text.data() + text.size());
   } catch (const nlohmann::json::parse_error& e) {
     // e.byte counts the characters read, the offending one included.
     fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()),

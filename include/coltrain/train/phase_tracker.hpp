@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -188,12 +189,12 @@ class PhaseTracker {
       if (n == 0) continue;
       all_calls += n;
       const double total = run_seconds(phase);
-      rows.push_back({std::string(phase_name(phase)), fixed(total / static_cast<double>(n), 6),
-                      std::to_string(n), fixed(total, 3),
-                      fixed(wall > 0 ? 100.0 * total / wall : 0.0, 1), total});
+      // Inserted in order (after any equal total): a dozen rows, and far less code than a sort.
+      const auto at = std::ranges::upper_bound(rows, total, std::greater<>{}, &Row::sort_key);
+      rows.insert(at, {std::string(phase_name(phase)), fixed(total / static_cast<double>(n), 6),
+                       std::to_string(n), fixed(total, 3),
+                       fixed(wall > 0 ? 100.0 * total / wall : 0.0, 1), total});
     }
-    std::ranges::stable_sort(rows,
-                             [](const Row& a, const Row& b) { return a.sort_key > b.sort_key; });
     const Row header{"Action",         "Mean duration (s)", "Num calls",
                      "Total time (s)", "Percentage %",      0};
     const Row total{"Total", "-", std::to_string(all_calls), fixed(wall, 3), "100 %", 0};

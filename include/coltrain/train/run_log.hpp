@@ -257,7 +257,8 @@ class RunLog {
     };
     nlohmann::json value;
     try {
-      value = nlohmann::json::parse(line);
+      // Through const char*, as safetensors.hpp does: one parser compiled, not two.
+      value = nlohmann::json::parse(line.data(), line.data() + line.size());
     } catch (const nlohmann::json::exception& e) {
       fail("not valid JSON: " + std::string(e.what()));
     }
