@@ -89,7 +89,7 @@ TEST_CASE("values in both spellings, flags and optionals reach their variables")
   CHECK_FALSE(v.resume);
 }
 
-TEST_CASE("the last of a repeated option wins; nothing given leaves the defaults") {
+TEST_CASE("the last of a repeated option wins, and nothing given leaves the defaults") {
   Values v;
   sample::CommandLine line = make_line(v);
   CHECK_FALSE(parse(line, {}).status);
