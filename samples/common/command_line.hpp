@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -84,15 +83,15 @@ std::string to_text(const std::optional<T>& value) {
 }
 
 template <class T>
-struct NumberName {
+struct ValueName {
   static constexpr const char* value = std::is_integral_v<T> ? "INT" : "NUMBER";
 };
 template <>
-struct NumberName<std::string> {
+struct ValueName<std::string> {
   static constexpr const char* value = "TEXT";
 };
 template <class T>
-struct NumberName<std::optional<T>> : NumberName<T> {};
+struct ValueName<std::optional<T>> : ValueName<T> {};
 
 }  // namespace detail
 
@@ -150,7 +149,6 @@ class CommandLine {
     }
 
     std::string name_, help_, value_name_, default_text_;
-    std::string last_text_;  // kOptionalValue: the value it was given
     Arity arity_ = Arity::kValue;
     Bound bound_ = Bound::kNone;
     std::vector<std::string> choices_;
@@ -167,7 +165,7 @@ class CommandLine {
   template <class T>
   Option& option(std::string name, T& value, std::string help) {
     Option& o = add(std::move(name), std::move(help), Option::Arity::kValue);
-    o.value_name_ = detail::NumberName<T>::value;
+    o.value_name_ = detail::ValueName<T>::value;
     o.assign_ = [&value, &o](std::string_view text) { detail::parse_into(o.name_, text, value); };
     o.current_text_ = [&value] { return detail::to_text(value); };
     return o;
@@ -178,11 +176,8 @@ class CommandLine {
                          std::function<void(const std::string&)> on, std::string help) {
     Option& o = add(std::move(name), std::move(help), Option::Arity::kOptionalValue);
     o.value_name_ = std::move(value_name);
-    o.assign_ = [on = std::move(on), &o](std::string_view text) {
-      on(std::string(text));
-      o.last_text_ = text;
-    };
-    o.current_text_ = [&o] { return o.last_text_; };
+    o.assign_ = [on = std::move(on)](std::string_view text) { on(std::string(text)); };
+    o.current_text_ = [] { return std::string(); };  // no choices, bound or default to show
     return o;
   }
 

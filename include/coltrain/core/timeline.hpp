@@ -2,8 +2,8 @@
 // The timeline: what each rank did when, as a Chrome trace (JSON that Perfetto and chrome://tracing
 // load), like Horovod's timeline. Collectives (on the thread that ran them: the caller's, or the
 // communicator's progress thread for non-blocking calls such as the data-parallel gradient
-// buckets, so they show beside the backward pass) and the
-// trainer's phases (data, forward, loss, backward, allreduce wait, optimizer, other) are recorded.
+// buckets, so they show beside the backward pass) and the trainer's phases (data, forward, loss,
+// backward, allreduce wait, optimizer, other) are recorded.
 //
 //   COLTRAIN_TRACE=runs/trace.json mpiexec -n 2 ./mnist_convnet     # or --trace in the samples
 //   -> runs/trace.rank0.json, runs/trace.rank1.json (one rank: runs/trace.json)
