@@ -4,17 +4,38 @@
 //
 // Eigen runs single-threaded here (coltrain does not ask for OpenMP); parallel callers split the
 // work across a ThreadPool themselves, which keeps the bare `g++ -I include` build threaded too.
+//
+// nvcc's device pass sees the declarations alone: it compiles no host code, and instantiating
+// Eigen's products there only costs compile time.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/thread_pool.hpp>
 
+#if !COLTRAIN_DEVICE_CODE
 #include <coltrain/tensor/eigen.hpp>
+#endif
 
 #include <cstdint>
 
 namespace coltrain::tensor {
 
 enum class Transpose : bool { kNo = false, kYes = true };
+
+// C[M x N] = alpha * op(A) * op(B) + beta * C, with op(A) M x K and op(B) K x N; beta is 0 or 1
+// (overwrite or accumulate), which is all the layers need.
+template <class S>
+void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          S alpha, const S* a, std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c,
+          std::int64_t ldc);
+
+// The same product with the rows of C split across the pool (or its columns, when C has fewer rows
+// than the pool has threads times a useful block).
+template <class S>
+void parallel_gemm(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, S alpha, const S* a, std::int64_t lda,
+                   const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc);
+
+#if !COLTRAIN_DEVICE_CODE
 
 namespace detail {
 
@@ -33,8 +54,6 @@ RowMajorMap<S> map(const S* data, std::int64_t rows, std::int64_t cols, std::int
 
 }  // namespace detail
 
-// C[M x N] = alpha * op(A) * op(B) + beta * C, with op(A) M x K and op(B) K x N; beta is 0 or 1
-// (overwrite or accumulate), which is all the layers need.
 template <class S>
 void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, std::int64_t k, S alpha,
           const S* a, std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c, std::int64_t ldc) {
@@ -61,8 +80,6 @@ void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, 
   if (ta && tb) assign(lhs.transpose() * rhs.transpose());
 }
 
-// The same product with the rows of C split across the pool (or its columns, when C has fewer rows
-// than the pool has threads times a useful block).
 template <class S>
 void parallel_gemm(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, S alpha, const S* a, std::int64_t lda, const S* b,
@@ -86,5 +103,6 @@ void parallel_gemm(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::
     });
   }
 }
+#endif  // !COLTRAIN_DEVICE_CODE
 
 }  // namespace coltrain::tensor
