@@ -32,6 +32,18 @@
 
 namespace coltrain::nn {
 
+namespace detail {
+// Fills a device tensor with `value` (outside any step: synchronous, on the legacy stream). Not a
+// member of the layer, so that it is compiled once per element type, not once per layer type.
+template <class U>
+void fill_device_tensor(tensor::Tensor<U, tensor::Cuda>& to, U value) {
+  tensor::Tensor<U, tensor::Cpu> host(to.shape());
+  host.fill(value);
+  tensor::copy<U, tensor::Cpu, tensor::Cuda>(std::as_const(host).view(), to.view(), nullptr);
+  COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));
+}
+}  // namespace detail
+
 template <double Momentum, double Eps, bool FusedRelu, class In, class T>
 class BatchNorm2dLayer<Momentum, Eps, FusedRelu, In, T, tensor::Cuda> {
   static_assert(In::kRank == 3,
@@ -63,11 +75,11 @@ class BatchNorm2dLayer<Momentum, Eps, FusedRelu, In, T, tensor::Cuda> {
 
   // As the CPU layer: weight 1, bias 0, running mean 0, running variance 1, no batches (no draws).
   void initialize(Rng&) {
-    upload(weight_.value, detail::to_storage_value<T>(S(1)));
-    upload(bias_.value, detail::to_storage_value<T>(S(0)));
-    upload(running_mean_, S(0));
-    upload(running_var_, S(1));
-    upload(batches_tracked_, std::int64_t{0});
+    detail::fill_device_tensor(weight_.value, detail::to_storage_value<T>(S(1)));
+    detail::fill_device_tensor(bias_.value, detail::to_storage_value<T>(S(0)));
+    detail::fill_device_tensor(running_mean_, S(0));
+    detail::fill_device_tensor(running_var_, S(1));
+    detail::fill_device_tensor(batches_tracked_, std::int64_t{0});
   }
 
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
@@ -132,15 +144,6 @@ class BatchNorm2dLayer<Momentum, Eps, FusedRelu, In, T, tensor::Cuda> {
   }
 
  private:
-  // Fills a device tensor with `value` (outside any step: synchronous, on the legacy stream).
-  template <class U>
-  static void upload(tensor::Tensor<U, Device>& to, U value) {
-    tensor::Tensor<U, tensor::Cpu> host(to.shape());
-    host.fill(value);
-    tensor::copy<U, tensor::Cpu, Device>(std::as_const(host).view(), to.view(), nullptr);
-    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));
-  }
-
   Parameter<T, Device> weight_;
   Parameter<T, Device> bias_;
   tensor::Tensor<S, Device> running_mean_, running_var_;
