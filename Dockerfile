@@ -17,7 +17,7 @@ ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:13.0.0-cudnn-runtime-ubuntu24.04
 # ---- CPU: g++ with Eigen, zlib and libcrypto --------------------------------------------------
 FROM ${DEBIAN_IMAGE} AS cpu-build
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      g++ libeigen3-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev \
+      g++ libeigen3-dev zlib1g-dev libssl-dev libcli11-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY include include
@@ -37,7 +37,7 @@ ENTRYPOINT ["/opt/coltrain/mnist_convnet"]
 # ---- GPU: nvcc with cuBLAS, cuDNN and NCCL ---------------------------------------------------
 FROM ${CUDA_IMAGE} AS gpu-build
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      g++ libeigen3-dev zlib1g-dev libssl-dev libcli11-dev nlohmann-json3-dev libnccl-dev \
+      g++ libeigen3-dev zlib1g-dev libssl-dev libcli11-dev libnccl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY include include

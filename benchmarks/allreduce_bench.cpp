@@ -21,12 +21,12 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timer.hpp>
 
 #include <mpi.h>
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #if !COLTRAIN_WITH_MPI
 #error "allreduce_bench needs MPI: it launches, synchronises and times its ranks with MPI"
@@ -910,13 +910,13 @@ class Report {
     return text;
   }
 
-  nlohmann::ordered_json json() const {
+  coltrain::Json json() const {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
-    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    coltrain::Json results = coltrain::Json::array();
     for (const Row& row : rows_) {
       const Case& c = row.size;
-      nlohmann::ordered_json entry = {
+      coltrain::Json entry = coltrain::Json::object({
           {"collective", coltrain::comm::name_of(c.collective)},
           {"backend", row.series.backend},
           {"algo", row.series.algorithm},
@@ -932,14 +932,14 @@ class Report {
           {"algbw_gbs", row.algbw_gbs},
           {"busbw_gbs", row.busbw_gbs},
           {"wrong", nullptr},
-      };
+      });
       if (row.timing.p50_us) entry["p50_us"] = *row.timing.p50_us;
       if (row.timing.p99_us) entry["p99_us"] = *row.timing.p99_us;
       if (row.wrong) entry["wrong"] = *row.wrong;
       if (!row.chosen.empty()) entry["chosen"] = row.chosen;
       results.push_back(std::move(entry));
     }
-    return {
+    return coltrain::Json::object({
         {"command", options_.command},
         {"date", utc_now()},
         {"host", host},
@@ -952,7 +952,7 @@ class Report {
         {"staging_chunk_bytes", options_.staging.chunk_bytes},
         {"checked", options_.check != 0},
         {"results", std::move(results)},
-    };
+    });
   }
 
   const Options& options_;

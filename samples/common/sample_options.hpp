@@ -277,14 +277,14 @@ inline int warmup_epochs_of(const Options& o) {
   return o.scale_lr ? std::clamp(o.epochs / 5, 1, 5) : 0;
 }
 
-inline nlohmann::ordered_json to_json(const Options& o, const std::string& model, int world_size,
-                                      const std::string& backend) {
-  nlohmann::ordered_json config;
+inline ct::Json to_json(const Options& o, const std::string& model, int world_size,
+                        const std::string& backend) {
+  ct::Json config;
   config["model"] = model;
   config["backend"] = backend;
   config["world_size"] = world_size;
   config["device"] = o.device;
-  config["cuda_device"] = o.cuda_device ? nlohmann::ordered_json(*o.cuda_device) : nullptr;
+  config["cuda_device"] = o.cuda_device ? ct::Json(*o.cuda_device) : nullptr;
   config["cuda_graph"] = o.cuda_graph;
   config["grad_compression"] = o.grad_compression;
   config["zero"] = o.zero;
@@ -296,16 +296,15 @@ inline nlohmann::ordered_json to_json(const Options& o, const std::string& model
   config["schedule"] = o.schedule;
   config["warmup_epochs"] = warmup_epochs_of(o);
   config["grad_accum"] = o.grad_accum;
-  config["clip_grad_norm"] = o.clip_grad_norm ? nlohmann::ordered_json(*o.clip_grad_norm) : nullptr;
+  config["clip_grad_norm"] = o.clip_grad_norm ? ct::Json(*o.clip_grad_norm) : nullptr;
   config["early_stopping_patience"] =
-      o.early_stopping_patience ? nlohmann::ordered_json(*o.early_stopping_patience) : nullptr;
+      o.early_stopping_patience ? ct::Json(*o.early_stopping_patience) : nullptr;
   config["momentum"] = o.momentum;
   config["weight_decay"] = o.weight_decay;
   config["nesterov"] = o.nesterov;
   config["precision"] = o.precision;
   config["data"] = o.data;
-  config["target_accuracy"] =
-      o.target_accuracy ? nlohmann::ordered_json(*o.target_accuracy) : nullptr;
+  config["target_accuracy"] = o.target_accuracy ? ct::Json(*o.target_accuracy) : nullptr;
   config["threads_per_rank"] = o.threads;
   config["seed"] = o.seed;
   config["elastic"] = o.elastic;

@@ -4,9 +4,9 @@
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/comm.hpp>
+#include <coltrain/core/json.hpp>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,9 +27,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  return nlohmann::json::parse(in);
+Json read_json(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str());
 }
 
 // scripts/diagnose's output for `dir`.
@@ -85,7 +88,7 @@ TEST_CASE("FlightRecorder keeps the last N calls, oldest first, as JSON that par
   CHECK(records[2].state == CollectiveRecord::State::kFailed);
   CHECK(records[2].end_seconds >= records[2].start_seconds);
 
-  const nlohmann::json json = nlohmann::json::parse(recorder.to_json("a test"));
+  const Json json = Json::parse(recorder.to_json("a test"));
   CHECK(json["rank"] == 2);
   CHECK(json["world_size"] == 4);
   CHECK(json["backend"] == "tcp");
@@ -136,10 +139,10 @@ TEST_CASE("on a mismatch the ranks write their calls and diagnose names the odd 
     const auto file = dir / ("flight_rank" + std::to_string(rank) + ".json");
     INFO(file);
     REQUIRE(std::filesystem::exists(file));
-    const nlohmann::json json = read_json(file);
+    const Json json = read_json(file);
     CHECK(json["rank"] == rank);
-    CHECK(json["records"].back()["sequence"] == 3);
-    CHECK(json["records"].back()["state"] == "failed");
+    CHECK(json["records"].elements().back()["sequence"] == 3);
+    CHECK(json["records"].elements().back()["state"] == "failed");
     CHECK(json["records"][0]["state"] == "done");
   }
   const std::string verdict = diagnose(dir);

@@ -4,17 +4,18 @@
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/comm.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/train/phase_tracker.hpp>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,14 +24,16 @@ using namespace coltrain;
 
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  return nlohmann::json::parse(in);
+Json read_json(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str());
 }
 
-std::vector<nlohmann::json> spans_named(const nlohmann::json& trace, const std::string& name) {
-  std::vector<nlohmann::json> found;
-  for (const auto& event : trace["traceEvents"])
+std::vector<Json> spans_named(const Json& trace, const std::string& name) {
+  std::vector<Json> found;
+  for (const Json& event : trace["traceEvents"])
     if (event["ph"] == "X" && event["name"] == name) found.push_back(event);
   return found;
 }
@@ -65,7 +68,7 @@ TEST_CASE("the timeline records nothing while off, then collectives and phases a
   const std::filesystem::path file = timeline.write();
   // The first communicator made (rank 0 or 1 of 2) named the process, and so the file.
   CHECK((file == dir / "trace.rank0.json" || file == dir / "trace.rank1.json"));
-  const nlohmann::json trace = read_json(file);
+  const Json trace = read_json(file);
   CHECK(spans_named(trace, "while off").empty());
   const auto outer = spans_named(trace, "outer");
   const auto inner = spans_named(trace, "inner");
@@ -94,7 +97,7 @@ TEST_CASE("the timeline records nothing while off, then collectives and phases a
   CHECK(ranks == std::set<int>{0, 1});
   CHECK(spans_named(trace, "broadcast").size() == 2);
   std::set<int> named;
-  for (const auto& event : trace["traceEvents"])
+  for (const Json& event : trace["traceEvents"])
     if (event["ph"] == "M") named.insert(event["pid"].get<int>());
   CHECK(named == std::set<int>{0, 1});
 
@@ -103,7 +106,7 @@ TEST_CASE("the timeline records nothing while off, then collectives and phases a
                               " " + (dir / "merged.json").string() + " " + file.string() + " " +
                               file.string() + " > /dev/null";
   REQUIRE(std::system(command.c_str()) == 0);
-  const nlohmann::json merged = read_json(dir / "merged.json");
+  const Json merged = read_json(dir / "merged.json");
   CHECK(merged["traceEvents"].size() == 2 * trace["traceEvents"].size());
   timeline.enable({});
   CHECK_FALSE(timeline.enabled());

@@ -3,8 +3,8 @@
 // folder of this process, rewritten for every input and removed at exit. The coltrain::Error that a
 // parser's documentation promises for bad input (IoError for a file) is the parser refusing it, as
 // it should, and each target catches that one; anything else that escapes (another coltrain
-// error, an nlohmann exception, std::bad_alloc, std::out_of_range) reaches libFuzzer as a crash,
-// and so does a broken promise about what a parser accepted (fuzz_check).
+// error, such as a JsonError the parser did not wrap, std::bad_alloc, std::out_of_range) reaches
+// libFuzzer as a crash, and so does a broken promise about what a parser accepted (fuzz_check).
 
 #include <cstddef>
 #include <cstdint>

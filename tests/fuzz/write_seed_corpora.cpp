@@ -4,6 +4,7 @@
 
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/core/dtype.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/data/cifar10.hpp>
 #include <coltrain/data/file_io.hpp>
 #include <coltrain/data/idx.hpp>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -161,6 +163,38 @@ void write_message_header(const fs::path& dir) {
   write(dir / "no_magic.bin", bytes(header));
 }
 
+void write_json(const fs::path& dir) {
+  // Written by dump(): every kind, the number edges and the escapes, compact and indented.
+  const Json value = Json::object(
+      {{"null", nullptr},
+       {"booleans", Json::array({true, false})},
+       {"integers", Json::array({0, -1, std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::uint64_t>::max()})},
+       {"floats", Json::array({0.1, -0.0, 1.0, 5e-324, 1e300, -2.5e-7})},
+       {"strings", Json::array({"", "\" \\ / \b \f \n \r \t \x01", "caf\xC3\xA9",
+                                "\xF0\x9F\x98\x80", std::string("\0", 1)})},
+       {"nested", Json::object({{"a", Json::array({Json::object(), Json::array()})},
+                                {"b~/c", Json::object({{"d", Json::array({1, 2.5})}})}})}});
+  write(dir / "compact.json", bytes_of(value.dump()));
+  write(dir / "indented.json", bytes_of(value.dump(2)));
+  // What dump() never writes but the grammar allows: escapes of any character, surrogate pairs,
+  // exponents, integers beyond 64 bits, whitespace everywhere.
+  write(dir / "escapes.json",
+        bytes_of(R"([ "\u00e9\u00E9\ud83d\ude00\/" , 1E+2 , -0 , 18446744073709551616 ,)"
+                 "\t\r\n 12.5e-3 ]"));
+  // More than 32 keys, where duplicates are found by sorting, not key by key.
+  std::string many = "{";
+  for (int i = 0; i < 40; ++i) many += "\"k" + std::to_string(i) + "\":" + std::to_string(i) + ",";
+  write(dir / "many_keys.json", bytes_of(many + "\"last\":null}"));
+  write(dir / "many_keys_duplicate.json", bytes_of(many + "\"k7\":null}"));
+  // Near misses: a duplicate key, a lone surrogate, bad UTF-8, a trailing comma, too deep.
+  write(dir / "duplicate_key.json", bytes_of(R"({"x":[{"y":1,"y":2}]})"));
+  write(dir / "lone_surrogate.json", bytes_of(R"(["\ud800"])"));
+  write(dir / "overlong_utf8.json", bytes_of("[\"\xC0\x80\"]"));
+  write(dir / "trailing_comma.json", bytes_of("{\"a\":[1,2,],}"));
+  write(dir / "too_deep.json", bytes_of(std::string(129, '[') + std::string(129, ']')));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,7 +209,8 @@ int main(int argc, char** argv) {
       {"safetensors", write_safetensors},
       {"checkpoint", write_checkpoint},
       {"launch_env", write_launch_env},
-      {"message_header", write_message_header}};
+      {"message_header", write_message_header},
+      {"json", write_json}};
   for (const auto& [name, write_seeds] : targets) {
     fs::create_directories(root / name);
     write_seeds(root / name);

@@ -100,13 +100,13 @@ void check_gradient_norms(Net& net, const Reader& reference, double tolerance,
 template <class Model>
 void check_model(const std::string& name, double gradient_norm_tolerance = 0.0) {
   const Reader reference = parity_reference("model_" + name + ".safetensors");
-  const json config = config_of(reference);
+  const Json config = config_of(reference);
   nn::Network<Model, float, tensor::Cpu> host({.threads = 1});
   nn::Network<Model, float, tensor::Cuda> gpu;
   load_state(host, reference, "state.");
   const cudaStream_t stream = gpu.context().stream();
   copy_state(host, gpu, false, stream);
-  if (config.at("mode") == "eval") gpu.eval();
+  if (config["mode"] == "eval") gpu.eval();
 
   const tensor::Tensor<float> input = read_tensor(reference, "input");
   const std::vector<std::int32_t> labels = reference.read<std::int32_t>("labels");

@@ -3,12 +3,12 @@
 // state_dict into a coltrain network by name, and comparing tensors with a per-tensor tolerance.
 //
 // compare(): max_i |a_i - e_i| <= rel * max(max_i |e_i|, 1e-6), i.e. relative to the tensor's
-// largest magnitude (a tensor of zeros is held to 1e-6 absolute). The worst error of each comparison
-// is printed when NN_PARITY_REPORT is set.
+// largest magnitude (a tensor of zeros is held to 1e-6 absolute). The worst error of each
+// comparison is printed when NN_PARITY_REPORT is set.
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
+#include <coltrain/core/json.hpp>
 #include <coltrain/nn/parameter.hpp>
 #include <coltrain/tensor/safetensors.hpp>
 #include <coltrain/tensor/tensor.hpp>
@@ -30,9 +30,9 @@ namespace nn_parity {
 
 namespace nn = coltrain::nn;
 namespace tensor = coltrain::tensor;
+using coltrain::Json;
 using coltrain::testing::parity_reference;
 using coltrain::testing::require_close;
-using nlohmann::json;
 using Reader = tensor::SafetensorsReader;
 
 inline constexpr double kRel = 1e-5;
@@ -43,14 +43,16 @@ inline constexpr double kFloor = 1e-6;
 // measured 2e-7, 5e-8, 9e-5, 1.7e-3 and 8.6e-3 from PyTorch's, growing about 20x a step.
 inline constexpr double kResNetRunRel = 2e-2;
 
-// Checks max|a - e| <= rel * max(max|e|, kFloor), reporting the worst element, and returns the error
-// max|a - e| / max(max|e|, kFloor).
+// Checks max|a - e| <= rel * max(max|e|, kFloor), reporting the worst element, and returns the
+// error max|a - e| / max(max|e|, kFloor).
 template <class T>
-double compare(std::span<const T> actual, std::span<const T> expected, double rel, const std::string& what) {
+double compare(std::span<const T> actual, std::span<const T> expected, double rel,
+               const std::string& what) {
   double largest = 0.0, worst = 0.0;
   for (std::size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) {
     largest = std::max(largest, std::abs(static_cast<double>(expected[i])));
-    worst = std::max(worst, std::abs(static_cast<double>(actual[i]) - static_cast<double>(expected[i])));
+    worst = std::max(worst,
+                     std::abs(static_cast<double>(actual[i]) - static_cast<double>(expected[i])));
   }
   const double scale = std::max(largest, kFloor);
   if (std::getenv("NN_PARITY_REPORT"))
@@ -60,7 +62,8 @@ double compare(std::span<const T> actual, std::span<const T> expected, double re
 }
 
 template <class T>
-double compare(const std::vector<T>& actual, const std::vector<T>& expected, double rel, const std::string& what) {
+double compare(const std::vector<T>& actual, const std::vector<T>& expected, double rel,
+               const std::string& what) {
   return compare(std::span<const T>(actual), std::span<const T>(expected), rel, what);
 }
 
@@ -89,7 +92,8 @@ void load_state(Net& net, const Reader& reference, const std::string& prefix) {
     CHECK(reference.entry(prefix + name).shape == dims_of(shape));
     reference.read_into<U>(prefix + name, span);
   };
-  net.visit_parameters([&](const std::string& name, auto& p) { load(name, p.value.span(), p.value.shape()); });
+  net.visit_parameters(
+      [&](const std::string& name, auto& p) { load(name, p.value.span(), p.value.shape()); });
   net.visit_buffers([&](const std::string& name, auto& t) { load(name, t.span(), t.shape()); });
   CHECK(ours == names_under(reference, prefix));
 }
@@ -99,8 +103,8 @@ enum class Parameters { kValues, kGradients, kSkip };
 // Compares the network's parameter values or gradients, and optionally its buffers, with the
 // reference's "<prefix><name>" tensors; the name sets must be equal.
 template <class Net>
-double compare_state(Net& net, const Reader& reference, const std::string& prefix, Parameters parameters,
-                     bool buffers, double rel, const std::string& what) {
+double compare_state(Net& net, const Reader& reference, const std::string& prefix,
+                     Parameters parameters, bool buffers, double rel, const std::string& what) {
   double worst = 0.0;
   std::set<std::string> ours;
   if (parameters != Parameters::kSkip) {
@@ -122,8 +126,8 @@ double compare_state(Net& net, const Reader& reference, const std::string& prefi
         INFO(what << " " << prefix << name);
         CHECK(std::vector<U>(t.span().begin(), t.span().end()) == expected);
       } else {
-        worst = std::max(worst, compare(std::span<const U>(t.span()), std::span<const U>(expected), rel,
-                                        what + " " + prefix + name));
+        worst = std::max(worst, compare(std::span<const U>(t.span()), std::span<const U>(expected),
+                                        rel, what + " " + prefix + name));
       }
     });
   }
@@ -132,11 +136,21 @@ double compare_state(Net& net, const Reader& reference, const std::string& prefi
 }
 
 inline tensor::Tensor<float> read_tensor(const Reader& reference, const std::string& name) {
-  tensor::Tensor<float> t(tensor::Shape(std::span<const std::int64_t>(reference.entry(name).shape)));
+  tensor::Tensor<float> t(
+      tensor::Shape(std::span<const std::int64_t>(reference.entry(name).shape)));
   reference.read_into<float>(name, t.span());
   return t;
 }
 
-inline json config_of(const Reader& reference) { return json::parse(reference.metadata().at("config")); }
+inline Json config_of(const Reader& reference) {
+  return Json::parse(reference.metadata().at("config"));
+}
+
+// A JSON array of integers (a shape).
+inline std::vector<std::int64_t> int64s_of(const Json& array) {
+  std::vector<std::int64_t> out;
+  for (const Json& value : array.elements()) out.push_back(value.get<std::int64_t>());
+  return out;
+}
 
 }  // namespace nn_parity

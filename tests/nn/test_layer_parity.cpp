@@ -1,8 +1,8 @@
 // Parity with PyTorch 1.13 (CPU), layers and model names. layer_references.py runs every layer's
 // PyTorch twin and stores its state_dict, input, output and gradients as safetensors; this suite
 // loads each state_dict into the coltrain layer BY NAME (the name sets must be equal on both sides:
-// the state_dict interoperability test), replays forward and backward in float and compares. It also
-// compares every model's parameter and buffer names, shapes and order with its PyTorch twin's.
+// the state_dict interoperability test), replays forward and backward in float and compares. It
+// also compares every model's parameter and buffer names, shapes and order with its PyTorch twin's.
 //
 // Tolerance, per tensor, with e = PyTorch's tensor and a = coltrain's (see parity_helpers.hpp):
 //   max_i |a_i - e_i| <= 1e-5 * max(max_i |e_i|, 1e-6)
@@ -10,7 +10,6 @@
 // BatchNorm statistics after the step. Set NN_PARITY_REPORT=1 to print every comparison's error.
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <coltrain/models/cifar_net.hpp>
 #include <coltrain/models/mlp.hpp>
@@ -44,7 +43,8 @@ using nn::Sequential;
 using nn_test::GradProbe;
 
 // ---------------------------------------------------------------------------------------------
-// Layers: Network<Sequential<Input, GradProbe, Named<"layer", Spec>>> against Probe(layer) in torch.
+// Layers: Network<Sequential<Input, GradProbe, Named<"layer", Spec>>> against Probe(layer) in
+// torch.
 
 template <class In, class Spec>
 using Probed = Sequential<In, GradProbe, nn::Named<"layer", Spec>>;
@@ -53,17 +53,20 @@ template <class Model>
 void check_layer(const std::string& name, int threads = 1) {
   const Reader reference = parity_reference("layer_" + name + ".safetensors");
   nn::Network<Model> net({.threads = threads});
-  if (config_of(reference).at("mode") == "eval") net.eval();
+  const Json config = config_of(reference);
+  if (config["mode"] == "eval") net.eval();
   load_state(net, reference, "state.");
   const auto input = read_tensor(reference, "input");
   const auto y = net.forward(input.view());
-  compare(y.span(), std::span<const float>(reference.read<float>("output")), kRel, name + " output");
+  compare(y.span(), std::span<const float>(reference.read<float>("output")), kRel,
+          name + " output");
   const auto r = read_tensor(reference, "grad_output");
   REQUIRE(r.shape() == y.shape());
   net.backward(r.view());
   const auto& grad_input = net.body().template layer<0>().captured;
-  compare(std::span<const float>(grad_input.span()), std::span<const float>(reference.read<float>("grad_input")),
-          kRel, name + " input gradient");
+  compare(std::span<const float>(grad_input.span()),
+          std::span<const float>(reference.read<float>("grad_input")), kRel,
+          name + " input gradient");
   compare_state(net, reference, "grad.", Parameters::kGradients, false, kRel, name);
   compare_state(net, reference, "after.", Parameters::kSkip, true, kRel, name + " after the step:");
 }
@@ -74,27 +77,28 @@ void check_layer(const std::string& name, int threads = 1) {
 template <class Model>
 void check_names(const std::string& name) {
   const Reader reference = parity_reference("names.safetensors");
-  const json expected = json::parse(reference.metadata().at("models")).at(name);
+  const Json models = Json::parse(reference.metadata().at("models"));
+  const Json& expected = models[name];
   nn::Network<Model> net;
-  json parameters = json::array(), buffers = json::array();
+  Json parameters = Json::array(), buffers = Json::array();
   std::map<std::string, std::vector<std::int64_t>> ours;
   net.visit_parameters([&](const std::string& n, auto& p) {
-    parameters.push_back({n, dims_of(p.value.shape())});
+    parameters.push_back(Json::array({n, dims_of(p.value.shape())}));
     ours[n] = dims_of(p.value.shape());
   });
   net.visit_buffers([&](const std::string& n, auto& t) {
-    buffers.push_back({n, dims_of(t.shape())});
+    buffers.push_back(Json::array({n, dims_of(t.shape())}));
     ours[n] = dims_of(t.shape());
   });
   // named_parameters() and named_buffers() orders are coltrain's visiting orders; state_dict()
   // interleaves them module by module, so it is compared as a set of names and shapes.
-  CHECK(parameters == expected.at("parameters"));
-  CHECK(buffers == expected.at("buffers"));
+  CHECK(parameters == expected["parameters"]);
+  CHECK(buffers == expected["buffers"]);
   std::map<std::string, std::vector<std::int64_t>> theirs;
-  for (const auto& entry : expected.at("state_dict"))
-    theirs[entry.at(0).get<std::string>()] = entry.at(1).get<std::vector<std::int64_t>>();
+  for (const Json& entry : expected["state_dict"])
+    theirs[entry[0].as_string()] = int64s_of(entry[1]);
   CHECK(ours == theirs);
-  CHECK(nn::Network<Model>::kParameterCount == expected.at("parameter_count").get<std::size_t>());
+  CHECK(nn::Network<Model>::kParameterCount == expected["parameter_count"].get<std::size_t>());
 }
 
 }  // namespace
@@ -147,14 +151,17 @@ TEST_CASE("parity: ResNet basic blocks", "[nn][parity]") {
 TEST_CASE("parity: SoftmaxCrossEntropy", "[nn][parity]") {
   for (const std::string name : {"plain", "smoothed"}) {
     const Reader reference = parity_reference("loss_" + name + ".safetensors");
-    const double smoothing = config_of(reference).at("label_smoothing").get<double>();
+    const double smoothing = config_of(reference)["label_smoothing"].get<double>();
     const auto logits = read_tensor(reference, "logits");
     const std::vector<std::int32_t> labels = reference.read<std::int32_t>("labels");
     tensor::Tensor<float> grad(logits.shape());
-    const double loss = nn::SoftmaxCrossEntropy(smoothing).loss_and_grad<float>(logits.view(), labels, grad.view());
-    compare(std::vector<double>{loss}, reference.read<double>("loss"), kRel, "cross-entropy " + name + " loss");
-    compare(std::span<const float>(grad.span()), std::span<const float>(reference.read<float>("grad_logits")),
-            kRel, "cross-entropy " + name + " gradient");
+    const double loss =
+        nn::SoftmaxCrossEntropy(smoothing).loss_and_grad<float>(logits.view(), labels, grad.view());
+    compare(std::vector<double>{loss}, reference.read<double>("loss"), kRel,
+            "cross-entropy " + name + " loss");
+    compare(std::span<const float>(grad.span()),
+            std::span<const float>(reference.read<float>("grad_logits")), kRel,
+            "cross-entropy " + name + " gradient");
   }
 }
 

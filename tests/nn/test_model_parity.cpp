@@ -13,7 +13,6 @@
 // error.
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include <coltrain/models/cifar_net.hpp>
 #include <coltrain/models/mlp.hpp>
@@ -65,28 +64,29 @@ void sgd_step(Net& net, std::map<std::string, std::vector<T>>& buffers, T lr, T 
 }
 
 struct TrainingChecks {
-  double loss_rel;             // every step's loss (the first one always at kRel)
-  bool first_step_gradients;   // the first step's parameter gradients at kRel
-  double final_rel;            // the state_dict after the last step; 0: not compared
+  double loss_rel;            // every step's loss (the first one always at kRel)
+  bool first_step_gradients;  // the first step's parameter gradients at kRel
+  double final_rel;           // the state_dict after the last step; 0: not compared
 };
 
 // Replays the reference's SGD run on coltrain's own weights (loaded once, by name).
 template <class Model, class T>
 void check_training(const std::string& file, int threads, const TrainingChecks& checks) {
   const Reader reference = parity_reference(file);
-  const json config = config_of(reference);
+  const Json config = config_of(reference);
   nn::Network<Model, T> net({.threads = threads});
-  if (config.at("mode") == "eval") net.eval();
+  if (config["mode"] == "eval") net.eval();
   load_state(net, reference, "state.");
-  const int steps = config.at("steps").get<int>();
+  const int steps = config["steps"].get<int>();
   REQUIRE(steps >= 2);
-  const T lr = config.at("lr").get<T>();
-  const T momentum = config.at("momentum").get<T>();
+  const T lr = config["lr"].get<T>();
+  const T momentum = config["momentum"].get<T>();
   std::map<std::string, std::vector<T>> buffers;
   std::vector<double> losses, torch_losses;
   for (int step = 0; step < steps; ++step) {
     const std::string k = std::to_string(step);
-    tensor::Tensor<T> x(tensor::Shape(std::span<const std::int64_t>(reference.entry("input." + k).shape)));
+    tensor::Tensor<T> x(
+        tensor::Shape(std::span<const std::int64_t>(reference.entry("input." + k).shape)));
     reference.read_into<T>("input." + k, x.span());
     const std::vector<std::int32_t> labels = reference.read<std::int32_t>("labels." + k);
     net.zero_grad();
@@ -96,18 +96,23 @@ void check_training(const std::string& file, int threads, const TrainingChecks& 
     torch_losses.push_back(reference.read<double>("loss." + k).at(0));
     net.backward(grad.view());
     if (step == 0) {
-      compare(logits.span(), std::span<const T>(reference.read<T>("output.0")), kRel, file + " step 0 output");
-      compare(std::vector<double>{losses[0]}, std::vector<double>{torch_losses[0]}, kRel, file + " step 0 loss");
+      compare(logits.span(), std::span<const T>(reference.read<T>("output.0")), kRel,
+              file + " step 0 output");
+      compare(std::vector<double>{losses[0]}, std::vector<double>{torch_losses[0]}, kRel,
+              file + " step 0 loss");
       if (checks.first_step_gradients)
-        compare_state(net, reference, "grad.0.", Parameters::kGradients, false, kRel, file + " step 0");
+        compare_state(net, reference, "grad.0.", Parameters::kGradients, false, kRel,
+                      file + " step 0");
     }
     sgd_step(net, buffers, lr, momentum);
   }
-  compare(losses, torch_losses, checks.loss_rel, file + " losses of " + std::to_string(steps) + " SGD steps");
+  compare(losses, torch_losses, checks.loss_rel,
+          file + " losses of " + std::to_string(steps) + " SGD steps");
   // Training moves the loss: a comparison of two constant curves would prove little.
   CHECK(losses.front() != losses.back());
   if (checks.final_rel > 0)
-    compare_state(net, reference, "final.", Parameters::kValues, true, checks.final_rel, file + " after training:");
+    compare_state(net, reference, "final.", Parameters::kValues, true, checks.final_rel,
+                  file + " after training:");
 }
 
 }  // namespace
@@ -115,7 +120,8 @@ void check_training(const std::string& file, int threads, const TrainingChecks& 
 // Float32 training runs: every step's loss within 1e-4, the first step's output, loss and gradients
 // within 1e-5, the final weights and statistics within 1e-4.
 TEST_CASE("parity: Mlp, 5 SGD steps", "[nn][parity][training]") {
-  check_training<models::Mlp, float>("model_mlp.safetensors", 2, {kTrainingRel, true, kTrainingRel});
+  check_training<models::Mlp, float>("model_mlp.safetensors", 2,
+                                     {kTrainingRel, true, kTrainingRel});
 }
 
 TEST_CASE("parity: MnistConvNet (eval mode: dropout off), 5 SGD steps", "[nn][parity][training]") {
@@ -124,7 +130,8 @@ TEST_CASE("parity: MnistConvNet (eval mode: dropout off), 5 SGD steps", "[nn][pa
 }
 
 TEST_CASE("parity: CifarNet, 5 SGD steps", "[nn][parity][training]") {
-  check_training<models::CifarNet, float>("model_cifar_net.safetensors", 2, {kTrainingRel, true, kTrainingRel});
+  check_training<models::CifarNet, float>("model_cifar_net.safetensors", 2,
+                                          {kTrainingRel, true, kTrainingRel});
 }
 
 // ResNet-20 (batch 8, random labels, lr 0.05, momentum 0.9) is another matter in float32:
@@ -140,10 +147,12 @@ TEST_CASE("parity: CifarNet, 5 SGD steps", "[nn][parity][training]") {
 // every loss, the first step's gradients and the final weights and BatchNorm statistics, at 1e-5.
 TEST_CASE("parity: ResNet<20> with BatchNorm in training mode, 5 SGD steps in float32",
           "[nn][parity][training]") {
-  check_training<models::ResNet<20>, float>("model_resnet20.safetensors", 2, {kResNetRunRel, false, 0.0});
+  check_training<models::ResNet<20>, float>("model_resnet20.safetensors", 2,
+                                            {kResNetRunRel, false, 0.0});
 }
 
 TEST_CASE("parity: ResNet<20> with BatchNorm in training mode, 5 SGD steps in float64",
           "[nn][parity][training]") {
-  check_training<models::ResNet<20>, double>("model_resnet20_double.safetensors", 2, {kRel, true, kRel});
+  check_training<models::ResNet<20>, double>("model_resnet20_double.safetensors", 2,
+                                             {kRel, true, kRel});
 }

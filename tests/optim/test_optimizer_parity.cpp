@@ -11,12 +11,12 @@
 // step and are largest, relatively, where a value passes near zero. Learning rates agree within
 // 1e-12 relative: the gap between PyTorch's recursive schedulers and the closed forms.
 
+#include <coltrain/core/json.hpp>
 #include <coltrain/optim/adam.hpp>
 #include <coltrain/optim/lr_schedule.hpp>
 #include <coltrain/optim/sgd.hpp>
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include "../support/parity.hpp"
 
@@ -30,6 +30,7 @@
 
 namespace {
 
+using coltrain::Json;
 using coltrain::optim::Adam;
 using coltrain::optim::AdamW;
 using coltrain::optim::ConstantLr;
@@ -41,7 +42,6 @@ using coltrain::optim::Sgd;
 using coltrain::optim::StepLr;
 using coltrain::testing::parity_reference;
 using coltrain::testing::require_close;
-using nlohmann::json;
 using Schedule = std::function<double(std::int64_t)>;
 
 constexpr double kValueRel = 1e-6;
@@ -50,12 +50,17 @@ constexpr double kSecondMomentFloor = 0.0;
 constexpr double kLrRel = 1e-12;
 constexpr double kLrFloor = 1e-6;
 
-double number(const json& spec, const char* key) { return spec.at(key).get<double>(); }
-std::int64_t integer(const json& spec, const char* key) { return spec.at(key).get<std::int64_t>(); }
+double number(const Json& spec, const char* key) { return spec[key].get<double>(); }
+std::int64_t integer(const Json& spec, const char* key) { return spec[key].get<std::int64_t>(); }
+std::vector<std::int64_t> integers(const Json& spec, const char* key) {
+  std::vector<std::int64_t> out;
+  for (const Json& value : spec[key].elements()) out.push_back(value.get<std::int64_t>());
+  return out;
+}
 
 // The schedule a config describes, built from coltrain's closed forms.
-Schedule make_schedule(const json& spec) {
-  const auto type = spec.at("type").get<std::string>();
+Schedule make_schedule(const Json& spec) {
+  const auto type = spec["type"].get<std::string>();
   if (type == "constant") {
     return ConstantLr{number(spec, "base_lr"), number(spec, "factor"),
                       integer(spec, "total_iters")};
@@ -64,8 +69,7 @@ Schedule make_schedule(const json& spec) {
     return StepLr{number(spec, "base_lr"), integer(spec, "step_size"), number(spec, "gamma")};
   }
   if (type == "multi_step") {
-    return MultiStepLr{number(spec, "base_lr"),
-                       spec.at("milestones").get<std::vector<std::int64_t>>(),
+    return MultiStepLr{number(spec, "base_lr"), integers(spec, "milestones"),
                        number(spec, "gamma")};
   }
   if (type == "cosine") {
@@ -74,7 +78,7 @@ Schedule make_schedule(const json& spec) {
   }
   if (type == "warmup") {
     return LinearWarmup<Schedule>{integer(spec, "warmup_steps"), number(spec, "start_factor"),
-                                  make_schedule(spec.at("inner"))};
+                                  make_schedule(spec["inner"])};
   }
   FAIL("unknown schedule type " << type);
   return {};
@@ -90,18 +94,18 @@ struct Param {
 template <class Optimizer>
 void replay(const std::string& case_name, Optimizer& optimizer) {
   const auto reference = parity_reference(case_name + ".safetensors");
-  const json config = json::parse(reference.metadata().at("config"));
-  const Schedule schedule = make_schedule(config.at("schedule"));
+  const Json config = Json::parse(reference.metadata().at("config"));
+  const Schedule schedule = make_schedule(config["schedule"]);
   const std::int64_t steps = integer(config, "steps");
   const std::vector<double> torch_lrs = reference.read<double>("lr");
   REQUIRE(torch_lrs.size() == static_cast<std::size_t>(steps));
 
   std::vector<Param> params;
-  for (const json& p : config.at("params")) {
-    const auto name = p.at("name").get<std::string>();
+  for (const Json& p : config["params"]) {
+    const auto name = p["name"].get<std::string>();
     std::vector<float> initial = reference.read<float>("initial." + name);
     params.push_back(
-        {name, initial, std::vector<float>(initial.size()), p.at("weight_decay").get<bool>()});
+        {name, initial, std::vector<float>(initial.size()), p["weight_decay"].get<bool>()});
   }
   std::vector<ParamRef> refs;
   for (Param& p : params) refs.push_back({p.name, p.value, p.grad, p.weight_decay});
@@ -145,8 +149,8 @@ void replay(const std::string& case_name, Optimizer& optimizer) {
 template <class Optimizer>
 void replay_adam(const std::string& case_name) {
   const auto reference = parity_reference(case_name + ".safetensors");
-  const json config = json::parse(reference.metadata().at("config"));
-  const json& o = config.at("options");
+  const Json config = Json::parse(reference.metadata().at("config"));
+  const Json& o = config["options"];
   Optimizer optimizer(typename Optimizer::Options{.lr = number(o, "lr"),
                                                   .beta1 = number(o, "beta1"),
                                                   .beta2 = number(o, "beta2"),
@@ -163,12 +167,13 @@ void replay_adam(const std::string& case_name) {
 
 void replay_sgd(const std::string& case_name) {
   const auto reference = parity_reference(case_name + ".safetensors");
-  const json o = json::parse(reference.metadata().at("config")).at("options");
+  const Json config = Json::parse(reference.metadata().at("config"));
+  const Json& o = config["options"];
   Sgd optimizer(Sgd::Options{.lr = number(o, "lr"),
                              .momentum = number(o, "momentum"),
                              .dampening = number(o, "dampening"),
                              .weight_decay = number(o, "weight_decay"),
-                             .nesterov = o.at("nesterov").get<bool>()});
+                             .nesterov = o["nesterov"].get<bool>()});
   replay(case_name, optimizer);
 }
 
@@ -213,7 +218,7 @@ TEST_CASE("AdamW without weight decay matches PyTorch (adamw_no_decay)", "[optim
 
 TEST_CASE("LR schedules match torch.optim.lr_scheduler", "[optim][parity][schedule]") {
   const auto reference = parity_reference("schedules.safetensors");
-  const json configs = json::parse(reference.metadata().at("config"));
+  const Json configs = Json::parse(reference.metadata().at("config"));
   REQUIRE(configs.size() >= 8);
   for (const auto& [name, spec] : configs.items()) {
     const Schedule schedule = make_schedule(spec);

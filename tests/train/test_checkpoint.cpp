@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/nn.hpp>
 #include <coltrain/optim.hpp>
 #include <coltrain/tensor/safetensors.hpp>
@@ -22,9 +23,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "../support/temp_dir.hpp"
 #include "train_test_helpers.hpp"
@@ -49,9 +49,23 @@ std::map<std::string, std::pair<DataType, std::vector<std::int64_t>>> entries_of
   return out;
 }
 
-nlohmann::json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  return nlohmann::json::parse(in);
+Json read_json(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str());
+}
+
+// The value at a JSON pointer of object keys ("/extra/note"), added (as null) where missing.
+Json& member_at(Json& json, std::string_view pointer) {
+  Json* at = &json;
+  while (!pointer.empty()) {
+    pointer.remove_prefix(1);  // '/'
+    const std::size_t slash = pointer.find('/');
+    at = &(*at)[pointer.substr(0, slash)];
+    pointer = slash == std::string_view::npos ? std::string_view() : pointer.substr(slash);
+  }
+  return *at;
 }
 
 std::vector<std::string> sorted_names(const TempDir& dir) {
@@ -162,7 +176,7 @@ TEST_CASE("A checkpoint is three files: weights, optimizer state and a sidecar",
   std::vector<fs::path> written;
   const auto files = train::save_checkpoint(
       dir.path(), run.net, run.optimizer,
-      {.epoch = 3, .global_step = 60, .extra = {{"best_top1", 0.5}}},
+      {.epoch = 3, .global_step = 60, .extra = Json::object({{"best_top1", 0.5}})},
       {.model_name = "tiny", .on_file_written = [&](const fs::path& p) { written.push_back(p); }});
   CHECK(sorted_names(dir) == std::vector<std::string>{"checkpoint-000001.json",
                                                       "checkpoint-000001.model.safetensors",
@@ -180,7 +194,7 @@ TEST_CASE("A checkpoint is three files: weights, optimizer state and a sidecar",
   CHECK(state.at("fc.weight.master_weight") ==
         std::pair(DataType::kFloat32, std::vector<std::int64_t>{5, 144}));
 
-  const nlohmann::json sidecar = read_json(files.sidecar);
+  const Json sidecar = read_json(files.sidecar);
   CHECK(sidecar["format"] == "coltrain.checkpoint");
   CHECK(sidecar["format_version"] == train::kCheckpointFormatVersion);
   CHECK(sidecar["epoch"] == 3);
@@ -341,7 +355,7 @@ TEST_CASE("Loading checks the checkpoint against the network and optimizer first
                     Contains("load into a freshly constructed one"));
 
   // A sidecar from a newer coltrain, and a directory without checkpoints.
-  nlohmann::json sidecar = read_json(files.sidecar);
+  Json sidecar = read_json(files.sidecar);
   sidecar["format_version"] = train::kCheckpointFormatVersion + 1;
   std::ofstream(files.sidecar) << sidecar.dump();
   CHECK_THROWS_WITH(train::load_checkpoint(files.sidecar, target.net, target.optimizer),
@@ -353,7 +367,7 @@ TEST_CASE("Loading checks the checkpoint against the network and optimizer first
 
 // Found by reading the sidecar parser while writing tests/fuzz/fuzz_checkpoint.cpp: a sidecar is a
 // file on disk, and a damaged or hostile one must be an IoError that names the file and the field,
-// never a crash, an exception from nlohmann::json, or a value that loads as a different one.
+// never a crash, a JsonError that escapes unwrapped, or a value that loads as a different one.
 TEST_CASE("A damaged sidecar is an IoError naming the field, never a crash or a wrapped value",
           "[train][checkpoint][fuzz]") {
   TempDir dir("coltrain_ckpt");
@@ -361,15 +375,15 @@ TEST_CASE("A damaged sidecar is an IoError naming the field, never a crash or a 
   run.train(0, 2);
   const auto files =
       train::save_checkpoint(dir.path(), run.net, run.optimizer, {.epoch = 1, .global_step = 2});
-  const nlohmann::json saved = read_json(files.sidecar);
+  const Json saved = read_json(files.sidecar);
   auto load_edited = [&](const std::string& sidecar_text) {
     std::ofstream(files.sidecar, std::ios::trunc) << sidecar_text;
     SgdTrainer target(kSgd);
     train::load_checkpoint(files.sidecar, target.net, target.optimizer);
   };
-  auto edited = [&](const std::string& pointer, const nlohmann::json& value) {
-    nlohmann::json sidecar = saved;
-    sidecar[nlohmann::json::json_pointer(pointer)] = value;
+  auto edited = [&](const std::string& pointer, const Json& value) {
+    Json sidecar = saved;
+    member_at(sidecar, pointer) = value;
     return sidecar.dump();
   };
 
@@ -398,9 +412,9 @@ TEST_CASE("A damaged sidecar is an IoError naming the field, never a crash or a 
   // Brackets inside strings are text, not nesting.
   CHECK_NOTHROW(load_edited(edited("/extra/note", std::string(1000, '['))));
 
-  // "extra" that is not an object made the trainer's resume throw nlohmann's type_error.
-  CHECK_THROWS_AS(load_edited(edited("/extra", nlohmann::json::array())), IoError);
-  CHECK_THROWS_WITH(load_edited(edited("/extra", nlohmann::json::array())),
+  // "extra" that is not an object made the trainer's resume throw the JSON library's type error.
+  CHECK_THROWS_AS(load_edited(edited("/extra", Json::array())), IoError);
+  CHECK_THROWS_WITH(load_edited(edited("/extra", Json::array())),
                     Contains("the sidecar's /extra is missing or not an object"));
   // 2^64 - 1 was read as epoch -1, 2^32 + 1 as format version 1.
   CHECK_THROWS_WITH(load_edited(edited("/epoch", std::numeric_limits<std::uint64_t>::max())),

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/nn.hpp>
 #include <coltrain/optim.hpp>
 #include <coltrain/tensor/safetensors.hpp>
@@ -21,8 +22,6 @@
 #include <iterator>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "../support/temp_dir.hpp"
 #include "train_test_helpers.hpp"
@@ -82,12 +81,13 @@ std::string read_text(const fs::path& file) {
 
 }  // namespace
 
-TEMPLATE_PRODUCT_TEST_CASE("A precision optimizer's state round-trips through a snapshot and a "
-                           "checkpoint bit for bit",
-                           "[train][checkpoint][snapshot]", std::pair,
-                           ((optim::Fp32, optim::Sgd), (optim::Fp32, optim::Adam),
-                            (optim::MixedFp16, optim::Sgd), (optim::MixedFp16, optim::Adam),
-                            (optim::MixedBf16, optim::Sgd), (optim::MixedBf16, optim::Adam))) {
+TEMPLATE_PRODUCT_TEST_CASE(
+    "A precision optimizer's state round-trips through a snapshot and a "
+    "checkpoint bit for bit",
+    "[train][checkpoint][snapshot]", std::pair,
+    ((optim::Fp32, optim::Sgd), (optim::Fp32, optim::Adam), (optim::MixedFp16, optim::Sgd),
+     (optim::MixedFp16, optim::Adam), (optim::MixedBf16, optim::Sgd),
+     (optim::MixedBf16, optim::Adam))) {
   using Policy = typename TestType::first_type;
   using Optimizer = typename TestType::second_type;
   constexpr bool kAdam = std::is_same_v<Optimizer, optim::Adam>;
@@ -155,8 +155,7 @@ TEST_CASE("The device optimizer's counters go through the sidecar and the CPU ig
       dir.path(), train::detail::model_record(run.net, train::state_tensors(run.net)),
       run.optimizer.optimizer(), run.optimizer.scaler().options(), snapshot,
       {.epoch = 1, .global_step = kSteps}, {});
-  std::ifstream in(files.sidecar);
-  const nlohmann::json sidecar = nlohmann::json::parse(in);
+  const Json sidecar = Json::parse(read_text(files.sidecar));
   CHECK(sidecar["format_version"] == 1);
   CHECK(sidecar["optimizer"]["steps_taken"] == taken);
   CHECK(sidecar["optimizer"]["steps_skipped"] == kSteps - taken);
@@ -197,8 +196,9 @@ TEST_CASE("import_state rejects a snapshot that does not fit before changing any
   rejected(bad, "lack tensor 'fc.bias.exp_avg_sq'");
   bad = good;
   bad.state[1].values.pop_back();
-  rejected(bad, "tensor 'conv.weight.exp_avg_sq' of the snapshot's optimizer state has 71 "
-                "elements, expected 72");
+  rejected(bad,
+           "tensor 'conv.weight.exp_avg_sq' of the snapshot's optimizer state has 71 "
+           "elements, expected 72");
   bad = good;
   bad.state.push_back({"fc.extra.exp_avg", {1.0f}});
   rejected(bad, "hold tensor 'fc.extra.exp_avg', which this optimizer does not have");
@@ -252,8 +252,7 @@ TEST_CASE("Checkpoints of format version 1 load and save again to the same bytes
       CHECK(train_test::same_bits(t.values, optimizer_file.read<float>(t.name)));
     }
     for (const auto& t : loaded.masters) {
-      CHECK(train_test::same_bits(t.values,
-                                  optimizer_file.read<float>(t.name + ".master_weight")));
+      CHECK(train_test::same_bits(t.values, optimizer_file.read<float>(t.name + ".master_weight")));
     }
 
     TempDir again("coltrain_snapshot");
@@ -261,8 +260,8 @@ TEST_CASE("Checkpoints of format version 1 load and save again to the same bytes
                            {.model_name = "tiny"});
     CHECK(read_text(again / model_name) == read_text(saved / model_name));
     CHECK(read_text(again / optimizer_name) == read_text(saved / optimizer_name));
-    nlohmann::json expected = nlohmann::json::parse(read_text(saved / sidecar_name));
-    nlohmann::json written = nlohmann::json::parse(read_text(again / sidecar_name));
+    Json expected = Json::parse(read_text(saved / sidecar_name));
+    Json written = Json::parse(read_text(again / sidecar_name));
     expected.erase("saved_at");
     written.erase("saved_at");
     CHECK(written.dump(2) == expected.dump(2));

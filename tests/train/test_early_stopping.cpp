@@ -1,6 +1,7 @@
 // EarlyStopping: the count of evaluations without a lower validation loss, the stop at `patience`,
 // the reason it gives, and its state through a checkpoint's JSON.
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/train/early_stopping.hpp>
 
 #include <catch2/catch.hpp>
@@ -38,7 +39,7 @@ TEST_CASE("early stopping's state survives a checkpoint", "[early_stopping]") {
 
   SECTION("a checkpoint without it starts the count afresh") {
     EarlyStopping fresh(1);
-    fresh.from_json(nlohmann::json());
+    fresh.from_json(coltrain::Json());
     CHECK_FALSE(fresh.best_loss().has_value());
     CHECK_FALSE(fresh.update(5.0, 1));
   }

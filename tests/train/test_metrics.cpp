@@ -7,6 +7,7 @@
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/tensor/tensor.hpp>
 #include <coltrain/train/metrics.hpp>
 
@@ -234,7 +235,7 @@ TEST_CASE("The JSON summary holds the macro scores and, on request, the details"
   CHECK(brief["recall"] == 0.5);
   CHECK_FALSE(brief.contains("confusion_matrix"));
   const auto full = m.to_json(true);
-  CHECK(full["confusion_matrix"] == nlohmann::ordered_json::parse("[[1,1,0],[1,1,0],[1,0,1]]"));
-  CHECK(full["per_class"]["support"] == nlohmann::ordered_json::parse("[2,2,2]"));
+  CHECK(full["confusion_matrix"] == coltrain::Json::parse("[[1,1,0],[1,1,0],[1,0,1]]"));
+  CHECK(full["per_class"]["support"] == coltrain::Json::parse("[2,2,2]"));
   CHECK(full["per_class"]["precision"][2] == 1.0);
 }

@@ -83,7 +83,7 @@ TEST_CASE("The epoch JSON lists every phase in order", "[train][phases]") {
   std::string keys;
   for (const auto& [key, value] : json.items()) keys += key + " ";
   CHECK(keys == "data forward loss backward allreduce_wait optimizer other ");
-  CHECK(json["loss"] == Approx(0.25));
+  CHECK(json["loss"].get<double>() == Approx(0.25));
   CHECK(json["other"] == 0.0);
 }
 

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/run_log.hpp>
 
@@ -15,14 +16,13 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "../support/temp_dir.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
+using coltrain::Json;
 using coltrain::train::EpochRecord;
 using coltrain::train::RunLog;
 using coltrain::train::RunResult;
@@ -34,10 +34,10 @@ std::string read(const fs::path& file) {
   return text.str();
 }
 
-std::vector<nlohmann::json> read_lines(const fs::path& file) {
-  std::vector<nlohmann::json> lines;
+std::vector<Json> read_lines(const fs::path& file) {
+  std::vector<Json> lines;
   std::istringstream in(read(file));
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) lines.push_back(Json::parse(line));
   return lines;
 }
 
@@ -52,7 +52,7 @@ EpochRecord epoch(std::int64_t n, double top1) {
   r.images_per_second = 1000;
   r.epoch_seconds = 2;
   r.elapsed_seconds = 2.5 * static_cast<double>(n);
-  r.phase_seconds = {{"forward", 0.5}, {"backward", 1.0}};
+  r.phase_seconds = Json::object({{"forward", 0.5}, {"backward", 1.0}});
   return r;
 }
 
@@ -71,8 +71,8 @@ TEST_CASE("A run log writes its config, one flushed line per epoch and the resul
   coltrain::testing::TempDir tmp("coltrain_runlog");
   const fs::path dir = tmp / "runs" / "a";  // parents are created
   RunLog log(dir);
-  log.write_config({{"model", "resnet20"}, {"batch", 128}});
-  CHECK(nlohmann::json::parse(read(dir / "config.json"))["batch"] == 128);
+  log.write_config(Json::object({{"model", "resnet20"}, {"batch", 128}}));
+  CHECK(Json::parse(read(dir / "config.json"))["batch"] == 128);
 
   log.append_epoch(epoch(1, 0.45));
   // On disk right away, not at the end of the run.
@@ -120,7 +120,7 @@ TEST_CASE("A run log writes its config, one flushed line per epoch and the resul
   result.validation = metrics.to_json(true);
   result.target_accuracy = 0.85;
   log.write_result(result);
-  const auto json = nlohmann::json::parse(read(dir / "result.json"));
+  const Json json = Json::parse(read(dir / "result.json"));
   CHECK(json["world_size"] == 2);
   CHECK(json["backend"] == "mpi");
   CHECK(json["train"]["accuracy"].is_null());
@@ -131,7 +131,7 @@ TEST_CASE("A run log writes its config, one flushed line per epoch and the resul
 
   result.target_accuracy = 0.95;
   log.write_result(result);
-  const auto missed = nlohmann::json::parse(read(dir / "result.json"));
+  const Json missed = Json::parse(read(dir / "result.json"));
   CHECK(missed["target"]["reached"] == false);
   CHECK(missed["target"]["time_to_target_seconds"].is_null());
   check_only_records(dir);

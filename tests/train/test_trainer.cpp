@@ -8,6 +8,7 @@
 #include "../support/temp_dir.hpp"
 
 #include <coltrain/comm.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/data.hpp>
 #include <coltrain/nn.hpp>
 #include <coltrain/optim.hpp>
@@ -62,6 +63,13 @@ using MlpModel = nn::Sequential<nn::Input<1, 6, 6>, nn::Flatten, nn::Named<"fc1"
                                 nn::ReLU, nn::Named<"fc2", nn::Linear<4>>>;
 
 const data::ImageTransform kTransform{.normalization = {{0.5f}, {0.25f}}};
+
+Json read_json(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return Json::parse(text.str());
+}
 
 struct Run {
   train::FitResult result;
@@ -173,8 +181,7 @@ TEST_CASE("fit prints the epoch lines, stops at the target and writes the run re
     std::int64_t logged = 0;
     while (std::getline(metrics, text)) ++logged;
     CHECK(logged == run.result.epochs);
-    std::ifstream result_file(dir / "result.json");
-    const auto result = nlohmann::json::parse(result_file);
+    const Json result = read_json(dir / "result.json");
     CHECK(result["target"]["reached"] == true);
     CHECK(result["epochs"] == run.result.epochs);
     CHECK(result["world_size"] == comm.size());
@@ -380,8 +387,7 @@ TEST_CASE("early stopping ends the run when the validation loss stops improving,
                  Catch::Contains("early stopping after epoch 3: validation loss has not "
                                  "improved on ") &&
                      Catch::Contains("(epoch 1) for 2 epochs"));
-      std::ifstream result_file(dir / "run" / "result.json");
-      CHECK(nlohmann::json::parse(result_file)["extra"]["stopped_early"] == true);
+      CHECK(read_json(dir / "run" / "result.json")["extra"]["stopped_early"] == true);
     }
     // Training that improves is not stopped.
     CHECK_FALSE(
@@ -423,8 +429,7 @@ TEST_CASE("eval_only evaluates the newest checkpoint, resume_from reads another 
       CHECK_THAT(evaluated.output,
                  Catch::Contains("(epoch 2, step " + std::to_string(trained.result.global_step) +
                                  "): validation loss: "));
-      std::ifstream record_file(dir / "eval" / "evaluation.json");
-      const auto record = nlohmann::json::parse(record_file);
+      const Json record = read_json(dir / "eval" / "evaluation.json");
       CHECK(record["epoch"] == 2);
       CHECK(record["validation"]["samples"] == 40);
       CHECK(record["validation"]["top1"].get<double>() == trained.result.validation.top1());

@@ -11,6 +11,7 @@
 // DIR is emptied first, so that reruns start clean.
 
 #include <coltrain/core/dtype.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/models/mlp.hpp>
 #include <coltrain/models/resnet.hpp>
 #include <coltrain/nn.hpp>
@@ -92,7 +93,8 @@ void write_checkpoints(const fs::path& dir) {
 // Five epochs of a run that learns: falling losses, rising accuracy, an evaluation every epoch.
 void write_run_log(const fs::path& dir) {
   train::RunLog log(dir);
-  log.write_config({{"model", "resnet20"}, {"batch", 128}, {"lr", 0.1}, {"epochs", 5}});
+  log.write_config(
+      Json::object({{"model", "resnet20"}, {"batch", 128}, {"lr", 0.1}, {"epochs", 5}}));
   train::PhaseTracker phases;
   for (int epoch = 1; epoch <= 5; ++epoch) {
     phases.start_epoch();

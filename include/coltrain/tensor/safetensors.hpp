@@ -12,6 +12,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -36,8 +37,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 // Tensor bytes are copied between the file and memory unchanged; the format is little-endian.
 static_assert(std::endian::native == std::endian::little,
@@ -127,7 +126,7 @@ inline std::string quote(std::string_view text) {
   return "'" + std::string(text.substr(0, kMax)) + (text.size() > kMax ? "...'" : "'");
 }
 
-inline std::string brief(const nlohmann::json& value) {
+inline std::string brief(const Json& value) {
   constexpr std::size_t kMax = 200;
   std::string text = value.dump();
   if (text.size() > kMax) text = text.substr(0, kMax) + "...";
@@ -285,48 +284,36 @@ class SafetensorsReader {
     }
   }
 
-  // Rejects duplicate keys (nlohmann keeps only the last) and nesting deeper than the format has
-  // (top object > entry > shape array), while parsing.
-  nlohmann::json parse_header_json(std::uint64_t header_bytes) const {
-    const auto* first = reinterpret_cast<const char*>(data_.data() + 8);
-    const char* last = first + header_bytes;
-    std::vector<std::set<std::string>> open_objects;
-    std::string current_entry;  // the top-level key whose value is being parsed
-    std::optional<std::string> problem;
-    auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      using Event = nlohmann::json::parse_event_t;
-      if (problem) return false;
-      if ((event == Event::object_start || event == Event::array_start) && depth > 2) {
-        problem = "header nests objects or arrays deeper than the format allows";
-      } else if (event == Event::object_start) {
-        open_objects.emplace_back();
-      } else if (event == Event::object_end) {
-        open_objects.pop_back();
-      } else if (event == Event::key) {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (depth == 1) current_entry = key;
-        if (!open_objects.back().insert(key).second) {
-          problem = depth == 1
-                        ? "duplicate tensor name " + detail::quote(key)
-                        : detail::quote(current_entry) + ": duplicate key " + detail::quote(key);
-        }
-      }
-      return !problem;
-    };
-    nlohmann::json header;
+  // Refuses duplicate keys and nesting deeper than the format has (top object > entry > shape
+  // array) while parsing, with the offset in the file.
+  Json parse_header_json(std::uint64_t header_bytes) const {
+    const std::string_view text(reinterpret_cast<const char*>(data_.data() + 8), header_bytes);
     try {
-      header = nlohmann::json::parse(first, last, check);
-    } catch (const nlohmann::json::parse_error& e) {
-      // e.byte counts the characters read, the offending one included.
-      fail("header is not valid JSON: " + std::string(e.what()), 8 + (e.byte > 0 ? e.byte - 1 : 0));
-    } catch (const nlohmann::json::exception& e) {
-      fail("header is not valid JSON: " + std::string(e.what()), 8);
+      return Json::parse(text, JsonParseOptions{.max_depth = 3});
+    } catch (const JsonError& e) {
+      const std::uint64_t at = 8 + e.offset().value_or(0);
+      switch (e.reason()) {
+        case JsonError::Reason::kTooDeep:
+          fail("header nests objects or arrays deeper than the format allows", at);
+        case JsonError::Reason::kDuplicateKey: {
+          // Nested duplicates sit in an entry, whose pointer is "/" and its escaped name.
+          const std::string& pointer = e.object_pointer();
+          std::string entry;
+          for (std::size_t i = 1; i < pointer.size(); ++i) {
+            const bool escaped = pointer[i] == '~' && i + 1 < pointer.size();
+            entry += escaped ? (pointer[++i] == '0' ? '~' : '/') : pointer[i];
+          }
+          fail(pointer.empty() ? "duplicate tensor name " + detail::quote(e.key())
+                               : detail::quote(entry) + ": duplicate key " + detail::quote(e.key()),
+               at);
+        }
+        default:
+          fail("header is not valid JSON: " + e.description(), at);
+      }
     }
-    if (problem) fail(*problem, 8);
-    return header;
   }
 
-  static std::optional<std::int64_t> as_dimension(const nlohmann::json& value) {
+  static std::optional<std::int64_t> as_dimension(const Json& value) {
     if (!value.is_number_unsigned()) return std::nullopt;
     const auto dim = value.get<std::uint64_t>();
     if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
@@ -335,7 +322,7 @@ class SafetensorsReader {
     return static_cast<std::int64_t>(dim);
   }
 
-  SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value,
+  SafetensorsEntry parse_entry(const std::string& name, const Json& value,
                                std::uint64_t data_bytes) const {
     if (!value.is_object())
       fail_tensor(name, "entry is not a JSON object: " + detail::brief(value));
@@ -351,9 +338,9 @@ class SafetensorsReader {
     SafetensorsEntry e;
     e.name = name;
 
-    const nlohmann::json& dtype = value["dtype"];
+    const Json& dtype = value["dtype"];
     if (!dtype.is_string()) fail_tensor(name, "dtype is not a string: " + detail::brief(dtype));
-    const auto& dtype_text = dtype.get_ref<const std::string&>();
+    const auto& dtype_text = dtype.as_string();
     const std::optional<DataType> type = detail::parse_safetensors_dtype(dtype_text);
     if (!type) {
       fail_tensor(name,
@@ -364,7 +351,7 @@ class SafetensorsReader {
     }
     e.dtype = *type;
 
-    const nlohmann::json& shape = value["shape"];
+    const Json& shape = value["shape"];
     if (!shape.is_array()) fail_tensor(name, "shape is not an array: " + detail::brief(shape));
     for (std::size_t i = 0; i < shape.size(); ++i) {
       const std::optional<std::int64_t> dim = as_dimension(shape[i]);
@@ -376,7 +363,7 @@ class SafetensorsReader {
       e.shape.push_back(*dim);
     }
 
-    const nlohmann::json& offsets = value["data_offsets"];
+    const Json& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
       fail_tensor(name, "data_offsets " + detail::brief(offsets) +
@@ -438,7 +425,7 @@ class SafetensorsReader {
     data_start_ = 8 + header_bytes;
     const std::uint64_t data_bytes = file_bytes - data_start_;
 
-    const nlohmann::json header = parse_header_json(header_bytes);
+    const Json header = parse_header_json(header_bytes);
     if (!header.is_object()) fail("header is not a JSON object", 8);
     for (const auto& [key, value] : header.items()) {
       if (key == detail::kSafetensorsMetadataKey) {
@@ -577,12 +564,7 @@ class SafetensorsWriter {
   };
 
   static bool is_valid_utf8(const std::string& text) {
-    try {
-      static_cast<void>(nlohmann::json(text).dump());
-      return true;
-    } catch (const nlohmann::json::type_error&) {
-      return false;
-    }
+    return !coltrain::detail::find_invalid_utf8(text).has_value();
   }
 
   // Widest elements first, stable otherwise (the reference writer's order): with the header padded
@@ -598,14 +580,18 @@ class SafetensorsWriter {
   }
 
   std::string header_json() const {
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata_.empty()) header[std::string(detail::kSafetensorsMetadataKey)] = metadata_;
+    Json header = Json::object();
+    if (!metadata_.empty()) {
+      Json& metadata = header[detail::kSafetensorsMetadataKey];
+      for (const auto& [key, value] : metadata_) metadata[key] = value;
+    }
     std::uint64_t offset = 0;
     for (const std::size_t i : data_order()) {
       const Pending& t = tensors_[i];
-      header[t.name] = {{"dtype", std::string(detail::safetensors_dtype_name(t.dtype))},
+      header[t.name] =
+          Json::object({{"dtype", detail::safetensors_dtype_name(t.dtype)},
                         {"shape", t.shape},
-                        {"data_offsets", {offset, offset + t.data.size()}}};
+                        {"data_offsets", Json::array({offset, offset + t.data.size()})}});
       offset += t.data.size();
     }
     std::string text = header.dump();

@@ -36,6 +36,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/optim/adam.hpp>
 #include <coltrain/optim/loss_scaler.hpp>
 #include <coltrain/optim/precision.hpp>
@@ -65,8 +66,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace coltrain::train {
 
 // The sidecar's format_version; a reader refuses newer ones.
@@ -89,7 +88,7 @@ struct CheckpointOptions {
 struct TrainingState {
   std::int64_t epoch = 0;        // epochs completed
   std::int64_t global_step = 0;  // training steps taken (skipped fp16 steps included)
-  nlohmann::json extra = nlohmann::json::object();  // the trainer's own (best accuracy, time...)
+  Json extra = Json::object();   // the trainer's own (best accuracy, time...)
 };
 
 // The files of one checkpoint.
@@ -181,62 +180,32 @@ inline DirectoryScan scan_checkpoints(const std::filesystem::path& dir) {
 }
 
 // How deep a sidecar may nest arrays and objects: the format uses 3 levels and a trainer's `extra`
-// data a few more. nlohmann::json copies and prints recursively, so a file nested 100,000 levels
-// deep would overflow the stack after it parsed.
+// data a few more.
 inline constexpr int kSidecarMaxDepth = 64;
 
-// The offset of the first '[' or '{' (outside strings) that opens a level deeper than `max_depth`.
-inline std::optional<std::size_t> find_too_deep(std::string_view json, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < json.size(); ++i) {
-    const char c = json[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character, which may be a quote
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return i;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return std::nullopt;
-}
-
-inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
+inline Json read_sidecar(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) fail_checkpoint(file, "cannot open the checkpoint's sidecar");
   std::ostringstream read;
   read << in.rdbuf();
   const std::string text = std::move(read).str();
-  if (const std::optional<std::size_t> at = find_too_deep(text, kSidecarMaxDepth)) {
-    fail_checkpoint(file,
-                    "the sidecar nests arrays or objects deeper than " +
-                        std::to_string(kSidecarMaxDepth) + " levels",
-                    *at);
-  }
-  nlohmann::json sidecar;
+  Json sidecar;
   try {
-    // Through const char*, as safetensors.hpp does: one parser compiled, not two.
-    sidecar = nlohmann::json::parse(text.data(), text.data() + text.size());
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte counts the characters read, the offending one included.
-    fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()),
-                    e.byte > 0 ? e.byte - 1 : 0);
-  } catch (const nlohmann::json::exception& e) {
-    fail_checkpoint(file, "the sidecar is not valid JSON: " + std::string(e.what()));
+    sidecar = Json::parse(text, JsonParseOptions{.max_depth = kSidecarMaxDepth});
+  } catch (const JsonError& e) {
+    fail_checkpoint(file,
+                    e.reason() == JsonError::Reason::kTooDeep
+                        ? "the sidecar nests arrays or objects deeper than " +
+                              std::to_string(kSidecarMaxDepth) + " levels"
+                        : "the sidecar is not valid JSON: " + e.description(),
+                    e.offset());
   }
   if (!sidecar.is_object() || !sidecar.contains("format") || !sidecar["format"].is_string() ||
       sidecar["format"].get<std::string>() != kCheckpointFormat) {
     fail_checkpoint(file, "not a coltrain checkpoint sidecar (\"format\" is not \"" +
                               std::string(kCheckpointFormat) + "\")");
   }
-  const nlohmann::json& version = sidecar["format_version"];
+  const Json& version = sidecar["format_version"];
   if (!version.is_number_integer()) fail_checkpoint(file, "the sidecar has no format_version");
   // Compared as written: get<int>() would read 2^32 + 1 as version 1.
   const bool newer = version.is_number_unsigned()
@@ -256,21 +225,21 @@ inline nlohmann::json read_sidecar(const std::filesystem::path& file) {
 
 // The sidecar's field at a JSON pointer, of the kind `check` accepts; IoError naming it otherwise.
 template <class Check>
-const nlohmann::json& field(const nlohmann::json& sidecar, const std::filesystem::path& file,
-                            const std::string& pointer, Check&& check, const char* kind) {
-  const nlohmann::json::json_pointer at(pointer);
-  if (!sidecar.contains(at) || !check(sidecar.at(at))) {
+const Json& field(const Json& sidecar, const std::filesystem::path& file,
+                  const std::string& pointer, Check&& check, const char* kind) {
+  const Json* at = sidecar.at_pointer(pointer);
+  if (at == nullptr || !check(*at)) {
     fail_checkpoint(file, "the sidecar's " + pointer + " is missing or not " + kind);
   }
-  return sidecar.at(at);
+  return *at;
 }
 
 // An integer above 2^63 - 1 is refused: get<std::int64_t>() would wrap it to a negative one.
-inline std::int64_t integer_field(const nlohmann::json& sidecar, const std::filesystem::path& file,
+inline std::int64_t integer_field(const Json& sidecar, const std::filesystem::path& file,
                                   const std::string& pointer) {
   return field(
              sidecar, file, pointer,
-             [](const nlohmann::json& v) {
+             [](const Json& v) {
                return v.is_number_integer() &&
                       !(v.is_number_unsigned() &&
                         v.get<std::uint64_t>() >
@@ -281,7 +250,7 @@ inline std::int64_t integer_field(const nlohmann::json& sidecar, const std::file
 }
 
 // A count, which save_checkpoint never writes negative (epoch, global step, optimizer steps).
-inline std::int64_t count_field(const nlohmann::json& sidecar, const std::filesystem::path& file,
+inline std::int64_t count_field(const Json& sidecar, const std::filesystem::path& file,
                                 const std::string& pointer) {
   const std::int64_t count = integer_field(sidecar, file, pointer);
   if (count < 0) {
@@ -293,18 +262,17 @@ inline std::int64_t count_field(const nlohmann::json& sidecar, const std::filesy
 
 // The data files a sidecar names, checked to exist with the recorded sizes (a mismatch means
 // they were replaced or cut short after the commit).
-inline CheckpointFiles sidecar_files(const nlohmann::json& sidecar,
-                                     const std::filesystem::path& file) {
+inline CheckpointFiles sidecar_files(const Json& sidecar, const std::filesystem::path& file) {
   CheckpointFiles files;
   files.sidecar = file;
   files.sequence = integer_field(sidecar, file, "/sequence");
   const std::filesystem::path dir = coltrain::detail::directory_of(file);
   for (const char* key : {"model", "optimizer"}) {
     const std::string base = std::string("/files/") + key;
-    const auto name = field(
-                          sidecar, file, base + "/name",
-                          [](const nlohmann::json& v) { return v.is_string(); }, "a string")
-                          .get<std::string>();
+    const auto name =
+        field(
+            sidecar, file, base + "/name", [](const Json& v) { return v.is_string(); }, "a string")
+            .get<std::string>();
     const std::int64_t bytes = integer_field(sidecar, file, base + "/bytes");
     if (name.empty() || std::filesystem::path(name).filename() != name) {
       fail_checkpoint(file, "the sidecar's " + base + "/name '" + name + "' is not a file name");
@@ -345,13 +313,13 @@ struct OptimizerRecord {
 template <>
 struct OptimizerRecord<optim::Sgd> {
   static constexpr std::string_view kType = "SGD";
-  static nlohmann::ordered_json hyperparameters(const optim::Sgd& sgd) {
+  static Json hyperparameters(const optim::Sgd& sgd) {
     const optim::Sgd::Options& o = sgd.options();
-    return {{"lr", o.lr},
-            {"momentum", o.momentum},
-            {"dampening", o.dampening},
-            {"weight_decay", o.weight_decay},
-            {"nesterov", o.nesterov}};
+    return Json::object({{"lr", o.lr},
+                         {"momentum", o.momentum},
+                         {"dampening", o.dampening},
+                         {"weight_decay", o.weight_decay},
+                         {"nesterov", o.nesterov}});
   }
   // Momentum buffers exist only with momentum.
   static std::vector<std::string> state_suffixes(const optim::Sgd& sgd) {
@@ -362,13 +330,17 @@ struct OptimizerRecord<optim::Sgd> {
 
 template <class Adam>
 struct AdamRecord {
-  static nlohmann::ordered_json hyperparameters(const Adam& adam) {
+  static Json hyperparameters(const Adam& adam) {
     const typename Adam::Options& o = adam.options();
-    return {{"lr", o.lr},
-            {"beta1", o.beta1},
-            {"beta2", o.beta2},
-            {"eps", o.eps},
-            {"weight_decay", o.weight_decay}};
+    // Member by member: cudafe++ parenthesises a braced list of dependent members, which g++
+    // then refuses.
+    Json out = Json::object();
+    out["lr"] = o.lr;
+    out["beta1"] = o.beta1;
+    out["beta2"] = o.beta2;
+    out["eps"] = o.eps;
+    out["weight_decay"] = o.weight_decay;
+    return out;
   }
   static std::vector<std::string> state_suffixes(const Adam&) { return {"exp_avg", "exp_avg_sq"}; }
 };
@@ -527,26 +499,27 @@ CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRe
   optimizer_file.write(files.optimizer);
   written(files.optimizer);
 
-  nlohmann::ordered_json sidecar;
+  Json sidecar;
   sidecar["format"] = kCheckpointFormat;
   sidecar["format_version"] = kCheckpointFormatVersion;
   sidecar["sequence"] = sequence;
   sidecar["saved_at"] = utc_now();
   sidecar["epoch"] = state.epoch;
   sidecar["global_step"] = state.global_step;
-  sidecar["files"] = {
-      {"model", {{"name", files.model.filename().string()}, {"bytes", file_bytes(files.model)}}},
-      {"optimizer",
-       {{"name", files.optimizer.filename().string()}, {"bytes", file_bytes(files.optimizer)}}}};
-  sidecar["model"] = {{"name", options.model_name},
-                      {"parameter_count", network.parameter_count},
-                      {"storage", dtype_text(network.storage)}};
+  const auto file_record = [](const std::filesystem::path& file) {
+    return Json::object({{"name", file.filename().string()}, {"bytes", file_bytes(file)}});
+  };
+  sidecar["files"] = Json::object(
+      {{"model", file_record(files.model)}, {"optimizer", file_record(files.optimizer)}});
+  sidecar["model"] = Json::object({{"name", options.model_name},
+                                   {"parameter_count", network.parameter_count},
+                                   {"storage", dtype_text(network.storage)}});
   sidecar["precision"] = Precision::kName;
-  nlohmann::ordered_json optimizer_record = {{"type", Record::kType},
-                                             {"hyperparameters", Record::hyperparameters(settings)},
-                                             {"has_state", !snapshot.state.empty()}};
+  Json optimizer_record = Json::object({{"type", Record::kType},
+                                        {"hyperparameters", Record::hyperparameters(settings)},
+                                        {"has_state", !snapshot.state.empty()}});
   if constexpr (optim::detail::HasStepCounts<Optimizer>) {
-    nlohmann::ordered_json steps = nlohmann::ordered_json::object();
+    Json steps = Json::object();
     for (const auto& [name, step] : snapshot.step_counts) steps[name] = step;
     optimizer_record["step_counts"] = std::move(steps);
   }
@@ -555,16 +528,18 @@ CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRe
   if (snapshot.steps_skipped) optimizer_record["steps_skipped"] = *snapshot.steps_skipped;
   sidecar["optimizer"] = std::move(optimizer_record);
   if constexpr (Precision::kLossScaling) {
-    sidecar["loss_scaler"] = {{"scale", snapshot.loss_scale.value().scale},
-                              {"growth_tracker", snapshot.loss_scale.value().growth_tracker},
-                              {"init_scale", scaler_options.init_scale},
-                              {"growth_factor", scaler_options.growth_factor},
-                              {"backoff_factor", scaler_options.backoff_factor},
-                              {"growth_interval", scaler_options.growth_interval}};
+    sidecar["loss_scaler"] =
+        Json::object({{"scale", snapshot.loss_scale.value().scale},
+                      {"growth_tracker", snapshot.loss_scale.value().growth_tracker},
+                      {"init_scale", scaler_options.init_scale},
+                      {"growth_factor", scaler_options.growth_factor},
+                      {"backoff_factor", scaler_options.backoff_factor},
+                      {"growth_interval", scaler_options.growth_interval}});
   } else {
     sidecar["loss_scaler"] = nullptr;
   }
-  sidecar["rng"] = {{"network_seed", network.seed}, {"context_step", network.context_step}};
+  sidecar["rng"] =
+      Json::object({{"network_seed", network.seed}, {"context_step", network.context_step}});
   sidecar["extra"] = state.extra;
   write_file_atomically(files.sidecar, sidecar.dump(2) + "\n");
   written(files.sidecar);
@@ -611,12 +586,12 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
     if (!latest) fail_checkpoint(path, "no complete checkpoint in the directory");
     sidecar_path = latest->sidecar;
   }
-  const nlohmann::json sidecar = read_sidecar(sidecar_path);
+  const Json sidecar = read_sidecar(sidecar_path);
   const CheckpointFiles files = sidecar_files(sidecar, sidecar_path);
   auto string_field = [&](const std::string& pointer) {
     return field(
-               sidecar, sidecar_path, pointer,
-               [](const nlohmann::json& v) { return v.is_string(); }, "a string")
+               sidecar, sidecar_path, pointer, [](const Json& v) { return v.is_string(); },
+               "a string")
         .template get<std::string>();
   };
   auto expect = [&](const std::string& what, const std::string& recorded, const std::string& here) {
@@ -631,8 +606,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   state.global_step = count_field(sidecar, sidecar_path, "/global_step");
   if (sidecar.contains("extra")) {
     state.extra = field(
-        sidecar, sidecar_path, "/extra", [](const nlohmann::json& v) { return v.is_object(); },
-        "an object");
+        sidecar, sidecar_path, "/extra", [](const Json& v) { return v.is_object(); }, "an object");
   }
 
   // The model and the run's settings.
@@ -646,21 +620,21 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   expect("storage type", string_field("/model/storage"), dtype_text(network.storage));
   expect("precision", string_field("/precision"), std::string(Precision::kName));
   expect("optimizer", string_field("/optimizer/type"), std::string(Record::kType));
-  const nlohmann::json& seed = field(
+  const Json& seed = field(
       sidecar, sidecar_path, "/rng/network_seed",
-      [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer");
+      [](const Json& v) { return v.is_number_unsigned(); }, "an unsigned integer");
   expect("network seed (construct the network with it: dropout masks derive from it)",
          std::to_string(seed.get<std::uint64_t>()), std::to_string(network.seed));
   const auto context_step =
       field(
           sidecar, sidecar_path, "/rng/context_step",
-          [](const nlohmann::json& v) { return v.is_number_unsigned(); }, "an unsigned integer")
+          [](const Json& v) { return v.is_number_unsigned(); }, "an unsigned integer")
           .template get<std::uint64_t>();
   if (options.check_hyperparameters) {
-    const nlohmann::ordered_json here = Record::hyperparameters(settings);
-    const nlohmann::json& recorded = field(
+    const Json here = Record::hyperparameters(settings);
+    const Json& recorded = field(
         sidecar, sidecar_path, "/optimizer/hyperparameters",
-        [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+        [](const Json& v) { return v.is_object(); }, "an object");
     for (const auto& [key, value] : here.items()) {
       const std::string saved = recorded.contains(key) ? recorded[key].dump() : "missing";
       expect("optimizer setting '" + key + "'", saved, value.dump());
@@ -671,17 +645,17 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
     auto number = [&](const std::string& key) {
       return field(
                  sidecar, sidecar_path, "/loss_scaler/" + key,
-                 [](const nlohmann::json& v) { return v.is_number(); }, "a number")
+                 [](const Json& v) { return v.is_number(); }, "a number")
           .template get<double>();
     };
     snapshot.loss_scale = optim::DynamicLossScaler::State{
         static_cast<float>(number("scale")),
         integer_field(sidecar, sidecar_path, "/loss_scaler/growth_tracker")};
     if (options.check_hyperparameters) {
-      expect("loss scaler growth_factor", nlohmann::json(number("growth_factor")).dump(),
-             nlohmann::json(scaler_options.growth_factor).dump());
-      expect("loss scaler backoff_factor", nlohmann::json(number("backoff_factor")).dump(),
-             nlohmann::json(scaler_options.backoff_factor).dump());
+      expect("loss scaler growth_factor", Json(number("growth_factor")).dump(),
+             Json(scaler_options.growth_factor).dump());
+      expect("loss scaler backoff_factor", Json(number("backoff_factor")).dump(),
+             Json(scaler_options.backoff_factor).dump());
       expect("loss scaler growth_interval",
              std::to_string(integer_field(sidecar, sidecar_path, "/loss_scaler/growth_interval")),
              std::to_string(scaler_options.growth_interval));
@@ -692,7 +666,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   }
   for (const char* counter : {"steps_taken", "steps_skipped"}) {
     const std::string pointer = "/optimizer/" + std::string(counter);
-    if (!sidecar.contains(nlohmann::json::json_pointer(pointer))) continue;
+    if (sidecar.at_pointer(pointer) == nullptr) continue;
     const std::int64_t count = count_field(sidecar, sidecar_path, pointer);
     (std::string_view(counter) == "steps_taken" ? snapshot.steps_taken : snapshot.steps_skipped) =
         count;
@@ -704,7 +678,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
 
   const bool has_state = field(
                              sidecar, sidecar_path, "/optimizer/has_state",
-                             [](const nlohmann::json& v) { return v.is_boolean(); }, "a boolean")
+                             [](const Json& v) { return v.is_boolean(); }, "a boolean")
                              .template get<bool>();
   if (!has_state && optimizer_has_state) {
     mismatch(sidecar_path,
@@ -729,14 +703,19 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
         state_names.push_back(optimizer_tensors.back().name);
       }
       if constexpr (optim::detail::HasStepCounts<Optimizer>) {
-        const nlohmann::json& counts = field(
+        const Json& counts = field(
             sidecar, sidecar_path, "/optimizer/step_counts",
-            [](const nlohmann::json& v) { return v.is_object(); }, "an object");
+            [](const Json& v) { return v.is_object(); }, "an object");
         const std::string key = name + ".step";
-        if (!counts.contains(key) || !counts[key].is_number_integer() || counts[key] < 0) {
+        const Json* count = counts.find(key);
+        if (count == nullptr || !count->is_number_integer() ||
+            (count->is_number_unsigned()
+                 ? count->get<std::uint64_t>() >
+                       static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+                 : count->get<std::int64_t>() < 0)) {
           fail_checkpoint(sidecar_path, "the sidecar has no step count for '" + key + "'");
         }
-        snapshot.step_counts.emplace_back(key, counts[key].template get<std::int64_t>());
+        snapshot.step_counts.emplace_back(key, count->get<std::int64_t>());
       }
     }
     if constexpr (Precision::kMasterWeights) add(kMasterSuffix);

@@ -6,6 +6,7 @@
 // resumed run stops where an uninterrupted one would.
 
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -13,8 +14,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace coltrain::train {
 
@@ -55,9 +54,9 @@ class EarlyStopping {
   std::int64_t best_epoch() const { return best_epoch_; }
   std::int64_t epochs_without_improvement() const { return without_improvement_; }
 
-  nlohmann::json to_json() const {
-    nlohmann::json state;
-    state["best_validation_loss"] = best_loss_ ? nlohmann::json(*best_loss_) : nullptr;
+  Json to_json() const {
+    Json state;
+    state["best_validation_loss"] = best_loss_ ? Json(*best_loss_) : Json();
     state["best_epoch"] = best_epoch_;
     state["epochs_without_improvement"] = without_improvement_;
     return state;
@@ -65,12 +64,12 @@ class EarlyStopping {
 
   // Takes the state to_json() wrote; a checkpoint written without early stopping has none, and
   // the count starts afresh.
-  void from_json(const nlohmann::json& state) {
+  void from_json(const Json& state) {
     if (!state.is_object()) return;
-    const auto& best = state.value("best_validation_loss", nlohmann::json());
+    const Json best = state.value("best_validation_loss", Json());
     best_loss_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
-    best_epoch_ = state.value("best_epoch", std::int64_t{0});
-    without_improvement_ = state.value("epochs_without_improvement", std::int64_t{0});
+    best_epoch_ = state.value("best_epoch", 0).get<std::int64_t>();
+    without_improvement_ = state.value("epochs_without_improvement", 0).get<std::int64_t>();
   }
 
  private:

@@ -14,6 +14,7 @@
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/optim/precision.hpp>
 
 #include <cstdint>
@@ -21,8 +22,6 @@
 #include <span>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace coltrain::train {
 
@@ -38,17 +37,16 @@ struct ElasticPosition {
 
 namespace detail {
 
-// Rank 0's bytes to every rank: the length, then the bytes in 8-byte words. Collective.
-inline std::vector<std::uint8_t> broadcast_bytes(comm::Communicator& comm,
-                                                 std::vector<std::uint8_t> bytes) {
-  std::int64_t length = static_cast<std::int64_t>(bytes.size());
+// Rank 0's text to every rank: the length, then the bytes in 8-byte words. Collective.
+inline std::string broadcast_text(comm::Communicator& comm, std::string text) {
+  std::int64_t length = static_cast<std::int64_t>(text.size());
   comm.broadcast(std::span(&length, 1));
   std::vector<std::int64_t> words(static_cast<std::size_t>((length + 7) / 8));
-  if (comm.rank() == 0 && length > 0) std::memcpy(words.data(), bytes.data(), bytes.size());
+  if (comm.rank() == 0 && length > 0) std::memcpy(words.data(), text.data(), text.size());
   comm.broadcast(std::span(words));
-  bytes.resize(static_cast<std::size_t>(length));
-  if (length > 0) std::memcpy(bytes.data(), words.data(), bytes.size());
-  return bytes;
+  text.resize(static_cast<std::size_t>(length));
+  if (length > 0) std::memcpy(text.data(), words.data(), text.size());
+  return text;
 }
 
 }  // namespace detail
@@ -59,30 +57,36 @@ template <class Policy, class Optimizer>
 ElasticPosition share_training_state(comm::Communicator& comm,
                                      optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
                                      const ElasticPosition& mine) {
-  nlohmann::json header;
+  // The header travels as JSON text: dump() writes the shortest text that reads back to the same
+  // double, so positions and the loss scale arrive bit for bit.
+  Json header;
   std::vector<float> values;
   if (comm.rank() == 0) {
     const optim::OptimizerSnapshot snapshot = optimizer.export_state();
-    header = {{"epoch", mine.epoch},
-              {"taken", mine.taken},
-              {"trained", mine.trained},
-              {"global_step", mine.global_step},
-              {"context_step", mine.context_step},
-              {"train_seconds", mine.train_seconds},
-              {"step_counts", snapshot.step_counts}};
+    header = Json::object({{"epoch", mine.epoch},
+                           {"taken", mine.taken},
+                           {"trained", mine.trained},
+                           {"global_step", mine.global_step},
+                           {"context_step", mine.context_step},
+                           {"train_seconds", mine.train_seconds}});
+    Json& step_counts = header["step_counts"] = Json::array();
+    for (const auto& [name, count] : snapshot.step_counts)
+      step_counts.push_back(Json::array({name, count}));
     for (const auto& [key, tensors] :
          {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
-      header[key] = nlohmann::json::array();
+      Json& entries = header[key] = Json::array();
       for (const optim::OptimizerSnapshot::Tensor& t : *tensors) {
-        header[key].push_back({t.name, t.values.size()});
+        entries.push_back(Json::array({t.name, t.values.size()}));
         values.insert(values.end(), t.values.begin(), t.values.end());
       }
     }
-    if (snapshot.loss_scale)
-      header["loss_scale"] = {snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker};
+    if (snapshot.loss_scale) {
+      header["loss_scale"] =
+          Json::array({snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker});
+    }
   }
-  header = nlohmann::json::from_cbor(detail::broadcast_bytes(
-      comm, comm.rank() == 0 ? nlohmann::json::to_cbor(header) : std::vector<std::uint8_t>{}));
+  header =
+      Json::parse(detail::broadcast_text(comm, comm.rank() == 0 ? header.dump() : std::string()));
   std::size_t total = 0;
   for (const char* key : {"state", "masters"})
     for (const auto& entry : header[key]) total += entry[1].get<std::size_t>();
@@ -99,12 +103,12 @@ ElasticPosition share_training_state(comm::Communicator& comm,
   if (comm.rank() == 0) return position;
 
   optim::OptimizerSnapshot snapshot;
-  snapshot.step_counts =
-      header["step_counts"].get<std::vector<std::pair<std::string, std::int64_t>>>();
+  for (const Json& entry : header["step_counts"])
+    snapshot.step_counts.emplace_back(entry[0].as_string(), entry[1].get<std::int64_t>());
   std::size_t next = 0;
   for (const auto& [key, tensors] :
        {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
-    for (const auto& entry : header[key]) {
+    for (const Json& entry : header[key]) {
       const auto size = entry[1].template get<std::size_t>();
       tensors->push_back(
           {entry[0].template get<std::string>(),

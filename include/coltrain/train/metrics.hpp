@@ -21,6 +21,7 @@
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/nn/loss.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
@@ -34,8 +35,6 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace coltrain::train {
 
@@ -237,17 +236,17 @@ class ClassificationMetrics {
   // The summary a run log records: samples, loss, top1, top5 (null below five classes), macro
   // precision, recall and f1, and, with `with_details`, per-class lists and the confusion matrix
   // (rows = true class).
-  nlohmann::ordered_json to_json(bool with_details = false) const {
-    nlohmann::ordered_json out;
+  Json to_json(bool with_details = false) const {
+    Json out;
     out["samples"] = samples();
     out["loss"] = mean_loss();
     out["top1"] = top1();
-    out["top5"] = has_top5() ? nlohmann::ordered_json(*top5()) : nlohmann::ordered_json(nullptr);
+    out["top5"] = has_top5() ? Json(*top5()) : Json(nullptr);
     out["precision"] = macro_precision();
     out["recall"] = macro_recall();
     out["f1"] = macro_f1();
     if (!with_details) return out;
-    nlohmann::ordered_json per_class;
+    Json per_class;
     std::vector<double> precisions, recalls, f1s;
     std::vector<std::int64_t> supports;
     std::vector<std::vector<std::int64_t>> matrix;

@@ -19,6 +19,7 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/core/timer.hpp>
 
@@ -35,8 +36,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace coltrain::train {
 
@@ -164,8 +163,8 @@ class PhaseTracker {
   double run_elapsed_seconds() const { return since(run_start_); }
 
   // {"data": s, "forward": s, ...}: this epoch's seconds per phase, every phase present.
-  nlohmann::ordered_json epoch_json() const {
-    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  Json epoch_json() const {
+    Json out = Json::object();
     for (const Phase phase : kAllPhases) out[std::string(phase_name(phase))] = epoch_seconds(phase);
     return out;
   }

@@ -16,6 +16,7 @@
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/train/metrics.hpp>
 
 #include <fcntl.h>
@@ -32,8 +33,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace coltrain::train {
 
 // One line of metrics.jsonl. Validation fields stay null for epochs without an evaluation;
@@ -48,7 +47,7 @@ struct EpochRecord {
   double images_per_second = 0;
   double epoch_seconds = 0;
   double elapsed_seconds = 0;  // the run's wall time at the end of this epoch, across resumes
-  nlohmann::ordered_json phase_seconds = nlohmann::ordered_json::object();  // PhaseTracker
+  Json phase_seconds = Json::object();  // PhaseTracker
   std::optional<double> loss_scale{};
 
   // Fills the val_* fields from an evaluation's (already allreduced) metrics.
@@ -61,11 +60,11 @@ struct EpochRecord {
     val_f1 = metrics.macro_f1();
   }
 
-  nlohmann::ordered_json to_json() const {
+  Json to_json() const {
     auto or_null = [](const std::optional<double>& value) {
-      return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
+      return value ? Json(*value) : Json(nullptr);
     };
-    nlohmann::ordered_json out;
+    Json out;
     out["epoch"] = epoch;
     out["global_step"] = global_step;
     out["train_loss"] = train_loss;
@@ -95,9 +94,9 @@ struct RunResult {
   std::string backend{};  // "mpi", "tcp", "nccl", or "none" for one process
   std::optional<double> train_loss{}, train_accuracy{};
   // The final evaluation: ClassificationMetrics::to_json(true), with the confusion matrix.
-  nlohmann::ordered_json validation{};
+  Json validation{};
   std::optional<double> target_accuracy{};  // top-1, as a fraction (MLBench: 0.80)
-  nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // anything else to record
+  Json extra = Json::object();              // anything else to record
 };
 
 struct RunLogOptions {
@@ -153,7 +152,7 @@ class RunLog {
   std::filesystem::path result_path() const { return dir_ / "result.json"; }
 
   // Writes config.json (the run's options, as the trainer names them). Throws IoError.
-  void write_config(const nlohmann::ordered_json& config) const {
+  void write_config(const Json& config) const {
     write_file_atomically(config_path(), config.dump(2) + "\n");
   }
 
@@ -199,22 +198,22 @@ class RunLog {
 
   // Writes result.json. Throws IoError.
   void write_result(const RunResult& result) const {
-    nlohmann::ordered_json out;
+    Json out;
     out["epochs"] = result.epochs;
     out["global_step"] = result.global_step;
     out["total_seconds"] = result.total_seconds;
     out["world_size"] = result.world_size;
     out["backend"] = result.backend;
-    out["train"] = {{"loss", or_null(result.train_loss)},
-                    {"accuracy", or_null(result.train_accuracy)}};
+    out["train"] = Json::object(
+        {{"loss", or_null(result.train_loss)}, {"accuracy", or_null(result.train_accuracy)}});
     out["validation"] = result.validation;
     if (result.target_accuracy) {
       const std::optional<TargetReached> reached = time_to_target(*result.target_accuracy);
-      out["target"] = {{"top1", *result.target_accuracy},
-                       {"reached", reached.has_value()},
-                       {"epoch", reached ? nlohmann::ordered_json(reached->epoch) : nullptr},
-                       {"time_to_target_seconds",
-                        reached ? nlohmann::ordered_json(reached->elapsed_seconds) : nullptr}};
+      out["target"] = Json::object(
+          {{"top1", *result.target_accuracy},
+           {"reached", reached.has_value()},
+           {"epoch", reached ? Json(reached->epoch) : Json()},
+           {"time_to_target_seconds", reached ? Json(reached->elapsed_seconds) : Json()}});
     } else {
       out["target"] = nullptr;
     }
@@ -229,8 +228,8 @@ class RunLog {
     double elapsed_seconds;
   };
 
-  static nlohmann::ordered_json or_null(const std::optional<double>& value) {
-    return value ? nlohmann::ordered_json(*value) : nlohmann::ordered_json(nullptr);
+  static Json or_null(const std::optional<double>& value) {
+    return value ? Json(*value) : Json(nullptr);
   }
 
   // The complete lines of metrics.jsonl (none when it does not exist). A last line without its
@@ -255,14 +254,14 @@ class RunLog {
       coltrain::detail::fail_io("resume run log",
                                 metrics_path().string() + ":" + std::to_string(number), message);
     };
-    nlohmann::json value;
+    Json value;
     try {
-      // Through const char*, as safetensors.hpp does: one parser compiled, not two.
-      value = nlohmann::json::parse(line.data(), line.data() + line.size());
-    } catch (const nlohmann::json::exception& e) {
-      fail("not valid JSON: " + std::string(e.what()));
+      value = Json::parse(line);
+    } catch (const JsonError& e) {
+      fail("not valid JSON: " + e.description() + " at byte " +
+           std::to_string(e.offset().value_or(0)));
     }
-    if (!value.is_object() || !value.contains("epoch") || !value["epoch"].is_number_integer()) {
+    if (!value.contains("epoch") || !value["epoch"].is_number_integer()) {
       fail("not an epoch record (a JSON object with an integer \"epoch\")");
     }
     Logged logged{value["epoch"].get<std::int64_t>(), std::nullopt, 0.0};

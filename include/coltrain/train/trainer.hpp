@@ -32,6 +32,7 @@
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timeline.hpp>
 #include <coltrain/data/epoch_plan.hpp>
@@ -64,8 +65,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace coltrain::train {
 
@@ -105,7 +104,7 @@ struct TrainerOptions {
   // Stop when the validation loss has not improved for this many epochs (train/early_stopping.hpp);
   // its state travels in checkpoints.
   std::optional<std::int64_t> early_stopping_patience{};
-  nlohmann::ordered_json config = nlohmann::ordered_json::object();  // recorded in config.json
+  Json config = Json::object();  // recorded in config.json
   std::ostream* out = &std::cout;
 };
 
@@ -190,7 +189,7 @@ inline void report_evaluation(const TrainerOptions& options, const TrainingState
     out << "confusion matrix (rows: true class, columns: predicted)\n"
         << metrics.format_confusion_matrix() << '\n';
   if (!options.log_dir.empty()) {
-    nlohmann::ordered_json record;
+    Json record;
     record["checkpoint"] = checkpoint_source(options).string();
     record["epoch"] = state.epoch;
     record["global_step"] = state.global_step;
@@ -263,7 +262,7 @@ inline void report_fit(const TrainerOptions& options, const FitResult& result,
     record.global_step = result.global_step;
     record.total_seconds = result.total_seconds;
     record.world_size = world_size;
-    record.backend = options.config.value("backend", std::string("unknown"));
+    record.backend = options.config.value("backend", "unknown").as_string();
     record.train_loss = train_loss;
     record.train_accuracy = train_accuracy;
     record.validation = result.validation.to_json(true);
@@ -363,9 +362,9 @@ class Trainer {
         const TrainingState state = load_latest_checkpoint();
         first_epoch = state.epoch;
         global_step_ = state.global_step;
-        train_seconds_before = state.extra.value("train_seconds", 0.0);
+        train_seconds_before = state.extra.value("train_seconds", 0.0).get<double>();
         if (early_stopping_)
-          early_stopping_->from_json(state.extra.value("early_stopping", nlohmann::json()));
+          early_stopping_->from_json(state.extra.value("early_stopping", Json()));
         if (rank0())
           *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
                         << ") from " << source.string() << '\n';

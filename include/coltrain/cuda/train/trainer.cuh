@@ -106,9 +106,8 @@ class DeviceTrainer {
             load_checkpoint(source, network_, optimizer_, checkpoint_options());
         first_epoch = state.epoch;
         global_step_ = state.global_step;
-        train_seconds_before = state.extra.value("train_seconds", 0.0);
-        if (early_stopping)
-          early_stopping->from_json(state.extra.value("early_stopping", nlohmann::json()));
+        train_seconds_before = state.extra.value("train_seconds", 0.0).get<double>();
+        if (early_stopping) early_stopping->from_json(state.extra.value("early_stopping", Json()));
         if (rank0())
           *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
                         << ") from " << source.string() << '\n';

@@ -24,7 +24,6 @@ class Coltrain(CMakePackage, CudaPackage):
 
     depends_on("cmake@3.25:", type="build")
     depends_on("eigen@3.3:")
-    depends_on("nlohmann-json@3:")
     depends_on("zlib-api")
     depends_on("mpi", when="+mpi")
     depends_on("openssl", when="+openssl")
