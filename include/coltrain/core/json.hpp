@@ -144,7 +144,8 @@ class Json {
   bool is_object() const { return kind_ == Kind::kObject; }
 
   // bool, a number type (converted as static_cast converts), or std::string. Throws JsonError
-  // when the value is of another kind.
+  // when the value is of another kind, or is a float outside the range of the integer type asked
+  // for.
   template <class T>
   T get() const {
     if constexpr (std::same_as<T, bool>) {
@@ -182,7 +183,7 @@ class Json {
   // null); the const one throws JsonError for a missing key.
   Json& operator[](std::string_view key);
   const Json& operator[](std::string_view key) const;
-  const Json* find(std::string_view key) const;
+  const Json* find(std::string_view key) const;  // null also when this is not an object
   bool contains(std::string_view key) const { return find(key) != nullptr; }
   // The member `key`, or `fallback` when there is none.
   Json value(std::string_view key, Json fallback) const;
@@ -201,8 +202,8 @@ class Json {
   const Json* at_pointer(std::string_view pointer) const;
 
   // Compact without `indent` (or with a negative one), else one member or element per line.
-  // Non-finite floats are written
-  // as null (JSON has no NaN). Throws JsonError for a string that is not valid UTF-8.
+  // Non-finite floats are written as null (JSON has no NaN). Throws JsonError for a string that is
+  // not valid UTF-8.
   std::string dump(std::optional<int> indent = std::nullopt) const;
 
   // Numbers compare by value across kinds (1 == 1u == 1.0); objects compare as sets of members.
