@@ -284,7 +284,7 @@ inline ct::Json to_json(const Options& o, const std::string& model, int world_si
   config["backend"] = backend;
   config["world_size"] = world_size;
   config["device"] = o.device;
-  config["cuda_device"] = o.cuda_device ? ct::Json(*o.cuda_device) : nullptr;
+  config["cuda_device"] = o.cuda_device;
   config["cuda_graph"] = o.cuda_graph;
   config["grad_compression"] = o.grad_compression;
   config["zero"] = o.zero;
@@ -296,15 +296,15 @@ inline ct::Json to_json(const Options& o, const std::string& model, int world_si
   config["schedule"] = o.schedule;
   config["warmup_epochs"] = warmup_epochs_of(o);
   config["grad_accum"] = o.grad_accum;
-  config["clip_grad_norm"] = o.clip_grad_norm ? ct::Json(*o.clip_grad_norm) : nullptr;
+  config["clip_grad_norm"] = o.clip_grad_norm;
   config["early_stopping_patience"] =
-      o.early_stopping_patience ? ct::Json(*o.early_stopping_patience) : nullptr;
+      o.early_stopping_patience;
   config["momentum"] = o.momentum;
   config["weight_decay"] = o.weight_decay;
   config["nesterov"] = o.nesterov;
   config["precision"] = o.precision;
   config["data"] = o.data;
-  config["target_accuracy"] = o.target_accuracy ? ct::Json(*o.target_accuracy) : nullptr;
+  config["target_accuracy"] = o.target_accuracy;
   config["threads_per_rank"] = o.threads;
   config["seed"] = o.seed;
   config["elastic"] = o.elastic;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -586,6 +587,10 @@ TEST_CASE("construction from vectors and initializer lists", "[json]") {
   CHECK(Json(std::string_view("sv")).as_string() == "sv");
   CHECK(Json(0.5f).kind() == Kind::kFloat);
   CHECK(Json(true).kind() == Kind::kBoolean);
+  CHECK(Json(std::optional<double>()).is_null());
+  CHECK(Json(std::optional<double>(0.25)).dump() == "0.25");
+  CHECK(Json(std::optional<std::int64_t>(-3)).kind() == Kind::kInteger);
+  CHECK(Json::object({{"top5", std::optional<double>()}}).dump() == R"({"top5":null})");
 }
 
 TEST_CASE("equality compares numbers by value and objects as sets", "[json]") {

@@ -112,6 +112,10 @@ class Json {
   Json(std::string value) : kind_(Kind::kString), string_(std::move(value)) {}
   Json(std::string_view value) : Json(std::string(value)) {}
   Json(const char* value) : Json(std::string(value)) {}
+  // An empty optional is null; a full one, its value.
+  template <class T>
+  requires std::constructible_from<Json, const T&> Json(const std::optional<T>& value)
+      : Json(value ? Json(*value) : Json()) {}
   // std::vector<double>, std::vector<std::vector<std::int64_t>>...: an array.
   template <class T, class Allocator>
   requires std::constructible_from<Json, const T&> Json(const std::vector<T, Allocator>& values)
@@ -310,6 +314,20 @@ inline void append_utf8(std::string& out, std::uint32_t code_point) {
     out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (code_point & 0x3F));
   }
+}
+
+// A JSON pointer's reference token read back: "~1" is "/", "~0" is "~".
+inline std::string json_pointer_key(std::string_view token) {
+  std::string key;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    if (token[i] == '~' && i + 1 < token.size() && (token[i + 1] == '0' || token[i + 1] == '1')) {
+      key += token[i + 1] == '0' ? '~' : '/';
+      ++i;
+    } else {
+      key += token[i];
+    }
+  }
+  return key;
 }
 
 // "~" and "/" escaped as a JSON pointer's reference token needs.
@@ -742,17 +760,8 @@ inline const Json* Json::at_pointer(std::string_view pointer) const {
     if (pointer.front() != '/') return nullptr;
     pointer.remove_prefix(1);
     const std::size_t slash = pointer.find('/');
-    const std::string_view raw = pointer.substr(0, slash);
+    const std::string token = detail::json_pointer_key(pointer.substr(0, slash));
     pointer = slash == std::string_view::npos ? std::string_view() : pointer.substr(slash);
-    std::string token;
-    for (std::size_t i = 0; i < raw.size(); ++i) {
-      if (raw[i] == '~' && i + 1 < raw.size() && (raw[i + 1] == '0' || raw[i + 1] == '1')) {
-        token += raw[i + 1] == '0' ? '~' : '/';
-        ++i;
-      } else {
-        token += raw[i];
-      }
-    }
     if (at->is_object()) {
       at = at->find(token);
     } else if (at->is_array()) {

@@ -298,13 +298,10 @@ class SafetensorsReader {
         case JsonError::Reason::kDuplicateKey: {
           // Nested duplicates sit in an entry, whose pointer is "/" and its escaped name.
           const std::string& pointer = e.object_pointer();
-          std::string entry;
-          for (std::size_t i = 1; i < pointer.size(); ++i) {
-            const bool escaped = pointer[i] == '~' && i + 1 < pointer.size();
-            entry += escaped ? (pointer[++i] == '0' ? '~' : '/') : pointer[i];
-          }
-          fail(pointer.empty() ? "duplicate tensor name " + detail::quote(e.key())
-                               : detail::quote(entry) + ": duplicate key " + detail::quote(e.key()),
+          fail(pointer.empty()
+                   ? "duplicate tensor name " + detail::quote(e.key())
+                   : detail::quote(coltrain::detail::json_pointer_key(pointer.substr(1))) +
+                         ": duplicate key " + detail::quote(e.key()),
                at);
         }
         default:

@@ -235,18 +235,16 @@ const Json& field(const Json& sidecar, const std::filesystem::path& file,
 }
 
 // An integer above 2^63 - 1 is refused: get<std::int64_t>() would wrap it to a negative one.
+inline bool is_int64(const Json& value) {
+  return value.is_number_integer() &&
+         !(value.is_number_unsigned() &&
+           value.get<std::uint64_t>() >
+               static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+}
+
 inline std::int64_t integer_field(const Json& sidecar, const std::filesystem::path& file,
                                   const std::string& pointer) {
-  return field(
-             sidecar, file, pointer,
-             [](const Json& v) {
-               return v.is_number_integer() &&
-                      !(v.is_number_unsigned() &&
-                        v.get<std::uint64_t>() >
-                            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
-             },
-             "a 64-bit integer")
-      .get<std::int64_t>();
+  return field(sidecar, file, pointer, is_int64, "a 64-bit integer").get<std::int64_t>();
 }
 
 // A count, which save_checkpoint never writes negative (epoch, global step, optimizer steps).
@@ -708,11 +706,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
             [](const Json& v) { return v.is_object(); }, "an object");
         const std::string key = name + ".step";
         const Json* count = counts.find(key);
-        if (count == nullptr || !count->is_number_integer() ||
-            (count->is_number_unsigned()
-                 ? count->get<std::uint64_t>() >
-                       static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
-                 : count->get<std::int64_t>() < 0)) {
+        if (count == nullptr || !is_int64(*count) || count->get<std::int64_t>() < 0) {
           fail_checkpoint(sidecar_path, "the sidecar has no step count for '" + key + "'");
         }
         snapshot.step_counts.emplace_back(key, count->get<std::int64_t>());

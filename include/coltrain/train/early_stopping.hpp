@@ -56,7 +56,7 @@ class EarlyStopping {
 
   Json to_json() const {
     Json state;
-    state["best_validation_loss"] = best_loss_ ? Json(*best_loss_) : Json();
+    state["best_validation_loss"] = best_loss_;
     state["best_epoch"] = best_epoch_;
     state["epochs_without_improvement"] = without_improvement_;
     return state;

@@ -241,7 +241,7 @@ class ClassificationMetrics {
     out["samples"] = samples();
     out["loss"] = mean_loss();
     out["top1"] = top1();
-    out["top5"] = has_top5() ? Json(*top5()) : Json(nullptr);
+    out["top5"] = top5();  // null below five classes
     out["precision"] = macro_precision();
     out["recall"] = macro_recall();
     out["f1"] = macro_f1();

@@ -61,26 +61,23 @@ struct EpochRecord {
   }
 
   Json to_json() const {
-    auto or_null = [](const std::optional<double>& value) {
-      return value ? Json(*value) : Json(nullptr);
-    };
     Json out;
     out["epoch"] = epoch;
     out["global_step"] = global_step;
     out["train_loss"] = train_loss;
     out["train_accuracy"] = train_accuracy;
-    out["val_loss"] = or_null(val_loss);
-    out["val_top1"] = or_null(val_top1);
-    out["val_top5"] = or_null(val_top5);
-    out["val_precision"] = or_null(val_precision);
-    out["val_recall"] = or_null(val_recall);
-    out["val_f1"] = or_null(val_f1);
+    out["val_loss"] = val_loss;
+    out["val_top1"] = val_top1;
+    out["val_top5"] = val_top5;
+    out["val_precision"] = val_precision;
+    out["val_recall"] = val_recall;
+    out["val_f1"] = val_f1;
     out["lr"] = lr;
     out["images_per_second"] = images_per_second;
     out["epoch_seconds"] = epoch_seconds;
     out["elapsed_seconds"] = elapsed_seconds;
     out["phase_seconds"] = phase_seconds;
-    out["loss_scale"] = or_null(loss_scale);
+    out["loss_scale"] = loss_scale;
     return out;
   }
 };
@@ -204,8 +201,8 @@ class RunLog {
     out["total_seconds"] = result.total_seconds;
     out["world_size"] = result.world_size;
     out["backend"] = result.backend;
-    out["train"] = Json::object(
-        {{"loss", or_null(result.train_loss)}, {"accuracy", or_null(result.train_accuracy)}});
+    out["train"] =
+        Json::object({{"loss", result.train_loss}, {"accuracy", result.train_accuracy}});
     out["validation"] = result.validation;
     if (result.target_accuracy) {
       const std::optional<TargetReached> reached = time_to_target(*result.target_accuracy);
@@ -227,10 +224,6 @@ class RunLog {
     std::optional<double> val_top1;
     double elapsed_seconds;
   };
-
-  static Json or_null(const std::optional<double>& value) {
-    return value ? Json(*value) : Json(nullptr);
-  }
 
   // The complete lines of metrics.jsonl (none when it does not exist). A last line without its
   // newline is an append that a crash cut short: it is dropped.
