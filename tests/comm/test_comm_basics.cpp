@@ -298,6 +298,28 @@ TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the va
   ::unsetenv("COLTRAIN_SHM");
 }
 
+TEST_CASE(
+    "COLTRAIN_SHM_SINGLE_COPY: 0, 1, or the smallest piece in bytes; others name the variable",
+    "[comm][options]") {
+  ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
+  const CommOptions defaults = comm_options_from_env();
+  CHECK(defaults.shared_memory_single_copy);
+  ::setenv("COLTRAIN_SHM_SINGLE_COPY", "0", 1);
+  CHECK_FALSE(comm_options_from_env().shared_memory_single_copy);
+  ::setenv("COLTRAIN_SHM_SINGLE_COPY", "1", 1);
+  CHECK(comm_options_from_env().shared_memory_single_copy);
+  CHECK(comm_options_from_env().single_copy_bytes == defaults.single_copy_bytes);
+  ::setenv("COLTRAIN_SHM_SINGLE_COPY", "1048576", 1);
+  CHECK(comm_options_from_env().shared_memory_single_copy);
+  CHECK(comm_options_from_env().single_copy_bytes == 1048576);
+  for (const char* bad : {"100", "-65536", "64K", "yes"}) {
+    ::setenv("COLTRAIN_SHM_SINGLE_COPY", bad, 1);
+    CHECK_THROWS_WITH(comm_options_from_env(),
+                      Contains(std::string("COLTRAIN_SHM_SINGLE_COPY=") + bad));
+  }
+  ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
+}
+
 TEST_CASE("COLTRAIN_HOST_ID replaces the host identity, and a long one is refused",
           "[comm][options]") {
   using coltrain::comm::detail::host_identity;

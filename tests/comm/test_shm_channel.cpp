@@ -23,10 +23,14 @@ using coltrain::comm::detail::create_segment;
 using coltrain::comm::detail::fresh_segment_name;
 using coltrain::comm::detail::kShmMinRingBytes;
 using coltrain::comm::detail::kShmPage;
+using coltrain::comm::detail::kShmReferences;
 using coltrain::comm::detail::open_segment;
+using coltrain::comm::detail::reads_memory_of;
 using coltrain::comm::detail::ShmMapping;
 using coltrain::comm::detail::ShmRingState;
+using coltrain::comm::detail::ShmSingleCopy;
 using coltrain::comm::detail::ShmStream;
+using coltrain::comm::detail::single_copy_probe;
 
 constexpr std::size_t kRing = kShmMinRingBytes;
 constexpr std::uint64_t kNonce = 0x1234abcd5678ef90ull;
@@ -38,7 +42,9 @@ struct Pair {
   std::unique_ptr<ShmStream> low, high;
   ShmMapping spy;  // a third mapping, to look at and tamper with the rings' counters
 
-  Pair() {
+  // `single_copy_bytes` > 0: the lower end sends pieces of that size or more by reference, read
+  // back by the higher end from this very process.
+  explicit Pair(std::size_t single_copy_bytes = 0) {
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sockets.data()) == 0);
     std::mt19937_64 random(42);
     name = fresh_segment_name(random);
@@ -49,8 +55,10 @@ struct Pair {
     spy = open_segment(name, kRing, kNonce, why);
     REQUIRE(spy);
     ::shm_unlink(name.c_str());
-    low = std::make_unique<ShmStream>(std::move(created), true, sockets[0]);
-    high = std::make_unique<ShmStream>(std::move(opened), false, sockets[1]);
+    low = std::make_unique<ShmStream>(std::move(created), true, sockets[0],
+                                      ShmSingleCopy{::getpid(), single_copy_bytes});
+    high = std::make_unique<ShmStream>(std::move(opened), false, sockets[1],
+                                       ShmSingleCopy{::getpid(), 0});
   }
   ~Pair() {
     for (int fd : sockets)
@@ -215,4 +223,141 @@ TEST_CASE("a segment that does not hold the creator's nonce is refused, with the
   why.clear();
   CHECK_FALSE(open_segment(name, kRing, kNonce, why));
   CHECK(why.find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("single copy: large pieces come straight from the writer's memory, in stream order",
+          "[comm][shm]") {
+  constexpr std::size_t kLarge = 4096;
+  Pair pair(kLarge);
+  const auto& lower_to_higher = *reinterpret_cast<const ShmRingState*>(pair.spy.base() + kShmPage);
+  const auto a = pattern(100, 1), b = pattern(3 * kLarge + 5, 2), c = pattern(kLarge - 1, 3),
+             d = pattern(2 * kLarge, 4);
+  const std::array<iovec, 4> gather{iovec{const_cast<std::byte*>(a.data()), a.size()},
+                                    iovec{const_cast<std::byte*>(b.data()), b.size()},
+                                    iovec{const_cast<std::byte*>(c.data()), c.size()},
+                                    iovec{const_cast<std::byte*>(d.data()), d.size()}};
+  const std::size_t total = a.size() + b.size() + c.size() + d.size();
+  REQUIRE(pair.low->send(gather.data(), gather.size()) == static_cast<ssize_t>(total));
+  // Only the small pieces went into the ring; the large ones are references, not yet copied.
+  CHECK(lower_to_higher.written.load() == a.size() + c.size());
+  CHECK(pair.low->references_sent() == 2);
+  CHECK(pair.low->references_done() == 0);
+  // The reader takes the stream in odd-sized pieces, so that copies stop inside references.
+  std::vector<std::byte> whole;
+  std::vector<std::byte> piece(1000);
+  while (whole.size() < total) {
+    const ssize_t got = receive_bytes(*pair.high, piece);
+    REQUIRE(got > 0);
+    whole.insert(whole.end(), piece.begin(), piece.begin() + got);
+  }
+  std::vector<std::byte> expected = a;
+  for (const auto* part : {&b, &c, &d}) expected.insert(expected.end(), part->begin(), part->end());
+  CHECK(whole == expected);
+  CHECK(pair.low->references_done() == 2);
+  errno = 0;
+  CHECK(receive_bytes(*pair.high, piece) == -1);
+  CHECK(errno == EAGAIN);
+}
+
+TEST_CASE("single copy: a writer with every reference slot taken waits for the reader",
+          "[comm][shm]") {
+  constexpr std::size_t kLarge = 4096;
+  Pair pair(kLarge);
+  const std::size_t pieces = kShmReferences + 6;
+  const auto bytes = pattern(pieces * kLarge, 5);
+  std::vector<iovec> gather;
+  for (std::size_t i = 0; i < pieces; ++i)
+    gather.push_back({const_cast<std::byte*>(bytes.data()) + i * kLarge, kLarge});
+  REQUIRE(pair.low->send(gather.data(), gather.size()) ==
+          static_cast<ssize_t>(kShmReferences * kLarge));
+  errno = 0;
+  CHECK(pair.low->send(gather.data() + kShmReferences, 6) == -1);
+  CHECK(errno == EAGAIN);
+  // The writer waits for a slot (the ring has room, but that does not help): it may sleep, and
+  // the reader's copy rings its doorbell. Likewise when it awaits the copy of reference 1.
+  CHECK(pair.low->prepare_to_sleep(false, true));
+  CHECK(pair.low->prepare_to_sleep(false, false, 1));
+  std::vector<std::byte> first(kLarge);
+  REQUIRE(receive_bytes(*pair.high, first) == static_cast<ssize_t>(kLarge));
+  CHECK(doorbells_on(pair.sockets[0]) == 1);
+  CHECK_FALSE(pair.low->prepare_to_sleep(false, true));
+  CHECK_FALSE(pair.low->prepare_to_sleep(false, false, 1));
+  // One slot is free again: one more piece goes. Then reader and writer take turns.
+  std::size_t sent = kShmReferences;
+  CHECK(pair.low->send(gather.data() + sent, pieces - sent) == static_cast<ssize_t>(kLarge));
+  ++sent;
+  std::vector<std::byte> rest((pieces - 1) * kLarge);
+  std::size_t got = 0;
+  for (int turn = 0; got < rest.size() && turn < 1000; ++turn) {
+    const iovec into{rest.data() + got, rest.size() - got};
+    const ssize_t step = pair.high->receive(&into, 1);
+    if (step > 0) got += static_cast<std::size_t>(step);
+    if (sent < pieces) {
+      const ssize_t more = pair.low->send(gather.data() + sent, pieces - sent);
+      if (more > 0) sent += static_cast<std::size_t>(more) / kLarge;
+    }
+  }
+  REQUIRE(got == rest.size());
+  CHECK(pair.low->references_done() == pieces);
+  first.insert(first.end(), rest.begin(), rest.end());
+  CHECK(first == bytes);
+}
+
+TEST_CASE("single copy: a writer that leaves with a reference outstanding fails the reader",
+          "[comm][shm]") {
+  // Its transport broke down, and its caller may reuse the buffer: the bytes the reader would
+  // copy are not the message's any more, so the reader reports the peer gone instead.
+  Pair pair(4096);
+  const auto large = pattern(8192, 6);
+  REQUIRE(send_bytes(*pair.low, large) == 8192);
+  pair.low.reset();
+  std::vector<std::byte> into(8192);
+  errno = 0;
+  CHECK(receive_bytes(*pair.high, into) == -1);
+  CHECK(errno == ECONNRESET);
+}
+
+TEST_CASE("single copy: a reference outside the protocol is EPROTO, and nothing is read",
+          "[comm][shm]") {
+  Pair pair(4096);
+  const auto large = pattern(8192, 7);
+  REQUIRE(send_bytes(*pair.low, large) == 8192);
+  auto& lower_to_higher = *reinterpret_cast<ShmRingState*>(pair.spy.base() + kShmPage);
+  std::vector<std::byte> into(8192);
+  SECTION("an address this process does not map") { lower_to_higher.references[0].address = 4096; }
+  SECTION("a position past what the ring holds") {
+    lower_to_higher.references[0].position = 1 << 20;
+  }
+  SECTION("more references posted than there are slots") {
+    lower_to_higher.references_posted.store(kShmReferences + 1);
+  }
+  errno = 0;
+  CHECK(receive_bytes(*pair.high, into) == -1);
+  CHECK(errno == EPROTO);
+  CHECK(pair.low->references_done() == 0);
+}
+
+TEST_CASE("the single-copy probe reads a word of a process only where it is that word",
+          "[comm][shm]") {
+  const auto address = reinterpret_cast<std::uintptr_t>(&single_copy_probe());
+  CHECK(reads_memory_of(::getpid(), address, single_copy_probe()));
+  CHECK_FALSE(reads_memory_of(::getpid(), address, single_copy_probe() + 1));
+  CHECK_FALSE(reads_memory_of(::getpid(), 4096, single_copy_probe()));
+  CHECK_FALSE(reads_memory_of(0, address, single_copy_probe()));
+}
+
+TEST_CASE(
+    "last words: a notice left outside the stream reaches the peer, whatever the stream holds",
+    "[comm][shm]") {
+  Pair pair(4096);
+  CHECK(pair.high->last_words().empty());
+  const auto large = pattern(8192, 8);
+  REQUIRE(send_bytes(*pair.low, large) == 8192);  // a reference the reader will not copy
+  const auto words = pattern(520, 9);
+  REQUIRE(pair.low->leave_last_words(std::as_bytes(std::span(words))));
+  const auto too_long = pattern(4096, 1);
+  CHECK_FALSE(pair.low->leave_last_words(std::as_bytes(std::span(too_long))));
+  pair.low.reset();
+  const auto left = pair.high->last_words();
+  CHECK(std::vector<std::byte>(left.begin(), left.end()) == words);
 }

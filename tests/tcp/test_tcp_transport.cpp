@@ -78,24 +78,32 @@ std::string expect_throws(const Body& body, const std::string& what) {
   throw std::runtime_error("expectation failed: " + what + " did not throw the expected error");
 }
 
-// The path between ranks of one host: shared memory (the default) or loopback TCP (COLTRAIN_SHM=0).
-// The tests of data and of failures run on both.
+// The path between ranks of one host: shared memory with single copy for large payloads (the
+// default, where the host allows it, as this one does), shared memory through the rings alone
+// (COLTRAIN_SHM_SINGLE_COPY=0, as where it does not), or loopback TCP (COLTRAIN_SHM=0). The tests
+// of data and of failures run on all three.
 LaunchOptions on_either_path(LaunchOptions options = {}) {
-  const std::string shm = GENERATE(as<std::string>{}, "1", "0");
-  UNSCOPED_INFO("COLTRAIN_SHM=" << shm);
-  options.env["COLTRAIN_SHM"] = shm;
+  const std::string path = GENERATE(as<std::string>{}, "single copy", "rings", "tcp");
+  UNSCOPED_INFO("path: " << path);
+  options.env["COLTRAIN_SHM"] = path == "tcp" ? "0" : "1";
+  options.env["COLTRAIN_SHM_SINGLE_COPY"] = path == "rings" ? "0" : "1";
   return options;
 }
 
-// Whether this rank's transport reaches every peer the way COLTRAIN_SHM asks for.
+// Whether this rank's transport reaches every peer the way COLTRAIN_SHM and
+// COLTRAIN_SHM_SINGLE_COPY ask for.
 void expect_path(const TcpTransport& transport) {
   const bool shm = std::string(std::getenv("COLTRAIN_SHM")) == "1";
+  const bool single = shm && std::string(std::getenv("COLTRAIN_SHM_SINGLE_COPY")) == "1";
   for (int peer = 0; peer < transport.size(); ++peer) {
     if (peer == transport.rank()) continue;
     expect(transport.shares_memory_with(peer) == shm,
            "rank " + std::to_string(peer) +
                (shm ? " is reached through shared memory"
                     : " is reached through TCP (COLTRAIN_SHM=0)"));
+    expect(transport.single_copy_with(peer) == single,
+           "large payloads to rank " + std::to_string(peer) +
+               (single ? " go by single copy" : " do not go by single copy"));
   }
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
 // COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM,
-// COLTRAIN_HOST_ID, and the shared secret of comm/auth.hpp (COLTRAIN_AUTH_TOKEN,
-// COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
+// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, and the shared secret of comm/auth.hpp
+// (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
 #include <coltrain/comm/auth.hpp>
 #include <coltrain/core/config.hpp>
@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -34,6 +35,12 @@ struct CommOptions {
   // Whether the TCP backend moves the bytes of ranks on one host through shared memory
   // (comm/shm_channel.hpp); both ranks of a pair must want it. COLTRAIN_SHM=0 turns it off.
   bool shared_memory = true;
+  // Whether payloads of at least single_copy_bytes between ranks that share memory are copied
+  // once, straight from the sender's memory (process_vm_readv), instead of twice through a ring;
+  // used only where a probe at setup shows it works. COLTRAIN_SHM_SINGLE_COPY=0 turns it off.
+  bool shared_memory_single_copy = true;
+  // Below this size the reader's system call costs more than the ring's second copy.
+  std::size_t single_copy_bytes = std::size_t{64} << 10;
   // Replaces the host identity that decides which ranks share memory (as NCCL_HOSTID does): ranks
   // with the same COLTRAIN_HOST_ID try shared memory (a segment that is not in fact shared falls
   // back to TCP), ranks with different ones use TCP. At most 60 characters.
@@ -62,6 +69,27 @@ inline std::chrono::milliseconds parse_timeout_seconds(const std::string& text) 
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
 }
 
+// COLTRAIN_SHM_SINGLE_COPY: 0 (off), 1 (on, the default size), or the smallest payload piece in
+// bytes that goes by single copy (4096 or more). Returns whether it is on.
+inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes) {
+  if (text == "0") return false;
+  if (text == "1") return true;
+  std::size_t used = 0;
+  unsigned long long bytes = 0;
+  try {
+    bytes = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.front() == '-' || bytes < 4096 || bytes > (1ull << 40)) {
+    throw ConfigError("COLTRAIN_SHM_SINGLE_COPY=" + text +
+                      ": expected 0, 1 (the default), or the smallest payload in bytes that goes "
+                      "by single copy (4096 to 2^40)");
+  }
+  min_bytes = static_cast<std::size_t>(bytes);
+  return true;
+}
+
 }  // namespace detail
 
 inline CommOptions comm_options_from_env() {
@@ -78,6 +106,10 @@ inline CommOptions comm_options_from_env() {
     if (value != "0" && value != "1")
       throw ConfigError("COLTRAIN_SHM=" + value + ": expected 1 (the default) or 0");
     options.shared_memory = value == "1";
+  }
+  if (const char* single = detail::nonempty_env("COLTRAIN_SHM_SINGLE_COPY")) {
+    options.shared_memory_single_copy =
+        detail::parse_single_copy(single, options.single_copy_bytes);
   }
   if (const char* host = detail::nonempty_env("COLTRAIN_HOST_ID")) {
     options.host_id = host;

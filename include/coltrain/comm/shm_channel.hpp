@@ -25,6 +25,21 @@
 // ShmStream's send() and receive() behave as sendmsg() and recvmsg() on a non-blocking socket
 // (bytes moved; -1 with errno EAGAIN when nothing can move; 0 from receive() at the end of the
 // stream), so the transport drives both kinds of peer the same way.
+//
+// Single copy: a ring costs every byte two copies (into the ring, out of it). A large payload
+// (CommOptions::single_copy_bytes or more in one piece) therefore does not go through the ring: the
+// writer publishes a reference to it (where in the stream, its address, its length; up to
+// kShmReferences at once), and the reader copies it straight out of the writer's memory with
+// process_vm_readv (cross-memory attach, as MPICH's and Open MPI's shared-memory transports do),
+// then counts it done. send() counts the referenced bytes as handed over; the caller (the
+// transport) keeps its buffer unchanged, and its send incomplete, until references_done() covers
+// them. A writer whose stream ends with references outstanding (its transport broke down, and the
+// buffers may be reused) marks its ring closed first; the reader checks that mark after every copy,
+// so a copy that raced with the reuse is an error, never data, and takes the writer's failure
+// notice from beside the rings (last words), since it cannot read on to the copy in the stream.
+// Whether the reader may read the writer's memory (same user, no Yama or seccomp refusal, one
+// process-id namespace) is probed at setup: each rank reads a word of the other's memory whose
+// value it was told; where that fails the pair keeps the ring for every byte.
 
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
@@ -68,7 +83,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
               "the rings' counters must be lock-free atomics to be shared between processes");
 
 inline constexpr std::string_view kShmNamePrefix = "coltrain-shm.";
-inline constexpr std::uint64_t kShmMagic = 0x636f6c7472616e31ull;  // "coltran1"
+inline constexpr std::uint64_t kShmMagic = 0x636f6c7472616e32ull;  // "coltran2"
 inline constexpr std::size_t kShmPage = 4096;
 // Ring sizes: 4 MiB per direction keeps a pipelined ring allreduce's chunks flowing without
 // stalls; with many ranks on a host each pair gets less, so that a rank's rings total at most
@@ -87,6 +102,19 @@ inline std::size_t shm_ring_bytes(int local_peers) {
   return std::clamp(std::bit_floor(share), kShmMinRingBytes, kShmMaxRingBytes);
 }
 
+// A piece of the stream that stays in the writer's memory: `bytes` bytes at `address`, which come
+// right after ring byte `position`.
+struct ShmReference {
+  std::uint64_t position = 0;
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+};
+// References a writer may have outstanding: enough that a pipelined collective's chunks are all
+// posted without waiting for the reader.
+inline constexpr std::size_t kShmReferences = 64;
+// Room for a failure notice outside the stream (comm/failure_notice.hpp: 40 bytes and its text).
+inline constexpr std::size_t kShmLastWordsBytes = 1024;
+
 // One direction's counters, each on a cache line of its own so that writer and reader do not
 // invalidate each other's line with every update.
 struct ShmRingState {
@@ -94,7 +122,19 @@ struct ShmRingState {
   alignas(64) std::atomic<std::uint64_t> read{0};
   alignas(64) std::atomic<std::uint32_t> reader_sleeping{0};
   alignas(64) std::atomic<std::uint32_t> writer_sleeping{0};
+  // Single copy: the writer's references, numbered from 1; reference n is in slot (n - 1) %
+  // kShmReferences until the reader has counted it done.
+  alignas(64) std::atomic<std::uint64_t> references_posted{0};
+  alignas(64) std::atomic<std::uint64_t> references_done{0};
+  // Set by the writer before its stream ends: memory it referenced may be reused from then on.
+  alignas(64) std::atomic<std::uint32_t> writer_closed{0};
+  alignas(64) std::array<ShmReference, kShmReferences> references{};
+  // A writer that breaks down leaves its failure notice here too: a reader stopped at one of its
+  // references (which it may no longer copy) cannot reach the copy in the stream.
+  alignas(64) std::atomic<std::uint64_t> last_words_bytes{0};
+  std::array<std::byte, kShmLastWordsBytes> last_words{};
 };
+static_assert(sizeof(ShmRingState) <= kShmPage);
 
 // The segment's first page: what the opener checks before it trusts the rest.
 struct ShmSegmentHeader {
@@ -141,12 +181,19 @@ class ShmMapping {
   std::size_t bytes_ = 0;
 };
 
+// How a pair's payloads may skip the ring (single copy, see the top of this file).
+struct ShmSingleCopy {
+  pid_t peer = 0;             // the peer's process, whose referenced memory this end reads
+  std::size_t min_bytes = 0;  // this end sends pieces of at least this many bytes by reference;
+                              // 0: never (the peer cannot read this process's memory)
+};
+
 // One rank's end of a pair's segment: it writes one ring and reads the other. `doorbell` is the
 // pair's TCP socket (not owned), which wakes the other side and reports its end.
 class ShmStream {
  public:
-  ShmStream(ShmMapping mapping, bool lower, int doorbell)
-      : mapping_(std::move(mapping)), doorbell_(doorbell) {
+  ShmStream(ShmMapping mapping, bool lower, int doorbell, ShmSingleCopy single_copy = {})
+      : mapping_(std::move(mapping)), doorbell_(doorbell), single_copy_(single_copy) {
     const auto* header = reinterpret_cast<const ShmSegmentHeader*>(mapping_.base());
     ring_bytes_ = header->ring_bytes;
     auto* lower_to_higher = reinterpret_cast<ShmRingState*>(mapping_.base() + kShmPage);
@@ -157,11 +204,27 @@ class ShmStream {
     out_data_ = lower ? data : data + ring_bytes_;
     in_data_ = lower ? data + ring_bytes_ : data;
   }
+  // The peer may be reading memory this end referenced, which the caller may reuse from now on.
+  ~ShmStream() { out_->writer_closed.store(1, std::memory_order_seq_cst); }
+  ShmStream(const ShmStream&) = delete;
+  ShmStream& operator=(const ShmStream&) = delete;
 
   std::size_t ring_bytes() const { return ring_bytes_; }
+  // Whether this end sends large pieces by reference.
+  bool sends_by_reference() const { return single_copy_.min_bytes > 0; }
+  // The smallest piece sent by reference (while sends_by_reference()).
+  std::size_t reference_min_bytes() const { return single_copy_.min_bytes; }
+  // References this end has sent, and how many of them the peer has copied: the bytes handed over
+  // up to reference n are the caller's to reuse once references_done() >= n.
+  std::uint64_t references_sent() const { return references_posted_; }
+  std::uint64_t references_done() const {
+    return out_->references_done.load(std::memory_order_acquire);
+  }
 
-  // As sendmsg() on a non-blocking socket: copies what fits of the iovecs into the outbound ring.
-  // -1 with EPIPE (or the socket's error) once the peer is gone, EAGAIN when the ring is full.
+  // As sendmsg() on a non-blocking socket: copies what fits of the iovecs into the outbound ring,
+  // and hands over each large piece by reference while a reference slot is free (its bytes count
+  // as sent; the caller keeps them unchanged until references_done() covers them). -1 with EPIPE
+  // (or the socket's error) once the peer is gone, EAGAIN when nothing could be handed over.
   ssize_t send(const iovec* iov, std::size_t count) {
     if (closed_) {
       errno = close_error_ != 0 ? close_error_ : EPIPE;
@@ -171,53 +234,133 @@ class ShmStream {
     const std::uint64_t used = written - out_->read.load(std::memory_order_acquire);
     if (used > ring_bytes_) return corrupted();
     const std::uint64_t free = ring_bytes_ - used;
+    const std::uint64_t done = out_->references_done.load(std::memory_order_acquire);
+    std::uint64_t in_ring = 0;  // of the bytes handed over, those copied into the ring
     std::uint64_t moved = 0;
-    for (std::size_t i = 0; i < count && moved < free; ++i) {
-      const auto* from = static_cast<const std::byte*>(iov[i].iov_base);
-      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len, free - moved);
-      // Published piece by piece, so that the reader copies out while this side copies in.
-      for (std::size_t done = 0; done < take;) {
-        const std::size_t piece = std::min(take - done, kShmPublishBytes);
-        copy_in(written + moved, from + done, piece);
-        moved += piece;
-        done += piece;
-        out_->written.store(written + moved, std::memory_order_release);
+    bool posted = false;
+    references_full_ = false;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (sends_by_reference() && iov[i].iov_len >= single_copy_.min_bytes) {
+        if (references_posted_ - done >= kShmReferences) {
+          references_full_ = true;
+          break;
+        }
+        // The ring bytes before it are published (release) before the reference is.
+        ShmReference& slot = out_->references[references_posted_ % kShmReferences];
+        slot = {written + in_ring, reinterpret_cast<std::uintptr_t>(iov[i].iov_base),
+                iov[i].iov_len};
+        out_->references_posted.store(++references_posted_, std::memory_order_release);
+        moved += iov[i].iov_len;
+        posted = true;
+        continue;
       }
+      if (in_ring == free) break;
+      const auto* from = static_cast<const std::byte*>(iov[i].iov_base);
+      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len, free - in_ring);
+      // Published piece by piece, so that the reader copies out while this side copies in.
+      for (std::size_t piece_done = 0; piece_done < take;) {
+        const std::size_t piece = std::min(take - piece_done, kShmPublishBytes);
+        copy_in(written + in_ring, from + piece_done, piece);
+        in_ring += piece;
+        piece_done += piece;
+        out_->written.store(written + in_ring, std::memory_order_release);
+      }
+      moved += take;
+      if (take < iov[i].iov_len) break;
     }
-    if (moved == 0) {
+    if (moved == 0 && !posted) {
       errno = EAGAIN;
       return -1;
     }
-    out_->written.store(written + moved, std::memory_order_seq_cst);
+    out_->written.store(written + in_ring, std::memory_order_seq_cst);
+    if (posted) out_->references_posted.store(references_posted_, std::memory_order_seq_cst);
     if (lower_flag(out_->reader_sleeping)) ring_doorbell();
     return static_cast<ssize_t>(moved);
   }
 
-  // As recvmsg() on a non-blocking socket: copies what the inbound ring holds into the iovecs.
-  // 0 once the ring is empty and the peer is gone (its last bytes are read first), -1 with EAGAIN
-  // when the ring is empty.
+  // As recvmsg() on a non-blocking socket: copies the stream's next bytes into the iovecs, from the
+  // inbound ring, and each referenced piece from the peer's memory once the ring is read up to it.
+  // 0 once everything is read and the peer is gone, -1 with EAGAIN when there is nothing to read;
+  // -1 with ECONNRESET when the peer's process, or the memory it referenced, went away during a
+  // copy, EPROTO when its counters or references break the protocol.
   ssize_t receive(const iovec* iov, std::size_t count) {
-    const std::uint64_t read = in_->read.load(std::memory_order_relaxed);
-    const std::uint64_t available = in_->written.load(std::memory_order_acquire) - read;
-    if (available > ring_bytes_) return corrupted();
-    if (available == 0) {
-      if (closed_) {
-        if (close_error_ == 0) return 0;
-        errno = close_error_;
-        return -1;
+    std::uint64_t read = in_->read.load(std::memory_order_relaxed);
+    std::uint64_t moved = 0;
+    std::size_t i = 0;
+    std::size_t offset = 0;  // into iov[i]
+    bool gave_room = false;  // ring bytes were read: the writer may be waiting for room
+    ssize_t failure = 0;
+    while (i < count) {
+      // The count first: ring bytes written after a reference are published after it, so a
+      // reference not seen now lies beyond `written`. One seen now lies within the count loaded
+      // after it (its bytes before were published first).
+      const std::uint64_t written = in_->written.load(std::memory_order_acquire);
+      const std::uint64_t posted = in_->references_posted.load(std::memory_order_acquire);
+      if (written - read > ring_bytes_ || posted - references_taken_ > kShmReferences) {
+        failure = corrupted();
+        break;
       }
-      errno = EAGAIN;
+      const ShmReference* next = nullptr;
+      std::uint64_t until = written;  // ring bytes to read before the next reference
+      if (posted != references_taken_) {
+        next = &in_->references[references_taken_ % kShmReferences];
+        const std::uint64_t covering = in_->written.load(std::memory_order_acquire);
+        if (next->position < read || next->position > covering || next->bytes == 0 ||
+            reference_offset_ >= next->bytes) {
+          failure = corrupted();
+          break;
+        }
+        until = next->position;
+      }
+      // Ring bytes up to the next reference (or all there are).
+      for (; i < count && read < until;) {
+        const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len - offset, until - read);
+        copy_out(read, static_cast<std::byte*>(iov[i].iov_base) + offset, take);
+        read += take;
+        moved += take;
+        gave_room = true;
+        offset += take;
+        if (offset == iov[i].iov_len) {
+          ++i;
+          offset = 0;
+        }
+      }
+      // A reference starts a call of its own: the caller, having read the header before it,
+      // comes back with the message's own buffer first, and the bytes go there, not through its
+      // staging buffer.
+      if (next == nullptr || read < until || i == count || (moved > 0 && reference_offset_ == 0))
+        break;
+      const ssize_t copied = copy_referenced(*next, iov + i, count - i, offset);
+      if (copied < 0) {
+        failure = -1;
+        break;
+      }
+      moved += static_cast<std::uint64_t>(copied);
+      // Where the copy ended in the iovecs.
+      for (auto left = static_cast<std::size_t>(copied); left > 0 && i < count;) {
+        const std::size_t step = std::min(left, iov[i].iov_len - offset);
+        offset += step;
+        left -= step;
+        if (offset == iov[i].iov_len) {
+          ++i;
+          offset = 0;
+        }
+      }
+      if (reference_offset_ != 0) break;  // the iovecs are full
+    }
+    if (gave_room) {
+      in_->read.store(read, std::memory_order_seq_cst);
+      if (lower_flag(in_->writer_sleeping)) ring_doorbell();
+    }
+    if (moved > 0) return static_cast<ssize_t>(moved);  // a failure shows on the next call
+    if (failure < 0) return -1;
+    if (closed_) {
+      if (close_error_ == 0) return 0;
+      errno = close_error_;
       return -1;
     }
-    std::uint64_t moved = 0;
-    for (std::size_t i = 0; i < count && moved < available; ++i) {
-      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len, available - moved);
-      copy_out(read + moved, static_cast<std::byte*>(iov[i].iov_base), take);
-      moved += take;
-    }
-    in_->read.store(read + moved, std::memory_order_seq_cst);
-    if (lower_flag(in_->writer_sleeping)) ring_doorbell();
-    return static_cast<ssize_t>(moved);
+    errno = EAGAIN;
+    return -1;
   }
 
   // Writes `bytes` whole or not at all (a failure notice must not be torn); then wakes the peer.
@@ -231,18 +374,43 @@ class ShmStream {
     return true;
   }
 
-  // Before sleeping in poll() on the socket: raise the flags for what this side waits on, then
-  // look once more. True when the rings still give nothing to do (sleeping is safe: whatever the
-  // peer does next rings the doorbell).
-  bool prepare_to_sleep(bool reading, bool writing) {
+  // Leaves `words` (a failure notice) for the peer outside the stream, where it finds them even
+  // when it stopped at a reference of this end's. False when they do not fit.
+  bool leave_last_words(std::span<const std::byte> words) {
+    if (words.size() > kShmLastWordsBytes) return false;
+    std::memcpy(out_->last_words.data(), words.data(), words.size());
+    out_->last_words_bytes.store(words.size(), std::memory_order_seq_cst);
+    return true;
+  }
+  // What the peer left with leave_last_words(): empty until it does (or when its count is out of
+  // range); valid while this stream lives.
+  std::span<const std::byte> last_words() const {
+    const std::uint64_t bytes = in_->last_words_bytes.load(std::memory_order_acquire);
+    if (bytes > kShmLastWordsBytes) return {};
+    return {in_->last_words.data(), static_cast<std::size_t>(bytes)};
+  }
+
+  // Before sleeping in poll() on the socket: raise the flags for what this side waits on (bytes to
+  // read; room to write; the peer's copy of reference `awaited_reference`, if not 0), then look
+  // once more. True when there is still nothing to do (sleeping is safe: whatever the peer does
+  // next rings the doorbell).
+  bool prepare_to_sleep(bool reading, bool writing, std::uint64_t awaited_reference = 0) {
+    const bool settling = awaited_reference != 0;
     if (reading) in_->reader_sleeping.store(1, std::memory_order_seq_cst);
-    if (writing) out_->writer_sleeping.store(1, std::memory_order_seq_cst);
+    if (writing || settling) out_->writer_sleeping.store(1, std::memory_order_seq_cst);
     const bool readable =
-        in_->written.load(std::memory_order_seq_cst) != in_->read.load(std::memory_order_relaxed);
+        in_->written.load(std::memory_order_seq_cst) != in_->read.load(std::memory_order_relaxed) ||
+        in_->references_posted.load(std::memory_order_seq_cst) != references_taken_;
+    // The last send stopped at a full ring, or at every reference slot taken.
     const bool writable =
-        out_->written.load(std::memory_order_relaxed) - out_->read.load(std::memory_order_seq_cst) <
-        ring_bytes_;
-    return !(reading && readable) && !(writing && writable);
+        references_full_
+            ? references_posted_ - out_->references_done.load(std::memory_order_seq_cst) <
+                  kShmReferences
+            : out_->written.load(std::memory_order_relaxed) -
+                      out_->read.load(std::memory_order_seq_cst) <
+                  ring_bytes_;
+    const bool settled = out_->references_done.load(std::memory_order_seq_cst) >= awaited_reference;
+    return !(reading && readable) && !(writing && writable) && !(settling && settled);
   }
 
   // The socket was readable: reads the doorbells; an end of stream or an error marks the peer gone
@@ -269,6 +437,47 @@ class ShmStream {
   static ssize_t corrupted() {
     errno = EPROTO;
     return -1;
+  }
+
+  // Copies the rest of `reference`, as much as the iovecs (from `offset` into the first) take,
+  // out of the peer's memory; counts it done when whole.
+  ssize_t copy_referenced(const ShmReference& reference, const iovec* iov, std::size_t count,
+                          std::size_t offset) {
+    const std::uint64_t left = reference.bytes - reference_offset_;
+    std::array<iovec, 8> local;
+    std::size_t locals = 0;
+    std::uint64_t want = 0;
+    for (std::size_t i = 0; i < count && locals < local.size() && want < left; ++i) {
+      const std::size_t skip = i == 0 ? offset : 0;
+      const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len - skip, left - want);
+      if (take == 0) continue;
+      local[locals++] = {static_cast<std::byte*>(iov[i].iov_base) + skip, take};
+      want += take;
+    }
+    if (want == 0) return 0;
+    const iovec remote{
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(reference.address + reference_offset_)),
+        static_cast<std::size_t>(want)};
+    const ssize_t copied =
+        ::process_vm_readv(single_copy_.peer, local.data(), locals, &remote, 1, 0);
+    if (copied <= 0) {
+      // Gone (ESRCH), or the memory is (EFAULT: unmapped since, or a reference outside the
+      // protocol): either way the stream cannot go on.
+      errno = copied == 0 || errno == EFAULT ? EPROTO : ECONNRESET;
+      return -1;
+    }
+    // The writer may have given up, and reused the memory, while the bytes were copied.
+    if (in_->writer_closed.load(std::memory_order_seq_cst) != 0) {
+      errno = ECONNRESET;
+      return -1;
+    }
+    reference_offset_ += static_cast<std::uint64_t>(copied);
+    if (reference_offset_ == reference.bytes) {
+      reference_offset_ = 0;
+      in_->references_done.store(++references_taken_, std::memory_order_seq_cst);
+      if (lower_flag(in_->writer_sleeping)) ring_doorbell();
+    }
+    return copied;
   }
 
   // Lowers a sleeping flag; says whether it was up.
@@ -302,6 +511,7 @@ class ShmStream {
 
   ShmMapping mapping_;
   int doorbell_;
+  ShmSingleCopy single_copy_;
   std::size_t ring_bytes_ = 0;
   ShmRingState* out_ = nullptr;
   ShmRingState* in_ = nullptr;
@@ -309,6 +519,12 @@ class ShmStream {
   std::byte* in_data_ = nullptr;
   bool closed_ = false;
   int close_error_ = 0;  // 0: an orderly end of stream
+  // Single copy, as writer: references posted, and whether the last send found no free slot.
+  std::uint64_t references_posted_ = 0;
+  bool references_full_ = false;
+  // As reader: references done, and how much of the current one is copied.
+  std::uint64_t references_taken_ = 0;
+  std::uint64_t reference_offset_ = 0;
 };
 
 // Removes segment names left by creators that no longer exist (killed between creating a segment
@@ -412,12 +628,33 @@ inline std::string fresh_segment_name(std::mt19937_64& random) {
   return "/" + std::string(kShmNamePrefix) + std::to_string(::getpid()) + "." + suffix;
 }
 
+// A word of this process's memory whose address and value its peers are told at setup: reading it
+// back with process_vm_readv proves that single copy works from this process to them.
+inline const std::uint64_t& single_copy_probe() {
+  static const std::uint64_t word =
+      (static_cast<std::uint64_t>(std::random_device{}()) << 32 | std::random_device{}()) | 1;
+  return word;
+}
+
+// Whether this process can read `value` at `address` in process `pid`.
+inline bool reads_memory_of(pid_t pid, std::uint64_t address, std::uint64_t value) {
+  std::uint64_t got = 0;
+  iovec local{&got, sizeof got};
+  iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), sizeof got};
+  return pid > 0 &&
+         ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof got) &&
+         got == value;
+}
+
 // The setup's messages, sent over each pair's fresh connection before any other traffic.
 struct ShmHello {
   std::uint64_t magic = kShmMagic;
   HostIdentity identity;
-  std::uint32_t enabled = 0;  // COLTRAIN_SHM
-  std::uint32_t reserved = 0;
+  std::uint32_t enabled = 0;      // COLTRAIN_SHM
+  std::uint32_t single_copy = 0;  // COLTRAIN_SHM_SINGLE_COPY
+  std::int64_t pid = 0;
+  std::uint64_t probe_address = 0;  // of single_copy_probe()
+  std::uint64_t probe_value = 0;
 };
 
 struct ShmOffer {
@@ -425,11 +662,13 @@ struct ShmOffer {
   std::array<char, 64> name{};
   std::uint64_t nonce = 0;
   std::uint64_t ring_bytes = 0;
+  std::uint64_t reads_your_memory = 0;  // the creator's probe of the opener succeeded
 };
 
 struct ShmAnswer {
   std::uint64_t magic = kShmMagic;
   std::uint64_t accepted = 0;
+  std::uint64_t reads_your_memory = 0;  // the opener's probe of the creator succeeded
 };
 
 template <class Message>
@@ -487,10 +726,16 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   ShmHello mine;
   mine.identity = host_identity(options.host_id);
   mine.enabled = options.shared_memory ? 1 : 0;
+  mine.single_copy = options.shared_memory_single_copy ? 1 : 0;
+  mine.pid = ::getpid();
+  mine.probe_address = reinterpret_cast<std::uintptr_t>(&single_copy_probe());
+  mine.probe_value = single_copy_probe();
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank)
       shm_send(sockets[static_cast<std::size_t>(peer)].get(), mine, peer, deadline, context);
   std::vector<bool> shared(sockets.size(), false);
+  std::vector<bool> readable(sockets.size(), false);  // this rank reads the peer's memory
+  std::vector<pid_t> pids(sockets.size(), 0);
   std::vector<HostIdentity> identities(sockets.size());
   identities[static_cast<std::size_t>(rank)] = mine.identity;
   int local_peers = 0;
@@ -499,10 +744,22 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
     const auto theirs = shm_receive<ShmHello>(sockets[static_cast<std::size_t>(peer)].get(), peer,
                                               deadline, context);
     identities[static_cast<std::size_t>(peer)] = theirs.identity;
-    shared[static_cast<std::size_t>(peer)] =
-        mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
-    local_peers += shared[static_cast<std::size_t>(peer)] ? 1 : 0;
+    const auto p = static_cast<std::size_t>(peer);
+    shared[p] = mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
+    local_peers += shared[p] ? 1 : 0;
+    pids[p] = static_cast<pid_t>(theirs.pid);
+    readable[p] = shared[p] && mine.single_copy != 0 && theirs.single_copy != 0 &&
+                  reads_memory_of(pids[p], theirs.probe_address, theirs.probe_value);
+    if (shared[p] && mine.single_copy != 0 && theirs.single_copy != 0 && !readable[p]) {
+      logger.info("rank ", rank, " cannot read the memory of rank ", peer,
+                  " (process_vm_readv refused: ptrace policy, seccomp, or another process id "
+                  "namespace): their large payloads go through the shared-memory rings");
+    }
   }
+  // What a stream to `p` sends by reference: only what the peer has proved it can read.
+  const auto single_copy = [&](std::size_t p, std::uint64_t peer_reads_mine) {
+    return ShmSingleCopy{pids[p], peer_reads_mine != 0 ? options.single_copy_bytes : 0};
+  };
   setup.hosts = HostLayout(identities);
   if (local_peers == 0) return setup;
 
@@ -520,6 +777,7 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
       ShmOffer offer;
       offer.nonce = random();
       offer.ring_bytes = ring_bytes;
+      offer.reads_your_memory = readable[p] ? 1 : 0;
       names[p] = fresh_segment_name(random);
       try {
         created[p] = create_segment(names[p], ring_bytes, offer.nonce);
@@ -542,9 +800,11 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
       if (!name.empty()) mapping = open_segment(name, offer.ring_bytes, offer.nonce, why);
       ShmAnswer answer;
       answer.accepted = mapping ? 1 : 0;
+      answer.reads_your_memory = readable[p] ? 1 : 0;
       shm_send(sockets[p].get(), answer, peer, deadline, context);
       if (mapping) {
-        streams[p] = std::make_unique<ShmStream>(std::move(mapping), false, sockets[p].get());
+        streams[p] = std::make_unique<ShmStream>(std::move(mapping), false, sockets[p].get(),
+                                                 single_copy(p, offer.reads_your_memory));
       } else if (!name.empty()) {  // (an empty name: the creator has said why)
         logger.warn("rank ", rank, " and rank ", peer,
                     " share a host but not its shared memory; they use TCP: ", why);
@@ -559,7 +819,8 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
       ::shm_unlink(names[p].c_str());
       names[p].clear();
       if (answer.accepted != 0)
-        streams[p] = std::make_unique<ShmStream>(std::move(created[p]), true, sockets[p].get());
+        streams[p] = std::make_unique<ShmStream>(std::move(created[p]), true, sockets[p].get(),
+                                                 single_copy(p, answer.reads_your_memory));
     }
   } catch (...) {
     for (const std::string& name : names)

@@ -18,7 +18,10 @@
 //   never wait for each other's receives.
 // - Peers on this host: the same stream runs through a pair of shared-memory rings
 //   (comm/shm_channel.hpp) in place of the socket, which then carries only doorbells and the end of
-//   the stream; everything above (headers, inbox, notices, deadlines) is the same for both.
+//   the stream; everything above (headers, inbox, notices, deadlines) is the same for both. Large
+//   payloads go by reference where the host allows it (single copy: the peer reads them from this
+//   process's memory), so a send whose bytes are all handed over completes only once the peer has
+//   copied them (`unsettled`).
 // - Waiting: non-blocking attempts catch a reply that is about to arrive (a loopback round trip is
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
@@ -105,6 +108,14 @@ struct PendingSend {
   std::size_t total() const { return kHeaderBytes + payload.size(); }
 };
 
+// A send whose bytes are all handed over to a shared-memory stream, some of them by reference: its
+// caller's buffer is in use until the peer has copied reference `reference`.
+struct HandedOverSend {
+  MessageHeader header;
+  std::size_t bytes = 0;  // of header and payload together
+  std::uint64_t reference = 0;
+};
+
 struct PendingReceive {
   MessageHeader expected;
   std::span<std::byte> payload;
@@ -137,6 +148,7 @@ struct PeerChannel {
   // doorbells and the end of the stream (comm/shm_channel.hpp).
   std::unique_ptr<ShmStream> shm;
   std::deque<PendingSend> sends;
+  std::deque<HandedOverSend> unsettled;  // after `sends`: handed over, not yet complete
   std::deque<PendingReceive> receives;
   std::uint64_t sends_posted = 0;
   std::uint64_t sends_completed = 0;
@@ -157,7 +169,9 @@ struct PeerChannel {
   std::uint64_t tagged_receives_begin = 0;           // the ticket of tagged_receives.front()
   std::size_t tagged_pending = 0;                    // posted and not done
 
-  bool idle() const { return sends.empty() && receives.empty() && tagged_pending == 0; }
+  bool idle() const {
+    return sends.empty() && unsettled.empty() && receives.empty() && tagged_pending == 0;
+  }
   // The stream's next bytes into the iovecs, or what fits of the iovecs onto it, as recvmsg() and
   // sendmsg() on a non-blocking socket do: through shared memory for a peer on this host, else
   // through the socket.
@@ -238,6 +252,11 @@ class TcpTransport {
   // Whether `peer`'s bytes go through shared memory (a rank on this host).
   bool shares_memory_with(int peer) const {
     return peers_.at(static_cast<std::size_t>(peer)).shm != nullptr;
+  }
+  // Whether large payloads to `peer` go by single copy (it reads them from this process's memory).
+  bool single_copy_with(int peer) const {
+    const PeerChannel& channel = peers_.at(static_cast<std::size_t>(peer));
+    return channel.shm && channel.shm->sends_by_reference();
   }
 
   // A moved-from transport may only be destroyed or assigned to.
@@ -328,6 +347,7 @@ class TcpTransport {
       // verdict, not the lost connection, is the root cause.
       if (dynamic_cast<const PeerLostError*>(&e) != nullptr) {
         try {
+          take_last_words();
           look_for_verdict();
         } catch (const std::exception& verdict) {
           break_down(verdict);
@@ -433,7 +453,8 @@ class TcpTransport {
     bool progressed = false;
     for (std::size_t i = 0; i < active_.size();) {
       PeerChannel& channel = peers_[static_cast<std::size_t>(active_[i])];
-      if (!channel.sends.empty()) progressed |= progress_sends(active_[i], channel);
+      if (!channel.sends.empty() || !channel.unsettled.empty())
+        progressed |= progress_sends(active_[i], channel);
       if (!channel.receives.empty()) progressed |= progress_receives(active_[i], channel);
       if (channel.tagged_pending > 0) progressed |= progress_tagged(active_[i], channel);
       if (channel.idle()) {
@@ -535,10 +556,12 @@ class TcpTransport {
       if (peer == rank_ || !channel.socket) continue;
       const bool read = !channel.receives.empty() || watched_for_notices(channel);
       const bool write = !channel.sends.empty();
+      const bool settling = !channel.unsettled.empty();  // (shared memory only)
       short events = static_cast<short>((write ? POLLOUT : 0) | (read ? POLLIN : 0));
-      if (events == 0) continue;
+      if (events == 0 && !settling) continue;
       if (channel.shm) {  // the socket brings doorbells for both directions
-        rings_busy |= !channel.shm->prepare_to_sleep(read, write);
+        rings_busy |= !channel.shm->prepare_to_sleep(
+            read, write, settling ? channel.unsettled.front().reference : 0);
         events = POLLIN;
       }
       ready_.push_back({channel.socket.get(), events, 0});
@@ -563,29 +586,38 @@ class TcpTransport {
     return channel.receives.empty() && !channel.gone && (!channel.data_waiting || parking_);
   }
 
-  // One sendmsg() of the queued messages that kGatherBytes admits. Returns whether bytes moved.
+  // One sendmsg() of the queued messages that kGatherBytes admits (payloads that go by reference
+  // cost no copy, so they do not count: every queued chunk is offered to the peer at once); then
+  // completes the sends whose bytes the peer has all copied. Returns whether bytes moved or sends
+  // completed.
   bool progress_sends(int peer, PeerChannel& channel) {
+    bool progressed = settle(channel);
+    if (channel.sends.empty()) return progressed;
+    const std::size_t by_reference = channel.shm && channel.shm->sends_by_reference()
+                                         ? channel.shm->reference_min_bytes()
+                                         : SIZE_MAX;
     std::array<iovec, detail::kMaxSendIovecs> iov;
     std::size_t count = 0;
     std::size_t gathered = 0;
     for (auto it = channel.sends.begin(); it != channel.sends.end(); ++it) {
       if (count + 2 > iov.size() || gathered >= detail::kGatherBytes) break;
-      gathered += it->total() - it->sent;
       if (it->sent < detail::kHeaderBytes) {
         iov[count++] = {reinterpret_cast<std::byte*>(&it->header) + it->sent,
                         detail::kHeaderBytes - it->sent};
+        gathered += detail::kHeaderBytes - it->sent;
       }
       const std::size_t payload_sent =
           it->sent > detail::kHeaderBytes ? it->sent - detail::kHeaderBytes : 0;
-      if (payload_sent < it->payload.size()) {
-        iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent,
-                        it->payload.size() - payload_sent};
+      const std::size_t payload_left = it->payload.size() - payload_sent;
+      if (payload_left > 0) {
+        iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent, payload_left};
+        if (payload_left < by_reference) gathered += payload_left;
       }
     }
     const ssize_t sent = channel.write(iov.data(), count);
     if (sent < 0) {
       const int error = errno;
-      if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return false;
+      if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return progressed;
       throw_connection_error(peer, channel.sends.front().header, detail::errno_text(error),
                              is_connection_loss(error));
     }
@@ -596,11 +628,31 @@ class TcpTransport {
       front.sent += step;
       left -= step;
       if (front.sent == front.total()) {
+        if (channel.shm) {  // complete once the peer has copied what it references
+          channel.unsettled.push_back(
+              {front.header, front.total(), channel.shm->references_sent()});
+        } else {
+          ++channel.sends_completed;
+        }
         channel.sends.pop_front();
-        ++channel.sends_completed;
       }
     }
+    settle(channel);
     return true;
+  }
+
+  // Completes the handed-over sends whose referenced bytes the peer has copied (in order: a send
+  // with no reference of its own waits for the ones before it). Returns whether any completed.
+  static bool settle(PeerChannel& channel) {
+    if (channel.unsettled.empty()) return false;
+    const std::uint64_t done = channel.shm->references_done();
+    bool settled = false;
+    while (!channel.unsettled.empty() && channel.unsettled.front().reference <= done) {
+      channel.unsettled.pop_front();
+      ++channel.sends_completed;
+      settled = true;
+    }
+    return settled;
   }
 
   // Delivers what the inbox holds to the queued receives, then reads until the socket is drained
@@ -722,12 +774,20 @@ class TcpTransport {
              "; no message with its tag has arrived (" + peer +
              " has not sent it, or sent a collective's message first)";
     } else if (request.is_send) {
-      const detail::PendingSend& op =
-          channel.sends[static_cast<std::size_t>(request.ticket - channel.sends_completed)];
-      header = op.header;
-      what = "to send " + detail::describe_call(header) + " to " + peer + "; " +
-             std::to_string(op.sent) + " of its " + std::to_string(op.total()) +
-             " bytes went out (" + peer + " is not receiving)";
+      const auto index = static_cast<std::size_t>(request.ticket - channel.sends_completed);
+      if (index < channel.unsettled.size()) {
+        const detail::HandedOverSend& op = channel.unsettled[index];
+        header = op.header;
+        what = "to send " + detail::describe_call(header) + " to " + peer + "; all " +
+               std::to_string(op.bytes) + " of its bytes were handed over, and " + peer +
+               " has not copied them from this process's memory (it is not receiving)";
+      } else {
+        const detail::PendingSend& op = channel.sends[index - channel.unsettled.size()];
+        header = op.header;
+        what = "to send " + detail::describe_call(header) + " to " + peer + "; " +
+               std::to_string(op.sent) + " of its " + std::to_string(op.total()) +
+               " bytes went out (" + peer + " is not receiving)";
+      }
     } else {
       const detail::PendingReceive& op =
           channel.receives[static_cast<std::size_t>(request.ticket - channel.receives_completed)];
@@ -796,6 +856,9 @@ class TcpTransport {
       if (peer == rank_ || !channel.socket) continue;
       const bool half_sent = !channel.sends.empty() && channel.sends.front().sent > 0;
       const bool dead = verdict.cause == FailureCause::kDied && peer == verdict.failed_rank;
+      // Outside the stream as well: a peer stopped at one of this rank's references cannot read
+      // on to the copy in the stream (the references become void when this rank leaves).
+      if (channel.shm && !dead) channel.shm->leave_last_words(std::as_bytes(std::span(bytes)));
       if (!half_sent && !dead && !channel.gone) {
         if (channel.shm) {
           channel.shm->send_whole(std::as_bytes(std::span(bytes)));
@@ -978,6 +1041,25 @@ class TcpTransport {
     if (verdict_) throw_failure(*verdict_, verdict_text_, rank_);
   }
 
+  // Takes the first failure notice a peer on this host left outside its stream as it broke down
+  // (a well-formed one: a peer's bytes are checked as any notice's are).
+  void take_last_words() {
+    for (int peer = 0; peer < size_ && !verdict_; ++peer) {
+      const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
+      if (!channel.shm) continue;
+      const std::span<const std::byte> words = channel.shm->last_words();
+      FailureNotice n;
+      if (words.size() < sizeof n) continue;
+      std::memcpy(&n, words.data(), sizeof n);
+      if (n.magic != kNoticeMagic || n.kind != NoticeKind::kFailure ||
+          n.text_bytes != words.size() - sizeof n)
+        continue;
+      verdict_ = n;
+      verdict_text_.assign(reinterpret_cast<const char*>(words.data()) + sizeof n,
+                           static_cast<std::size_t>(n.text_bytes));
+    }
+  }
+
   // Reads, from every peer whose stream is at a message boundary, what has arrived: throws the
   // first failure notice found there.
   void look_for_verdict() {
@@ -1012,12 +1094,13 @@ class TcpTransport {
         const int peer = active_[i];
         PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
         try {
-          if (!channel.sends.empty()) progress_sends(peer, channel);
+          if (!channel.sends.empty() || !channel.unsettled.empty()) progress_sends(peer, channel);
           if (!channel.receives.empty()) progress_receives(peer, channel);
         } catch (const PeerLostError&) {
           if (verdict_) throw;  // a verdict that came in, not this peer's end
           channel.gone = true;
           channel.sends.clear();
+          channel.unsettled.clear();
           channel.receives.clear();
         }
       }
