@@ -298,9 +298,8 @@ TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the va
   ::unsetenv("COLTRAIN_SHM");
 }
 
-TEST_CASE(
-    "COLTRAIN_SHM_SINGLE_COPY: 0, 1, or the smallest piece in bytes; others name the variable",
-    "[comm][options]") {
+TEST_CASE("COLTRAIN_SHM_SINGLE_COPY takes 0, 1 or a piece size, and other values name the variable",
+          "[comm][options]") {
   ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
   const CommOptions defaults = comm_options_from_env();
   CHECK(defaults.shared_memory_single_copy);
