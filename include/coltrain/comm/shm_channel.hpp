@@ -288,6 +288,14 @@ class ShmStream {
     std::uint64_t moved = 0;
     std::size_t i = 0;
     std::size_t offset = 0;  // into iov[i]
+    // Moves (i, offset) on by `bytes` filled, past every iovec that is full (empty ones too).
+    const auto advance = [&](std::size_t bytes) {
+      offset += bytes;
+      while (i < count && offset >= iov[i].iov_len) {
+        offset -= iov[i].iov_len;
+        ++i;
+      }
+    };
     bool gave_room = false;  // ring bytes were read: the writer may be waiting for room
     ssize_t failure = 0;
     while (i < count) {
@@ -313,17 +321,13 @@ class ShmStream {
         until = next->position;
       }
       // Ring bytes up to the next reference (or all there are).
-      for (; i < count && read < until;) {
+      while (i < count && read < until) {
         const std::size_t take = std::min<std::uint64_t>(iov[i].iov_len - offset, until - read);
         copy_out(read, static_cast<std::byte*>(iov[i].iov_base) + offset, take);
         read += take;
         moved += take;
         gave_room = true;
-        offset += take;
-        if (offset == iov[i].iov_len) {
-          ++i;
-          offset = 0;
-        }
+        advance(take);
       }
       // A reference starts a call of its own: the caller, having read the header before it,
       // comes back with the message's own buffer first, and the bytes go there, not through its
@@ -336,16 +340,7 @@ class ShmStream {
         break;
       }
       moved += static_cast<std::uint64_t>(copied);
-      // Where the copy ended in the iovecs.
-      for (auto left = static_cast<std::size_t>(copied); left > 0 && i < count;) {
-        const std::size_t step = std::min(left, iov[i].iov_len - offset);
-        offset += step;
-        left -= step;
-        if (offset == iov[i].iov_len) {
-          ++i;
-          offset = 0;
-        }
-      }
+      advance(static_cast<std::size_t>(copied));
       if (reference_offset_ != 0) break;  // the iovecs are full
     }
     if (gave_room) {
@@ -748,9 +743,11 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
     shared[p] = mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
     local_peers += shared[p] ? 1 : 0;
     pids[p] = static_cast<pid_t>(theirs.pid);
-    readable[p] = shared[p] && mine.single_copy != 0 && theirs.single_copy != 0 &&
-                  reads_memory_of(pids[p], theirs.probe_address, theirs.probe_value);
-    if (shared[p] && mine.single_copy != 0 && theirs.single_copy != 0 && !readable[p]) {
+    const bool both_want_single_copy =
+        shared[p] && mine.single_copy != 0 && theirs.single_copy != 0;
+    readable[p] =
+        both_want_single_copy && reads_memory_of(pids[p], theirs.probe_address, theirs.probe_value);
+    if (both_want_single_copy && !readable[p]) {
       logger.info("rank ", rank, " cannot read the memory of rank ", peer,
                   " (process_vm_readv refused: ptrace policy, seccomp, or another process id "
                   "namespace): their large payloads go through the shared-memory rings");
