@@ -539,6 +539,55 @@ TEST_CASE("all ranks skip a mixed-precision step when one rank's gradients are n
   }
 }
 
+TEST_CASE("the local finite check agrees on every rank where averaged gradients are identical",
+          "[train][data_parallel][precision]") {
+  using Net = nn::Network<Mlp, half>;
+  for (Backend backend : kBackends) {
+    INFO(comm::name_of(backend));
+    Communicator& comm = shared_communicator(backend);
+    const bool last = comm.rank() == comm.size() - 1;
+    Net net({.seed = 5});
+    {
+      train::DataParallelOptions native;
+      native.algorithm = comm::Algorithm::kNative;
+      train::DataParallelOptions zero;
+      zero.zero_stage = 1;
+      if (backend == Backend::kMpi) {
+        train::DataParallel ddp(net, comm, native);
+        CHECK_FALSE(ddp.gradients_identical_on_every_rank());  // MPI_Allreduce promises no such
+      }
+      train::DataParallel sharded(net, comm, zero);
+      CHECK_FALSE(sharded.gradients_identical_on_every_rank());  // each rank holds its shard
+    }
+    // The TCP backend has only coltrain's algorithms; on MPI, automatic may pick MPI_Allreduce.
+    train::DataParallelOptions ring = bucket_caps(256, 2048);
+    ring.algorithm = comm::Algorithm::kRing;
+    std::vector<train::DataParallelOptions> identical{ring};
+    if (backend == Backend::kTcp) identical.emplace_back();
+    for (const train::DataParallelOptions& options : identical) {
+      train::DataParallel ddp(net, comm, options);
+      REQUIRE(ddp.gradients_identical_on_every_rank());
+      const auto params = optim::parameters_of(net);
+      optim::PrecisionOptimizer<optim::MixedFp16, optim::Sgd> sgd(
+          params, optim::Sgd({.lr = 0.1}), {.init_scale = 1024.0f});
+      const std::vector<half> before = flat_parameters(net);
+      net.zero_grad();
+      forward_backward(net, samples<Net>(comm.rank(), 2), sgd.loss_scale());
+      // An overflow in the last rank's own gradients, before the reduction: the average carries it
+      // to every rank, so every rank's local check fails and the step is skipped everywhere.
+      if (last) params[0].grad[0] = half(std::numeric_limits<float>::infinity());
+      ddp.finish_gradient_sync();
+      std::vector<double> averaged;
+      for (const auto& g : gradients(net)) averaged.insert(averaged.end(), g.begin(), g.end());
+      CHECK(differences_from_rank0(comm, averaged) == 0);
+      const bool local = sgd.unscale_and_check();
+      CHECK_FALSE(local);
+      CHECK_FALSE(sgd.apply(local, 0.1));
+      CHECK(flat_parameters(net) == before);
+    }
+  }
+}
+
 TEST_CASE("misuse mid-step is an error, and destruction mid-step leaves the communicator usable",
           "[train][data_parallel][errors]") {
   using Net = nn::Network<ConvNet, double>;

@@ -349,6 +349,15 @@ class Communicator {
                             host_backend_ == Backend::kMpi);
   }
 
+  // Whether an allreduce of `bytes` host bytes with `algorithm` leaves bit-identical results on
+  // every rank. coltrain's own algorithms (compressed ones too) reduce each element on one rank and
+  // copy it to the others; the MPI standard does not promise that of MPI_Allreduce ('native').
+  bool allreduce_identical_on_every_rank(std::size_t bytes,
+                                         Algorithm algorithm = Algorithm::kAutomatic) const {
+    if (algorithm == Algorithm::kAutomatic) algorithm = choose(Collective::kAllreduce, bytes);
+    return algorithm != Algorithm::kNative;
+  }
+
 #if COLTRAIN_WITH_CUDA
   // The stream device collectives are ordered on (default: the legacy default stream). It must
   // belong to the device the communicator runs on.

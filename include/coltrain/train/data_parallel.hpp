@@ -333,6 +333,20 @@ class DataParallel {
     return flag == 1;
   }
 
+  // Whether finish_gradient_sync() leaves bit-identical gradients on every rank: true when every
+  // bucket's allreduce computes each element once (coltrain's own algorithms); false under ZeRO-1
+  // (each rank holds only its shard) and where MPI's own allreduce runs. Where true, a check of the
+  // averaged gradients (finite or not, their norm) gives every rank the same answer without
+  // communication, as PyTorch's GradScaler relies on under DDP.
+  bool gradients_identical_on_every_rank() const {
+    if (options_.zero_stage != 0) return false;
+    for (const std::span<T>& range : ranges_) {
+      if (!comm_.allreduce_identical_on_every_rank(range.size() * sizeof(B), options_.algorithm))
+        return false;
+    }
+    return true;
+  }
+
   // In place across ranks, for metrics (loss sums, correct counts).
   void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
     require_idle("allreduce");

@@ -602,8 +602,12 @@ class Trainer {
     phases.add_seconds(Phase::kAllreduceWait, ddp_->finish_gradient_sync());
     {
       auto timed = phases.time(Phase::kOptimizer);
-      // Every rank takes the same decision on an overflowed fp16 step.
-      const bool finite = ddp_->all_finite(optimizer_.unscale_and_check());
+      // Every rank takes the same decision on an overflowed fp16 step: by construction where the
+      // averaged gradients are identical on every rank, else by a one-flag allreduce.
+      const bool local_finite = optimizer_.unscale_and_check();
+      const bool finite = ddp_->gradients_identical_on_every_rank()
+                              ? local_finite
+                              : ddp_->all_finite(local_finite);
       if (finite && options_.clip_grad_norm) clip_gradients();
       if (zero_)
         zero_->apply(finite, schedule_(global_step_));  // then every rank's shard to all
