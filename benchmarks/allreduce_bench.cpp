@@ -24,6 +24,7 @@
 #include <coltrain/core/json.hpp>
 #include <coltrain/core/terminal.hpp>
 #include <coltrain/core/timer.hpp>
+#include <coltrain/tensor/storage.hpp>
 
 #include <mpi.h>
 #include <CLI/CLI.hpp>
@@ -504,7 +505,7 @@ class Buffer {
   Buffer(MemoryKind memory, std::size_t count) : count_(count) {
     switch (memory) {
       case MemoryKind::kHost:
-        staging_.resize(count);
+        staging_ = coltrain::tensor::Storage<T, coltrain::tensor::Cpu>(count);
         data_ = host_ = staging_.data();
         return;
 #if COLTRAIN_WITH_CUDA
@@ -514,7 +515,7 @@ class Buffer {
         return;
       case MemoryKind::kDevice:
         cuda_.emplace(coltrain::bench::CudaMemory::device(count * sizeof(T)));
-        staging_.resize(count);
+        staging_ = coltrain::tensor::Storage<T, coltrain::tensor::Cpu>(count);
         data_ = static_cast<T*>(cuda_->get());
         host_ = staging_.data();
         return;
@@ -545,7 +546,7 @@ class Buffer {
   void copy_out() {}
 #endif
   std::size_t count_;
-  std::vector<T> staging_;
+  coltrain::tensor::Storage<T, coltrain::tensor::Cpu> staging_;  // as tensors are: huge pages
   T* data_ = nullptr;
   T* host_ = nullptr;
 };

@@ -6,6 +6,7 @@
 // time and the bus bandwidth it would mean, to set beside allreduce_bench's TCP figure.
 
 #include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/tensor/storage.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -46,11 +47,7 @@ int main(int argc, char** argv) {
   }
   const std::size_t half = bytes / 2;
 
-  // Both processes have the buffers at the same addresses (fork), so each reads the other's there.
-  std::vector<float> input(bytes / sizeof(float), 1.0f), output(input.size(), 0.0f);
   std::vector<float> slot(chunk / sizeof(float));
-  auto* in = reinterpret_cast<std::byte*>(input.data());
-  auto* out = reinterpret_cast<std::byte*>(output.data());
   int to_child[2], to_parent[2];
   if (::pipe(to_child) != 0 || ::pipe(to_parent) != 0) return 1;
   const pid_t parent = ::getpid();
@@ -58,28 +55,47 @@ int main(int argc, char** argv) {
   if (child < 0) return 1;
   const bool is_child = child == 0;
   const pid_t peer = is_child ? parent : child;
+  const int to_peer = is_child ? to_parent[1] : to_child[1];
+  const int from_peer = is_child ? to_child[0] : to_parent[0];
   const std::size_t mine = is_child ? half : 0;  // this process reduces [mine, mine + half)
   const std::size_t theirs = half - mine;
+
+  // Each process allocates its buffers after the fork, as allreduce_bench's ranks do (on huge
+  // pages; COLTRAIN_HUGE_PAGES=0: not), and tells the other where they are. (Buffers allocated
+  // before the fork would share pages copy-on-write, which the first write splits.)
+  coltrain::tensor::Storage<float, coltrain::tensor::Cpu> input(bytes / sizeof(float)),
+      output(input.size());
+  std::fill_n(input.data(), input.size(), 1.0f);
+  std::byte* const mine_at[2] = {reinterpret_cast<std::byte*>(input.data()),
+                                 reinterpret_cast<std::byte*>(output.data())};
+  std::byte* theirs_at[2] = {};
+  if (::write(to_peer, mine_at, sizeof mine_at) != static_cast<ssize_t>(sizeof mine_at) ||
+      ::read(from_peer, theirs_at, sizeof theirs_at) != static_cast<ssize_t>(sizeof theirs_at))
+    return 1;
+  std::byte* const in = mine_at[0];
+  std::byte* const out = mine_at[1];
+  const std::byte* const peer_in = theirs_at[0];
+  const std::byte* const peer_out = theirs_at[1];
 
   // Both processes start each round together, and neither leaves while the other reads from it.
   const auto meet = [&] {
     char token = 0;
-    if (is_child)
-      return ::write(to_parent[1], &token, 1) == 1 && ::read(to_child[0], &token, 1) == 1;
-    return ::read(to_parent[0], &token, 1) == 1 && ::write(to_child[1], &token, 1) == 1;
+    if (is_child) return ::write(to_peer, &token, 1) == 1 && ::read(from_peer, &token, 1) == 1;
+    return ::read(from_peer, &token, 1) == 1 && ::write(to_peer, &token, 1) == 1;
   };
   std::vector<double> milliseconds;
   for (int round = 0; round < rounds + 1; ++round) {
     if (!meet()) return 1;
     const auto start = std::chrono::steady_clock::now();
     for (std::size_t at = mine; at < mine + half; at += chunk) {
-      if (!read_remote(peer, reinterpret_cast<std::byte*>(slot.data()), in + at, chunk)) return 1;
+      if (!read_remote(peer, reinterpret_cast<std::byte*>(slot.data()), peer_in + at, chunk))
+        return 1;
       coltrain::comm::reduce_into(reinterpret_cast<float*>(out + at),
                                   reinterpret_cast<const float*>(in + at), slot.data(),
                                   chunk / sizeof(float), coltrain::comm::ReduceOp::kSum);
     }
     for (std::size_t at = theirs; at < theirs + half; at += chunk)
-      if (!read_remote(peer, out + at, out + at, chunk)) return 1;
+      if (!read_remote(peer, out + at, peer_out + at, chunk)) return 1;
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
     if (round > 0) milliseconds.push_back(took.count());  // the first faults the pages in
   }

@@ -1,27 +1,26 @@
 #pragma once
 // Memory for tensors: `Storage<T, Device>`, owned, or borrowed from an owner that outlives it
 // (Storage::borrow: a network keeps its parameters in one arena, nn/parameter_arena.hpp). The host
-// specialisation allocates 64-byte aligned memory (a cache line and an AVX-512 vector), so that
-// Eigen and the compiler can use aligned vector loads. Memory is zeroed when allocated, so nothing
-// ever reads garbage. A copy is always owned. The CUDA specialisation is in cuda_storage.hpp,
-// included here in builds with CUDA.
+// specialisation allocates through core/host_memory.hpp: 64-byte aligned, so that Eigen and the
+// compiler can use aligned vector loads, and on transparent huge pages from 2 MiB up. Memory is
+// zeroed when allocated, so nothing ever reads garbage. A copy is always owned. The CUDA
+// specialisation is in cuda_storage.hpp, included here in builds with CUDA.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/host_memory.hpp>
 #include <coltrain/tensor/device.hpp>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 namespace coltrain::tensor {
 
-inline constexpr std::size_t kHostAlignment = 64;
+inline constexpr std::size_t kHostAlignment = kCacheLineAlignment;
 
 template <class T, class Device>
 class Storage;
@@ -50,7 +49,7 @@ class Storage<T, Cpu> {
     return *this;
   }
   ~Storage() {
-    if (owned_) std::free(data_);
+    if (owned_) free_host_memory(data_);
   }
 
   // `count` elements at `data`, which the caller keeps alive and frees.
@@ -77,11 +76,7 @@ class Storage<T, Cpu> {
     if (count == 0) return;
     if (count > (SIZE_MAX - kHostAlignment) / sizeof(T))
       throw InvalidArgument("tensor of " + std::to_string(count) + " elements is too large");
-    // aligned_alloc wants a multiple of the alignment.
-    const std::size_t bytes = (count * sizeof(T) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    data_ = static_cast<T*>(std::aligned_alloc(kHostAlignment, bytes));
-    if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
+    data_ = static_cast<T*>(allocate_host_memory(count * sizeof(T)));
     size_ = count;
   }
 

@@ -396,6 +396,10 @@ class Trainer {
         }
         network_.train();
         if (!trained_) {
+          // The ranks start the epoch's steps together, so that waiting for another rank's work
+          // between epochs (rank 0's log line and checkpoint, an uneven evaluation) is not counted
+          // as training time, which a rank alone would not count either.
+          if (ddp_->world_size() > 1) ddp_->barrier();
           const std::int64_t batches = train.batches_this_epoch();
           for (std::int64_t b = 0;; ++b) {
             const auto step_started = std::chrono::steady_clock::now();
