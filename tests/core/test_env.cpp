@@ -287,11 +287,14 @@ TEST_CASE("local rank and local world size must be in range", "[env][range]") {
       Contains("SLURM_LOCALID=2"));
 }
 
-TEST_CASE("MASTER_PORT must be an integer in [1, 65535]", "[env][port]") {
+TEST_CASE("MASTER_PORT must be an integer in [1, 65535], or 0 for a published port",
+          "[env][port]") {
   CHECK(detect({{"MASTER_PORT", "1"}}).master_port == 1);
   CHECK(detect({{"MASTER_PORT", "65535"}}).master_port == 65535);
-  CHECK_THAT(config_error_of({{"MASTER_PORT", "0"}}),
-             Contains("master port") && Contains("MASTER_PORT=0"));
+  CHECK(detect({{"MASTER_PORT", "0"}}).master_port == 0);
+  CHECK(detect({{"MASTER_PORT", "0"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}}).master_port == 0);
+  CHECK_THAT(config_error_of({{"MASTER_PORT", "-1"}}),
+             Contains("master port") && Contains("MASTER_PORT=-1"));
   CHECK_THAT(config_error_of({{"MASTER_PORT", "65536"}}), Contains("MASTER_PORT=65536"));
   CHECK_THAT(config_error_of({{"MASTER_PORT", "-80"}}), Contains("MASTER_PORT=-80"));
   CHECK_THAT(config_error_of({{"MASTER_PORT", "29500abc"}}),

@@ -19,9 +19,7 @@ worker=$1 python=$2 work=$3
 checker="$(dirname "$0")/check_coverage.py"
 export COLTRAIN_TIMEOUT=2
 failed=0
-free_port() {
-  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+free_port() { "$python" "$(dirname "$0")/../../scripts/free_port"; }
 fail() {
   echo "FAIL: $*"
   failed=1

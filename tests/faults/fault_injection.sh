@@ -21,9 +21,6 @@ margin_s=4  # a loaded CI machine; the times are printed
 RANDOM=17   # the strike points vary from trial to trial, the same in every run
 failed=0
 trials=0
-free_port() {
-  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 # wait_ready DIR RANKS: until every rank has written DIR/ready.<rank>, at most 20 s (the rendezvous
 # and 20 calls).
 wait_ready() {
@@ -41,24 +38,18 @@ for ranks in 2 3 4 5; do
       dir="$work/$ranks-ranks-$fault-rank$victim"
       odd=()
       [ $fault = MISMATCH ] && odd=($victim $((30 + RANDOM % 40)))
-      # The port was free a moment ago, but another rank's data listener may take it first (its
-      # port is ephemeral too): then rank 0 cannot listen, and the trial starts again, at most 3 times.
-      for attempt in 1 2 3; do
-        rm -rf "$dir" && mkdir -p "$dir"
-        port=$(free_port)
-        pids=()
-        for ((rank = 0; rank < ranks; rank++)); do
-          MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$ranks RANK=$rank LOCAL_RANK=$rank \
-            LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s COLTRAIN_TRACE_DIR="$dir" \
-            COLTRAIN_SHM=$shm "$worker" "$dir/ready.$rank" $count "${odd[@]}" > "$dir/output.$rank" 2>&1 &
-          pids+=($!)
-        done
-        wait_ready "$dir" $ranks
-        grep -q "Address already in use" "$dir/output.0" || break
-        kill -KILL "${pids[@]}" 2>/dev/null
-        wait "${pids[@]}" 2>/dev/null
-        echo "$ranks ranks, $fault rank $victim: rank 0 found port $port taken; trying again"
+      # Rank 0 listens on a port the kernel gives it and publishes it in the port file: no other
+      # process can take it between a choice and the bind.
+      rm -rf "$dir" && mkdir -p "$dir"
+      pids=()
+      for ((rank = 0; rank < ranks; rank++)); do
+        MASTER_ADDR=127.0.0.1 MASTER_PORT=0 COLTRAIN_PORT_FILE="$dir/port" WORLD_SIZE=$ranks \
+          RANK=$rank LOCAL_RANK=$rank LOCAL_WORLD_SIZE=$ranks COLTRAIN_TIMEOUT=$timeout_s \
+          COLTRAIN_TRACE_DIR="$dir" COLTRAIN_SHM=$shm "$worker" "$dir/ready.$rank" $count \
+          "${odd[@]}" > "$dir/output.$rank" 2>&1 &
+        pids+=($!)
       done
+      wait_ready "$dir" $ranks
       survivors=()
       for ((rank = 0; rank < ranks; rank++)); do
         [ $fault = MISMATCH ] || [ $rank -ne $victim ] && survivors+=($rank)
@@ -122,10 +113,9 @@ done
 # then ends as SIGTERM ends a process (status 143).
 dir="$work/sigterm"
 rm -rf "$dir" && mkdir -p "$dir"
-port=$(free_port)
 pids=()
 for rank in 0 1; do
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=$rank COLTRAIN_TIMEOUT=$timeout_s \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=0 COLTRAIN_PORT_FILE="$dir/port" WORLD_SIZE=2 RANK=$rank COLTRAIN_TIMEOUT=$timeout_s \
     COLTRAIN_TRACE_DIR="$dir" "$worker" "$dir/ready.$rank" 1024 > "$dir/output.$rank" 2>&1 &
   pids+=($!)
 done

@@ -1,6 +1,8 @@
 #pragma once
 // Runs the ranks of a TCP job as child processes of a Catch test, the way torchrun would: each
-// child gets RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that was free a moment ago,
+// child gets RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT=0 with a COLTRAIN_PORT_FILE
+// of the job's own, so rank 0 listens on a port the kernel gives it and nothing else can take
+// (a port probed free beforehand can be taken by any connection of a test running beside it);
 // runs the test's function for its rank, and exits 0 when it returned, 1 when it threw (after
 // writing the exception to stderr). The parent collects each rank's exit status and everything it
 // wrote, and kills the ranks that outlive a hard timeout, so a hanging rank fails the test instead
@@ -11,6 +13,8 @@
 // throwing, for example with expect().
 
 #include <coltrain/comm/socket.hpp>
+
+#include "temp_dir.hpp"
 
 #include <poll.h>
 #include <signal.h>
@@ -23,9 +27,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,12 +67,36 @@ inline void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error("expectation failed: " + what);
 }
 
-// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick for port 0).
+// The lowest port of the kernel's ephemeral range, from which every outgoing connection draws its
+// local port.
+inline int first_ephemeral_port() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  range >> low;
+  return low;
+}
+
+// A TCP port on 127.0.0.1 that nothing listens on now, below the ephemeral range, for the jobs
+// that need a fixed port (an elastic job's joiners come back to it). The kernel's pick for port 0
+// would lie in the ephemeral range, where any outgoing connection can take it before the job binds
+// it; here only another test drawing the same port from about 12,000 in the same moment could.
 inline int free_tcp_port() {
-  const comm::detail::FileDescriptor probe =
-      comm::detail::listen_tcp({comm::detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)), 0}, 0,
-                               "a free port for a test job", {});
-  return comm::detail::local_endpoint(probe.get()).port;
+  const int low = 20000, high = std::max(low + 1000, first_ephemeral_port());
+  std::random_device seed;
+  std::mt19937 draw(seed() ^ static_cast<unsigned>(::getpid()));
+  std::uniform_int_distribution<int> pick(low, high - 1);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(draw);
+    try {
+      const comm::detail::FileDescriptor probe = comm::detail::listen_tcp(
+          {comm::detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)), static_cast<std::uint16_t>(port)},
+          0, "a free port for a test job", {});
+      return port;
+    } catch (const Error&) {
+    }
+  }
+  throw std::runtime_error("no free TCP port in [" + std::to_string(low) + ", " +
+                           std::to_string(high) + ") after 200 draws");
 }
 
 namespace detail {
@@ -81,7 +111,8 @@ inline constexpr const char* kForeignLaunchVariables[] = {"OMPI_COMM_WORLD_RANK"
                                                           "MPI_LOCALRANKID",
                                                           "MPI_LOCALNRANKS"};
 
-[[noreturn]] inline void run_rank(int rank, int world_size, int port, int output,
+[[noreturn]] inline void run_rank(int rank, int world_size, const std::string& port_file,
+                                  const std::string& job_id, int output,
                                   const std::function<void(int)>& body,
                                   const LaunchOptions& options) {
   ::dup2(output, STDOUT_FILENO);
@@ -94,8 +125,9 @@ inline constexpr const char* kForeignLaunchVariables[] = {"OMPI_COMM_WORLD_RANK"
       {"LOCAL_RANK", std::to_string(rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
       {"MASTER_ADDR", "127.0.0.1"},
-      {"MASTER_PORT", std::to_string(port)},
-      {"COLTRAIN_JOB_ID", "tcp-test-" + std::to_string(::getppid()) + "-" + std::to_string(port)},
+      {"MASTER_PORT", "0"},
+      {"COLTRAIN_PORT_FILE", port_file},
+      {"COLTRAIN_JOB_ID", job_id},
   };
   for (const auto& [name, value] : launch) ::setenv(name.c_str(), value.c_str(), 1);
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);
@@ -121,7 +153,11 @@ inline constexpr const char* kForeignLaunchVariables[] = {"OMPI_COMM_WORLD_RANK"
 // Runs `body(rank)` in `world_size` child processes and returns their outcomes, indexed by rank.
 inline std::vector<RankOutcome> launch_ranks(int world_size, const std::function<void(int)>& body,
                                              const LaunchOptions& options = {}) {
-  const int port = free_tcp_port();
+  static int launches = 0;
+  const std::string job_id =
+      "tcp-test-" + std::to_string(::getpid()) + "-" + std::to_string(launches++);
+  const TempDir job_dir("coltrain_tcp_job");
+  const std::string port_file = (job_dir / "rendezvous_port").string();
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);  // or the children would write the parent's buffered output again
@@ -143,7 +179,7 @@ inline std::vector<RankOutcome> launch_ranks(int world_size, const std::function
       for (int earlier = 0; earlier < rank; ++earlier) {
         ::close(children[static_cast<std::size_t>(earlier)].output);
       }
-      detail::run_rank(rank, world_size, port, pipe_ends[1], body, options);
+      detail::run_rank(rank, world_size, port_file, job_id, pipe_ends[1], body, options);
     }
     ::close(pipe_ends[1]);
     children[static_cast<std::size_t>(rank)] = {pid, pipe_ends[0], true};

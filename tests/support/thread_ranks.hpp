@@ -1,6 +1,7 @@
 #pragma once
 // Runs the ranks of a TCP job as threads of the test process, each with a Communicator of its own
-// bootstrapped on a loopback port that was free a moment ago. Threads, not processes: ranks of a
+// bootstrapped on loopback, rank 0 on a port the kernel picks (MASTER_PORT=0), published to the
+// others in a port file of the job's own. Threads, not processes: ranks of a
 // GPU test share the one CUDA context, which a fork() after CUDA's initialisation could not use.
 //
 // A rank's function must not use Catch assertions (Catch is not thread-safe); it reports failures
@@ -22,7 +23,8 @@
 
 namespace coltrain::testing {
 
-// Rank `rank` of a job of `world_size` ranks on this host, with its rendezvous at 127.0.0.1:port.
+// Rank `rank` of a job of `world_size` ranks on this host, with its rendezvous at 127.0.0.1:port
+// (0: a port the kernel picks, published in CommOptions::port_file).
 inline LaunchEnv loopback_env(int rank, int world_size, int port) {
   LaunchEnv env;
   env.rank = rank;
@@ -37,17 +39,21 @@ inline LaunchEnv loopback_env(int rank, int world_size, int port) {
 inline std::vector<std::string> run_thread_ranks(
     int world_size, const std::function<void(comm::Communicator&)>& body,
     std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const int port = free_tcp_port();
+  static int launches = 0;
+  const std::string job_id = "thread-ranks-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(launches++);
+  const TempDir job_dir("coltrain_thread_job");
   std::vector<std::string> failures(static_cast<std::size_t>(world_size));
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < world_size; ++rank) {
     ranks.emplace_back([&, rank] {
       std::string& failure = failures[static_cast<std::size_t>(rank)];
       try {
-        const LaunchEnv env = loopback_env(rank, world_size, port);
+        const LaunchEnv env = loopback_env(rank, world_size, 0);
         comm::CommOptions options;
         options.timeout = timeout;  // a rank that failed early makes the others fail, not hang
-        options.job_id = "thread-ranks-" + std::to_string(port);
+        options.job_id = job_id;
+        options.port_file = job_dir / "rendezvous_port";
         comm::Communicator communicator = comm::Communicator::tcp(env, options);
         body(communicator);
       } catch (const std::exception& e) {

@@ -423,9 +423,12 @@ TEST_CASE("a stranger with the job id is refused in all of 1000 tries during the
         if (rank == 2) {
           // Rank 2 arrives only after the stranger's tries, so they all fall inside the
           // rendezvous; the stranger claims rank 2, with no secret or with a wrong one.
-          const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+          // Rank 0's port is the kernel's pick (MASTER_PORT=0), published in the port file.
+          const int port = detail::await_published_port(
+              std::getenv("COLTRAIN_PORT_FILE"), detail::hash_job_id("job-with-a-secret"),
+              coltrain::Deadline(10s), 10s, {});
           const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
-                                        static_cast<std::uint16_t>(env.master_port)};
+                                        static_cast<std::uint16_t>(port)};
           const comm::AuthSecret wrong(kOtherSecret, "the stranger");
           detail::RendezvousHello hello{};
           hello.world_size = 3;

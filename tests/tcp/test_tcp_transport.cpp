@@ -5,6 +5,7 @@
 #include "../support/tcp_launch.hpp"
 
 #include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/port_file.hpp>
 #include <coltrain/comm/tcp_transport.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -99,8 +100,9 @@ LaunchOptions on_either_path(LaunchOptions options = {}) {
   UNSCOPED_INFO("path: " << path);
   if (path == "single copy" && !host_allows_single_copy())
     WARN(
-        "this host refuses process_vm_readv between sibling processes (Yama ptrace_scope or "
-        "seccomp): the single-copy path is not tested here, its cases run over the rings");
+        "skipped part: this host refuses process_vm_readv between sibling processes (Yama "
+        "ptrace_scope or seccomp): the single-copy path is not tested here, its cases run over "
+        "the rings");
   options.env["COLTRAIN_SHM"] = path == "tcp" ? "0" : "1";
   options.env["COLTRAIN_SHM_SINGLE_COPY"] = path == "rings" ? "0" : "1";
   return options;
@@ -134,7 +136,9 @@ void require_all_passed(const std::vector<RankOutcome>& outcomes) {
 TEST_CASE("ring neighbours exchange messages of every size both ways at once", "[tcp]") {
   const int world_size = GENERATE(1, 2, 3, 4, 5);
   CAPTURE(world_size);
-  const LaunchOptions options = on_either_path();
+  LaunchOptions options = on_either_path();
+  // 64 MB each way between 5 ranks of a sanitizer build took up to 30 s on a loaded 2-core machine.
+  options.hard_timeout = std::chrono::seconds(120);
   const auto outcomes = launch_ranks(
       world_size,
       [](int rank) {
@@ -546,11 +550,15 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
         const coltrain::LaunchEnv env = coltrain::detect_launch_env();
         std::thread strangers;
         if (rank == 0) {
-          strangers = std::thread([&env] {
+          strangers = std::thread([] {
             namespace detail = coltrain::comm::detail;
-            const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
-                                          static_cast<std::uint16_t>(env.master_port)};
             const coltrain::Deadline deadline(5s);
+            // Rank 0's port is the kernel's pick (MASTER_PORT=0), published in the port file.
+            const coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
+            const int port = detail::await_published_port(
+                options.port_file, detail::hash_job_id(options.job_id), deadline, 5s, {});
+            const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                          static_cast<std::uint16_t>(port)};
             auto visit = [&](std::span<const std::byte> bytes) {
               detail::FileDescriptor socket =
                   detail::connect_with_retry(master, 0, deadline, "the rendezvous", 5s, {});
@@ -625,6 +633,8 @@ TEST_CASE("a rank that never shows up makes the others time out, naming it", "[t
 }
 
 TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communicator", "[tcp]") {
+  LaunchOptions options;  // a fixed port, as a launcher's MASTER_PORT is
+  options.env["MASTER_PORT"] = std::to_string(coltrain::testing::free_tcp_port());
   const auto outcomes = launch_ranks(2, [](int rank) {
     const coltrain::LaunchEnv env = coltrain::detect_launch_env();
     for (std::uint64_t round = 0; round < 2; ++round) {
@@ -644,7 +654,7 @@ TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communi
       expect(incoming == payload_of(1 - rank, round, 100),
              "exchange in round " + std::to_string(round));
     }
-  });
+  }, options);
   require_all_passed(outcomes);
 }
 
@@ -797,12 +807,17 @@ TEST_CASE("shared memory: a dead creator's segment is removed, a live one's is l
 }
 
 TEST_CASE("shared memory: two jobs on one host at once keep their bytes apart", "[tcp][shm]") {
-  // Ranks 0-1 are one job, ranks 2-3 another (their own MASTER_PORT and ranks), both at once.
-  const int second_port = coltrain::testing::free_tcp_port();
-  const auto outcomes = launch_ranks(4, [second_port](int launched) {
+  // Ranks 0-1 are one job, ranks 2-3 another (their own rendezvous port, job id and ranks), both
+  // at once.
+  const auto outcomes = launch_ranks(4, [](int launched) {
     print_pid();
     const int job = launched / 2;
-    if (job == 1) ::setenv("MASTER_PORT", std::to_string(second_port).c_str(), 1);
+    if (job == 1) {
+      for (const char* name : {"COLTRAIN_PORT_FILE", "COLTRAIN_JOB_ID"}) {
+        const std::string second = std::string(std::getenv(name)) + ".second";
+        ::setenv(name, second.c_str(), 1);
+      }
+    }
     for (const char* name : {"RANK", "LOCAL_RANK"})
       ::setenv(name, std::to_string(launched % 2).c_str(), 1);
     for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}) ::setenv(name, "2", 1);
@@ -883,4 +898,91 @@ TEST_CASE(
     }
   });
   require_all_passed(outcomes);
+}
+
+TEST_CASE("MASTER_PORT=0: rank 0 publishes the port it was given, the others find it there",
+          "[tcp][port_file]") {
+  // Every launch_ranks job runs this way; here the file itself is checked: it names this job and
+  // a port while the rendezvous is open, and is gone once every rank has the address table.
+  const auto outcomes = launch_ranks(3, [](int rank) {
+    const std::string file = std::getenv("COLTRAIN_PORT_FILE");
+    expect(std::string(std::getenv("MASTER_PORT")) == "0", "the launcher sets MASTER_PORT=0");
+    TcpTransport transport = connect_from_env();
+    expect(transport.size() == 3 && transport.rank() == rank, "a job of 3 ranks formed");
+    std::vector<std::byte> byte(1);
+    const int next = (rank + 1) % 3, previous = (rank + 2) % 3;
+    const auto send = transport.isend(next, header_of(0, 1), byte);
+    transport.wait(transport.irecv(previous, header_of(0, 1), byte));
+    transport.wait(send);
+    if (rank == 0) expect(!std::filesystem::exists(file), "rank 0 removed the port file");
+  });
+  require_all_passed(outcomes);
+
+  coltrain::LaunchEnv env;
+  env.world_size = 2;
+  env.master_port = 0;
+  CHECK_THROWS_WITH(TcpTransport(env, coltrain::comm::CommOptions{}),
+                    Contains("MASTER_PORT=0") && Contains("COLTRAIN_PORT_FILE"));
+}
+
+TEST_CASE("a port file is read for this job only, and whole", "[tcp][port_file]") {
+  namespace detail = coltrain::comm::detail;
+  coltrain::testing::TempDir dir("coltrain_port_file");
+  const auto file = dir / "port";
+  using State = detail::PublishedPort::State;
+  CHECK(detail::read_port_file(file, 7, {}).state == State::kAbsent);
+  detail::publish_port(file, 7, 41234, {});
+  CHECK(detail::read_port_file(file, 8, {}).state == State::kAbsent);  // another job's line
+  const detail::PublishedPort mine = detail::read_port_file(file, 7, {});
+  CHECK(mine.state == State::kPort);
+  CHECK(mine.port == 41234);
+  detail::publish_rendezvous_failure(file, 7, "listen: Address already in use\nat line 2", {});
+  const detail::PublishedPort failed = detail::read_port_file(file, 7, {});
+  CHECK(failed.state == State::kFailure);
+  CHECK(failed.failure == "listen: Address already in use at line 2");
+  {
+    std::ofstream partial(file, std::ios::trunc);
+    partial << "coltrain-port 1 0000000000000007 port 412";  // no newline: still being written
+  }
+  CHECK(detail::read_port_file(file, 7, {}).state == State::kAbsent);
+  {
+    std::ofstream other(file, std::ios::trunc);
+    other << "29500\n";
+  }
+  CHECK_THROWS_WITH(detail::read_port_file(file, 7, {}),
+                    Contains("not a coltrain port file") && Contains("29500"));
+  {
+    std::ofstream bad(file, std::ios::trunc);
+    bad << "coltrain-port 1 0000000000000007 port 70000\n";
+  }
+  CHECK_THROWS_WITH(detail::read_port_file(file, 7, {}), Contains("malformed"));
+  detail::withdraw_port_file(file);
+  CHECK_FALSE(std::filesystem::exists(file));
+}
+
+TEST_CASE("a rank 0 that cannot start the rendezvous tells the other ranks at once, with why",
+          "[tcp][port_file]") {
+  // The port is held by this test, so rank 0's listen fails. Without the port file the others
+  // would retry their connection until COLTRAIN_TIMEOUT (an hour here) and then say only that rank
+  // 0 never came; with it they fail with rank 0's own reason.
+  namespace detail = coltrain::comm::detail;
+  const detail::FileDescriptor holder = detail::listen_tcp(
+      {detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)), 0}, 0, "a port this test holds", {});
+  const int held = detail::local_endpoint(holder.get()).port;
+  LaunchOptions options;
+  options.env["MASTER_PORT"] = std::to_string(held);
+  options.env["COLTRAIN_TIMEOUT"] = "3600";
+  options.hard_timeout = 60s;
+  const auto outcomes = launch_ranks(
+      3, [](int) { TcpTransport transport = connect_from_env(); }, options);
+  INFO(coltrain::testing::describe(outcomes));
+  for (const RankOutcome& outcome : outcomes) {
+    CHECK_FALSE(outcome.timed_out);
+    CHECK(outcome.exit_code == 1);
+    CHECK_THAT(outcome.output, Contains("Address already in use"));
+  }
+  for (std::size_t rank = 1; rank < outcomes.size(); ++rank) {
+    CHECK_THAT(outcomes[rank].output, Contains("rank 0 could not start the rendezvous") &&
+                                          Contains("COLTRAIN_PORT_FILE"));
+  }
 }

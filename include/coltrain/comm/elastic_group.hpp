@@ -237,6 +237,12 @@ class ElasticGroup {
       throw InvalidArgument(
           "min_ranks is " + std::to_string(elastic_.min_ranks) + ", expected at least 1", context);
     }
+    if (env_.master_port == 0) {
+      // Joiners and later generations find the job at MASTER_PORT, long after the launch.
+      throw ConfigError("an elastic job needs a fixed MASTER_PORT, where joiners find it: 0 (a "
+                        "port the kernel picks, COLTRAIN_PORT_FILE) is for fixed-size jobs",
+                        context);
+    }
     master_ = {detail::resolve_address(env_.master_addr, "MASTER_ADDR", context),
                static_cast<std::uint16_t>(env_.master_port)};
     own_address_ = detail::data_address_for(env_.master_addr, master_, options_, context);

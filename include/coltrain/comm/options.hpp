@@ -1,7 +1,7 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
 // COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM,
-// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, and the shared secret of comm/auth.hpp
+// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, and the shared secret of comm/auth.hpp
 // (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
 #include <coltrain/comm/auth.hpp>
@@ -45,6 +45,10 @@ struct CommOptions {
   // with the same COLTRAIN_HOST_ID try shared memory (a segment that is not in fact shared falls
   // back to TCP), ranks with different ones use TCP. At most 60 characters.
   std::string host_id;
+  // Where rank 0 publishes the port of its rendezvous, and why it failed if it could not start
+  // one; the other ranks wait for it there (comm/port_file.hpp). Needed with MASTER_PORT=0 (rank 0
+  // listens on a port the kernel picks, which nothing can take before it). COLTRAIN_PORT_FILE.
+  std::filesystem::path port_file;
 };
 
 namespace detail {
@@ -101,6 +105,7 @@ inline CommOptions comm_options_from_env() {
     options.socket_ifname = ifname;
   }
   if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
+  if (const char* file = detail::nonempty_env("COLTRAIN_PORT_FILE")) options.port_file = file;
   if (const char* shm = detail::nonempty_env("COLTRAIN_SHM")) {
     const std::string value = shm;
     if (value != "0" && value != "1")

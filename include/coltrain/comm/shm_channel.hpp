@@ -456,9 +456,13 @@ class ShmStream {
     const ssize_t copied =
         ::process_vm_readv(single_copy_.peer, local.data(), locals, &remote, 1, 0);
     if (copied <= 0) {
-      // Gone (ESRCH), or the memory is (EFAULT: unmapped since, or a reference outside the
-      // protocol): either way the stream cannot go on.
-      errno = copied == 0 || errno == EFAULT ? EPROTO : ECONNRESET;
+      // A writer that broke down marks its ring closed before its caller can free the buffer, so
+      // memory gone from under a closed writer's reference is the peer gone (its last words say
+      // why), not a broken protocol. Otherwise: the process is gone (ESRCH), or the memory is
+      // (EFAULT with the writer still open: a reference outside the protocol).
+      const int error = errno;
+      const bool writer_left = in_->writer_closed.load(std::memory_order_seq_cst) != 0;
+      errno = !writer_left && (copied == 0 || error == EFAULT) ? EPROTO : ECONNRESET;
       return -1;
     }
     // The writer may have given up, and reused the memory, while the bytes were copied.

@@ -4,8 +4,9 @@
 //
 // 1. Every rank opens a data listener on an ephemeral port, on the address of
 //    COLTRAIN_SOCKET_IFNAME, else on the address this host uses to reach MASTER_ADDR.
-// 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT; ranks 1..n-1 connect (retrying, so ranks may start
-//    in any order) and send a RendezvousHello with their data address. Rank 0 checks each hello and
+// 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT (with MASTER_PORT=0 on a port the kernel picks,
+//    published in COLTRAIN_PORT_FILE: port_file.hpp); ranks 1..n-1 connect (retrying, so ranks may
+//    start in any order) and send a RendezvousHello with their data address. Rank 0 checks each hello and
 //    drops, with a warning, any connection that is not a rank of this job: a port scanner or a
 //    process of another job must not disturb this one.
 // 3. Rank 0 sends every rank the address table and a nonce it drew for this job, then closes the
@@ -23,6 +24,7 @@
 // architecture. Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
 
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/port_file.hpp>
 #include <coltrain/comm/socket.hpp>
 #include <coltrain/comm/tcp_handshake.hpp>
 #include <coltrain/core/config.hpp>
@@ -290,7 +292,7 @@ inline IpAddress data_address_for(const std::string& master_addr, const Endpoint
 }
 
 // Rank 0's side: waits for ranks 1..n-1, then sends everyone the table.
-inline AddressTable serve_rendezvous(const std::string& master_addr, const Endpoint& master,
+inline AddressTable serve_rendezvous(const std::string& master_addr, Endpoint master,
                                      const Endpoint& own_data, int world_size,
                                      std::uint64_t job_hash, const CommOptions& options,
                                      const Deadline& deadline, const Logger& logger,
@@ -299,6 +301,8 @@ inline AddressTable serve_rendezvous(const std::string& master_addr, const Endpo
   check_door_security(door.address, options, logger, context);
   FileDescriptor listener =
       listen_tcp(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
+  master.port = local_endpoint(listener.get()).port;  // the kernel's pick under MASTER_PORT=0
+  if (!options.port_file.empty()) publish_port(options.port_file, job_hash, master.port, context);
   const auto judge = [&](const RendezvousHello& hello) {
     return judge_rendezvous_hello(hello, 1, world_size, job_hash);
   };
@@ -306,6 +310,7 @@ inline AddressTable serve_rendezvous(const std::string& master_addr, const Endpo
       listener.get(), 1, world_size, deadline, judge, handshake_security(options, "rendezvous"),
       "the rendezvous at " + master.to_string(), logger, context);
   listener.reset();  // MASTER_PORT is free for the next job from here on
+  if (!options.port_file.empty()) withdraw_port_file(options.port_file);
 
   const std::vector<int> missing = missing_ranks(arrivals, 1);
   AddressTable table{make_nonce(), std::vector<PeerAddress>(static_cast<std::size_t>(world_size))};
@@ -500,22 +505,49 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   }
   if (env.world_size == 1) return std::vector<FileDescriptor>(1);
 
+  if (env.master_port == 0 && options.port_file.empty()) {
+    throw ConfigError(
+        "MASTER_PORT=0 asks rank 0 to listen on a port the kernel picks, which the other ranks "
+        "can only learn from COLTRAIN_PORT_FILE: set it to one path all ranks can read",
+        context);
+  }
   const Stopwatch elapsed;
   const Deadline deadline(options.timeout);
-  const Endpoint master{resolve_address(env.master_addr, "MASTER_ADDR", context),
-                        static_cast<std::uint16_t>(env.master_port)};
-  const IpAddress data_address = data_address_for(env.master_addr, master, options, context);
-  check_door_security(data_address, options, logger, context);
-  const FileDescriptor data_listener = listen_tcp({data_address, 0}, kSocketBufferBytes,
-                                                  "data connections from the other ranks", context);
-  const Endpoint own_data = local_endpoint(data_listener.get());
   const std::uint64_t job_hash = hash_job_id(options.job_id);
-
-  const AddressTable table =
-      env.rank == 0 ? serve_rendezvous(env.master_addr, master, own_data, env.world_size, job_hash,
-                                       options, deadline, logger, context)
-                    : join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
-                                      deadline, context);
+  AddressTable table;
+  FileDescriptor data_listener;
+  Endpoint own_data;
+  // Everything up to the table: a rank 0 that fails here tells the others through the port file.
+  const auto rendezvous = [&] {
+    Endpoint master{resolve_address(env.master_addr, "MASTER_ADDR", context),
+                    static_cast<std::uint16_t>(env.master_port)};
+    const IpAddress data_address = data_address_for(env.master_addr, master, options, context);
+    check_door_security(data_address, options, logger, context);
+    data_listener = listen_tcp({data_address, 0}, kSocketBufferBytes,
+                               "data connections from the other ranks", context);
+    own_data = local_endpoint(data_listener.get());
+    if (env.rank == 0) {
+      table = serve_rendezvous(env.master_addr, master, own_data, env.world_size, job_hash,
+                               options, deadline, logger, context);
+      return;
+    }
+    if (!options.port_file.empty()) {
+      master.port = static_cast<std::uint16_t>(
+          await_published_port(options.port_file, job_hash, deadline, options.timeout, context));
+    }
+    table = join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
+                            deadline, context);
+  };
+  if (env.rank != 0 || options.port_file.empty()) {
+    rendezvous();
+  } else {
+    try {
+      rendezvous();
+    } catch (const Error& e) {
+      publish_rendezvous_failure(options.port_file, job_hash, e.message(), context);
+      throw;
+    }
+  }
   std::vector<FileDescriptor> peers = connect_full_mesh(
       env.rank, env.world_size, table, data_listener, job_hash, options, logger, context);
   logger.info("TCP mesh of ", env.world_size, " ranks ready in ", elapsed.seconds() * 1e3,

@@ -14,7 +14,8 @@
 //   task, so only SLURM_PROCID marks a Slurm task.
 // - Values are whole base-10 ints: world size >= 1, 0 <= rank < world size,
 //   1 <= local world size <= world size, 0 <= local rank < local world size (or < world size when
-//   the local size is unknown), 1 <= MASTER_PORT <= 65535.
+//   the local size is unknown), 1 <= MASTER_PORT <= 65535, or MASTER_PORT=0: rank 0 listens on a
+//   port the kernel picks and publishes it in COLTRAIN_PORT_FILE (comm/port_file.hpp).
 // - The per-process sources (torchrun, Open MPI, MPICH) must agree with the chosen one, C. For
 //   each other present one, O: equal world sizes need equal ranks; O larger than C means C is
 //   stale (RANK/WORLD_SIZE left in the shell); C larger must be a multiple of O, which is a nested
@@ -411,14 +412,15 @@ inline LaunchEnv detect_launch_env(const EnvLookup& lookup) {
     }
   }
   if (std::optional<detail::IntVar> port = detail::read_int(lookup, "MASTER_PORT")) {
-    if (port->value < 1 || port->value > 65535) {
-      detail::throw_env_error("master port must be in [1, 65535]: " + port->show());
+    if (port->value < 0 || port->value > 65535) {
+      detail::throw_env_error("master port must be in [1, 65535], or 0 with COLTRAIN_PORT_FILE: " +
+                              port->show());
     }
     env.master_port = port->value;
   }
   if (std::optional<detail::RawVar> agent_store =
           detail::read_var(lookup, "TORCHELASTIC_USE_AGENT_STORE");
-      agent_store && agent_store->text == "True") {
+      agent_store && agent_store->text == "True" && env.master_port != 0) {
     if (env.master_port == 65535) {
       detail::throw_env_error(
           "torchrun's agent holds MASTER_PORT=65535 and the rendezvous needs "
