@@ -65,7 +65,7 @@ TEST_CASE("host memory from 2 MiB up is aligned to 2 MiB and advised as huge pag
     INFO("VmFlags:" << flags);
     CHECK(flags.find(" hg ") != std::string::npos);
   } else {
-    WARN("this kernel has no transparent huge pages: only the alignment is checked");
+    WARN("skipped part: no transparent huge pages in this kernel; only the alignment is checked");
   }
   coltrain::free_host_memory(memory);
 
