@@ -306,3 +306,42 @@ TEST_CASE("Adam rejects invalid options", "[optim][adam][errors]") {
   CHECK_THROWS_AS(AdamW(AdamW::Options{.weight_decay = -0.01}), InvalidArgument);
   CHECK_NOTHROW(Adam(Adam::Options{.beta1 = 0.0}));
 }
+
+// The Fp64 policy's optimizers: every operation in double, so they follow update rules written in
+// double to a few ulps, where the float instances follow them to about 1e-6 (hyperparameters
+// rounded to float alone would move these values by 1e-9).
+TEST_CASE("BasicSgd<double> and BasicAdam<double> compute in double", "[optim][float64]") {
+  using coltrain::optim::BasicAdam;
+  using coltrain::optim::BasicSgd;
+  using coltrain::optim::MasterParamRef;
+  const std::vector<double> grads{0.3, -0.1, 0.7, 0.05, -0.4};
+  double value = 0.5, grad = 0.0;
+  const MasterParamRef<double> ref{"w", std::span<double>(&value, 1),
+                                   std::span<const double>(&grad, 1)};
+  const std::span<const MasterParamRef<double>> params(&ref, 1);
+
+  SECTION("SGD with Nesterov momentum and weight decay") {
+    BasicSgd<double> sgd(BasicSgd<double>::Options{
+        .lr = 0.01, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true});
+    double expected = 0.5, buf = 0.0;
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      grad = grads[k];
+      sgd.step(params);
+      const double d = grads[k] + 0.1 * expected;
+      buf = k == 0 ? d : 0.9 * buf + d;
+      expected -= 0.01 * (d + 0.9 * buf);
+      CHECK(value == Approx(expected).epsilon(1e-15));
+    }
+  }
+  SECTION("Adam") {
+    BasicAdam<double> adam(
+        BasicAdam<double>::Options{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6});
+    AdamReference reference{0.5};
+    for (const double g : grads) {
+      grad = g;
+      adam.step(params);
+      reference.update(g, 0.01, 0.8, 0.99, 1e-6);
+      CHECK(value == Approx(reference.value).epsilon(1e-14));
+    }
+  }
+}

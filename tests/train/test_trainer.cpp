@@ -24,6 +24,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace coltrain;
@@ -57,7 +58,6 @@ using Model = nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4,
                              nn::Named<"bn", nn::BatchNormReLU2d<>>, nn::MaxPool2d<2>, nn::Flatten,
                              nn::Named<"fc", nn::Linear<4>>>;
 using Net = nn::Network<Model>;
-using Sgd = optim::PrecisionOptimizer<optim::Fp32, optim::Sgd>;
 // Without BatchNorm, whose batch statistics make a batch of 8 differ from two of 4.
 using MlpModel = nn::Sequential<nn::Input<1, 6, 6>, nn::Flatten, nn::Named<"fc1", nn::Linear<12>>,
                                 nn::ReLU, nn::Named<"fc2", nn::Linear<4>>>;
@@ -71,10 +71,15 @@ Json read_json(const std::filesystem::path& file) {
   return Json::parse(text.str());
 }
 
+// Runs train in float (Fp32 and Sgd) or, with T = double, in float64 (Fp64 and BasicSgd<double>).
+template <class T>
+using PolicyFor = std::conditional_t<std::is_same_v<T, double>, optim::Fp64, optim::Fp32>;
+
+template <class T = float>
 struct Run {
   train::FitResult result;
-  std::vector<float> weights;  // all parameters, in state_dict order
-  std::string output;          // what rank 0 printed
+  std::vector<T> weights;  // all parameters, in state_dict order
+  std::string output;      // what rank 0 printed
 };
 
 struct Setup {
@@ -84,38 +89,39 @@ struct Setup {
 };
 
 // Trains a fresh network for `epochs` (or, with `resume`, continues from the checkpoints).
-template <class M = Model>
-Run fit(comm::Communicator& comm, train::TrainerOptions options, Setup setup = {}) {
-  using N = nn::Network<M>;
+template <class M = Model, class T = float>
+Run<T> fit(comm::Communicator& comm, train::TrainerOptions options, Setup setup = {}) {
+  using N = nn::Network<M, T>;
+  using Policy = PolicyFor<T>;
+  using Sgd = optim::BasicSgd<T>;
   const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
   N net({.threads = 1, .seed = 7});
   const bool zero = setup.zero;
   train::DataParallel ddp(net, comm, {.zero_stage = zero ? 1 : 0});
-  const optim::Sgd::Options sgd_options{.lr = setup.lr, .momentum = 0.9};
-  std::optional<Sgd> sgd;
-  std::optional<train::ZeroOptimizer<N, optim::Fp32, optim::Sgd>> sharded;
+  const typename Sgd::Options sgd_options{.lr = setup.lr, .momentum = 0.9};
+  std::optional<optim::PrecisionOptimizer<Policy, Sgd>> sgd;
+  std::optional<train::ZeroOptimizer<N, Policy, Sgd>> sharded;
   if (zero)
-    sharded.emplace(ddp, optim::Sgd(sgd_options));
+    sharded.emplace(ddp, Sgd(sgd_options));
   else
-    sgd.emplace(optim::parameters_of(net), optim::Sgd(sgd_options));
+    sgd.emplace(optim::parameters_of(net), Sgd(sgd_options));
   data::DistributedSampler sampler(train_set.size(),
                                    {.num_replicas = comm.size(), .rank = comm.rank(), .seed = 3});
-  data::Loader<float> train_loader(train_set, sampler, {.batch_size = setup.batch_size},
-                                   kTransform);
+  data::Loader<T> train_loader(train_set, sampler, {.batch_size = setup.batch_size}, kTransform);
   std::vector<std::int64_t> shard;
   for (std::int64_t i = comm.rank(); i < test_set.size(); i += comm.size()) shard.push_back(i);
-  data::Loader<float> test_loader(test_set, shard, {.batch_size = 16}, kTransform);
+  data::Loader<T> test_loader(test_set, shard, {.batch_size = 16}, kTransform);
   std::ostringstream out;
   options.out = &out;
   options.progress = false;
   options.model_name = "quadrant_net";
   const optim::CosineAnnealingLr schedule{.base_lr = setup.lr, .t_max = 200};
-  std::optional<train::Trainer<N, optim::Fp32, optim::Sgd>> trainer;
+  std::optional<train::Trainer<N, Policy, Sgd>> trainer;
   if (zero)
     trainer.emplace(net, *sharded, ddp, schedule, options);
   else
     trainer.emplace(net, *sgd, ddp, schedule, options);
-  Run run{trainer->fit(train_loader, test_loader), {}, {}};
+  Run<T> run{trainer->fit(train_loader, test_loader), {}, {}};
   net.visit_parameters([&](const std::string&, auto& p) {
     run.weights.insert(run.weights.end(), p.value.span().begin(), p.value.span().end());
   });
@@ -240,6 +246,35 @@ TEST_CASE("ZeRO-1 in the trainer: the same weights, and checkpoints that resume 
     CHECK(sharded_rest.weights == whole.weights);
     if (comm.rank() == 0)
       CHECK_THAT(sharded_rest.output, Catch::Contains("resuming after epoch 2"));
+  }
+}
+
+// Fp64: parameters, gradients, optimizer state and checkpoints all in double, so that a long run
+// can be compared with a float64 PyTorch one (tests/optim/test_float64_training_parity.cpp).
+TEST_CASE("float64: the trainer learns, shards, and resumes from fp64 checkpoints bit for bit",
+          "[trainer][float64]") {
+  for (const Backend backend : kBackends) {
+    comm::Communicator& comm = shared_communicator(backend);
+    INFO("backend " << comm::name_of(backend) << ", " << comm.size() << " ranks");
+    const coltrain::testing::TempDir temp;
+    const std::filesystem::path dir = shared_dir(comm, temp);
+    const Run whole = fit<Model, double>(comm, {.epochs = 4});
+    CHECK(whole.result.validation.top1() >= 0.9);
+    // Computed in double: weights that float cannot hold.
+    CHECK(std::ranges::any_of(
+        whole.weights, [](double w) { return static_cast<double>(static_cast<float>(w)) != w; }));
+    CHECK(fit<Model, double>(comm, {.epochs = 4}, {.zero = true}).weights == whole.weights);
+
+    const Run first_half = fit<Model, double>(comm, {.epochs = 2, .checkpoint_dir = dir / "f64"});
+    const Run second_half =
+        fit<Model, double>(comm, {.epochs = 4, .checkpoint_dir = dir / "f64", .resume = true});
+    CHECK(first_half.weights != whole.weights);
+    CHECK(second_half.result.global_step == whole.result.global_step);
+    CHECK(second_half.weights == whole.weights);
+    const auto saved = train::find_latest_checkpoint(dir / "f64");
+    REQUIRE(saved.has_value());
+    CHECK(tensor::SafetensorsReader(saved->optimizer).entry("conv.weight.momentum_buffer").dtype ==
+          DataType::kFloat64);
   }
 }
 

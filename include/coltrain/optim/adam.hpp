@@ -1,6 +1,7 @@
 #pragma once
 // Adam and AdamW as torch.optim.Adam and torch.optim.AdamW (PyTorch 1.13, single-tensor path,
-// amsgrad and maximize off). Per element, in float, with t the parameter's step count:
+// amsgrad and maximize off). Per element, in T (float; double for the Fp64 policy), with t the
+// parameter's step count:
 //
 //   Adam:  g = grad + weight_decay * value          (L2 decay folded into the gradient)
 //   AdamW: value = value * (1 - lr * weight_decay)  (decoupled decay), g = grad
@@ -8,9 +9,9 @@
 //   v = beta2 * v + (1 - beta2) * g * g
 //   value = value - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //
-// The bias corrections and the step size are computed in double on the host and rounded to float
-// once, as PyTorch does with its Python scalars; each multiply and add rounds where PyTorch's
-// separate tensor operations round.
+// The bias corrections and the step size are computed in double on the host and rounded to T once,
+// as PyTorch does with its Python scalars; each multiply and add rounds where PyTorch's separate
+// tensor operations round.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -22,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace coltrain::optim {
@@ -52,48 +54,52 @@ inline void check_adam_options(std::string_view name, double lr, double beta1, d
 }
 
 // The state and update shared by Adam and AdamW; they differ only in how decay is applied.
+template <class T>
 class AdamEngine {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "Adam and AdamW compute in float or double");
+
  public:
-  void step(std::span<const ParamRef> params, double lr, const AdamHyperparameters& h,
+  void step(std::span<const MasterParamRef<T>> params, double lr, const AdamHyperparameters& h,
             std::string_view name) {
     check_lr(lr, name);
     layout_.bind(params, name);
     ensure_state(params);
 
-    const float beta1 = static_cast<float>(h.beta1);
-    const float beta2 = static_cast<float>(h.beta2);
-    const float one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-    const float one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-    const float eps = static_cast<float>(h.eps);
+    const T beta1 = static_cast<T>(h.beta1);
+    const T beta2 = static_cast<T>(h.beta2);
+    const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1);
+    const T one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
+    const T eps = static_cast<T>(h.eps);
     for (std::size_t p = 0; p < params.size(); ++p) {
-      const ParamRef& param = params[p];
+      const MasterParamRef<T>& param = params[p];
       State& state = state_[p];
       state.step += 1;
       const double t = static_cast<double>(state.step);
       const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
       const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
-      const float neg_step_size = static_cast<float>(-(lr / bias_correction1));
-      const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+      const T neg_step_size = static_cast<T>(-(lr / bias_correction1));
+      const T bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
 
       const bool decay = h.weight_decay != 0 && param.weight_decay;
-      const float l2 = decay && !h.decoupled ? static_cast<float>(h.weight_decay) : 0.0f;
+      const T l2 = decay && !h.decoupled ? static_cast<T>(h.weight_decay) : T(0);
       const bool decoupled = decay && h.decoupled;
-      const float shrink = static_cast<float>(1.0 - lr * h.weight_decay);
+      const T shrink = static_cast<T>(1.0 - lr * h.weight_decay);
 
-      float* value = param.value.data();
-      const float* grad = param.grad.data();
-      float* m = state.exp_avg.data();
-      float* v = state.exp_avg_sq.data();
+      T* value = param.value.data();
+      const T* grad = param.grad.data();
+      T* m = state.exp_avg.data();
+      T* v = state.exp_avg_sq.data();
       const std::size_t n = param.value.size();
       for (std::size_t i = 0; i < n; ++i) {
-        float g = grad[i];
-        if (l2 != 0.0f) g = g + l2 * value[i];
+        T g = grad[i];
+        if (l2 != T(0)) g = g + l2 * value[i];
         if (decoupled) value[i] = value[i] * shrink;
         m[i] = m[i] * beta1;
         m[i] = m[i] + one_minus_beta1 * g;
         v[i] = v[i] * beta2;
         v[i] = v[i] + one_minus_beta2 * g * g;
-        const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
+        const T denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
         value[i] = value[i] + neg_step_size * m[i] / denom;
       }
     }
@@ -102,16 +108,16 @@ class AdamEngine {
   template <class F>
   void for_each_state(F&& f) {
     for (std::size_t p = 0; p < state_.size(); ++p) {
-      f(layout_.name(p) + ".exp_avg", std::span<float>(state_[p].exp_avg));
-      f(layout_.name(p) + ".exp_avg_sq", std::span<float>(state_[p].exp_avg_sq));
+      f(layout_.name(p) + ".exp_avg", std::span<T>(state_[p].exp_avg));
+      f(layout_.name(p) + ".exp_avg_sq", std::span<T>(state_[p].exp_avg_sq));
     }
   }
 
   template <class F>
   void for_each_state(F&& f) const {
     for (std::size_t p = 0; p < state_.size(); ++p) {
-      f(layout_.name(p) + ".exp_avg", std::span<const float>(state_[p].exp_avg));
-      f(layout_.name(p) + ".exp_avg_sq", std::span<const float>(state_[p].exp_avg_sq));
+      f(layout_.name(p) + ".exp_avg", std::span<const T>(state_[p].exp_avg));
+      f(layout_.name(p) + ".exp_avg_sq", std::span<const T>(state_[p].exp_avg_sq));
     }
   }
 
@@ -135,7 +141,7 @@ class AdamEngine {
     return state_[index].step;
   }
 
-  void allocate_state(std::span<const ParamRef> params, std::string_view name) {
+  void allocate_state(std::span<const MasterParamRef<T>> params, std::string_view name) {
     layout_.bind(params, name);
     ensure_state(params);
   }
@@ -143,17 +149,17 @@ class AdamEngine {
  private:
   struct State {
     std::int64_t step = 0;
-    std::vector<float> exp_avg;
-    std::vector<float> exp_avg_sq;
+    std::vector<T> exp_avg;
+    std::vector<T> exp_avg_sq;
   };
 
   // PyTorch creates zero moments and step 0 at a parameter's first step.
-  void ensure_state(std::span<const ParamRef> params) {
+  void ensure_state(std::span<const MasterParamRef<T>> params) {
     if (state_.size() == params.size()) return;
     state_.resize(params.size());
     for (std::size_t p = 0; p < params.size(); ++p) {
-      state_[p].exp_avg.assign(params[p].value.size(), 0.0f);
-      state_[p].exp_avg_sq.assign(params[p].value.size(), 0.0f);
+      state_[p].exp_avg.assign(params[p].value.size(), T(0));
+      state_[p].exp_avg_sq.assign(params[p].value.size(), T(0));
     }
   }
 
@@ -173,9 +179,11 @@ struct AdamOptions {
   double weight_decay = kDecoupled ? 1e-2 : 0.0;
 };
 
-template <bool kDecoupled>
+template <class T, bool kDecoupled>
 class AdamOptimizer {
  public:
+  using value_type = T;
+  using Param = MasterParamRef<T>;
   using Options = AdamOptions<kDecoupled>;
   static constexpr std::string_view kName = kDecoupled ? "AdamW" : "Adam";
 
@@ -190,7 +198,7 @@ class AdamOptimizer {
 
   // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
   // must be the same, in the same order, at every step: state is kept by index.
-  void step(std::span<const ParamRef> params, double lr) {
+  void step(std::span<const Param> params, double lr) {
     AdamHyperparameters hyperparameters;
     hyperparameters.beta1 = options_.beta1;
     hyperparameters.beta2 = options_.beta2;
@@ -199,9 +207,9 @@ class AdamOptimizer {
     hyperparameters.decoupled = kDecoupled;
     engine_.step(params, lr, hyperparameters, kName);
   }
-  void step(std::span<const ParamRef> params) { step(params, options_.lr); }
+  void step(std::span<const Param> params) { step(params, options_.lr); }
 
-  // f(std::string name, std::span<float>) for "<parameter>.exp_avg" and "<parameter>.exp_avg_sq"
+  // f(std::string name, std::span<T>) for "<parameter>.exp_avg" and "<parameter>.exp_avg_sq"
   // of every parameter with state (all of them after the first step, none before).
   template <class F>
   void for_each_state(F&& f) {
@@ -228,25 +236,31 @@ class AdamOptimizer {
 
   // For loading a checkpoint: binds the layout and creates zero moments and step counts, exactly
   // the state a first step starts from, for for_each_state and for_each_step to fill.
-  void allocate_state(std::span<const ParamRef> params) { engine_.allocate_state(params, kName); }
+  void allocate_state(std::span<const Param> params) { engine_.allocate_state(params, kName); }
 
  private:
   Options options_;
-  AdamEngine engine_;
+  AdamEngine<T> engine_;
 };
 
 }  // namespace detail
 
 // torch.optim.Adam: weight decay as L2 added to the gradient; Options::weight_decay defaults to 0.
-class Adam : public detail::AdamOptimizer<false> {
+template <class T>
+class BasicAdam : public detail::AdamOptimizer<T, false> {
  public:
-  using AdamOptimizer::AdamOptimizer;
+  using detail::AdamOptimizer<T, false>::AdamOptimizer;
 };
 
 // torch.optim.AdamW: decoupled weight decay; Options::weight_decay defaults to 1e-2.
-class AdamW : public detail::AdamOptimizer<true> {
+template <class T>
+class BasicAdamW : public detail::AdamOptimizer<T, true> {
  public:
-  using AdamOptimizer::AdamOptimizer;
+  using detail::AdamOptimizer<T, true>::AdamOptimizer;
 };
+
+// The float instances, which every policy but Fp64 steps (master_t in optim/precision.hpp).
+using Adam = BasicAdam<float>;
+using AdamW = BasicAdamW<float>;
 
 }  // namespace coltrain::optim

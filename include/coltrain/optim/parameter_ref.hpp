@@ -1,9 +1,10 @@
 #pragma once
 // How parameters reach the optimizers: as views, so that any layer (or a flat buffer of a
 // data-parallel bucket) can hand its values and gradients over without the optimizers knowing the
-// layer types. ParamRef is the fp32 view the optimizers update; TypedParamRef<T> is a model's view
-// in its storage type, which PrecisionOptimizer turns into ParamRefs (directly for fp32, through
-// fp32 master copies for half and bfloat16).
+// layer types. MasterParamRef<T> is the view the optimizers update, in the type they compute in
+// (ParamRef: float; double under the Fp64 policy); TypedParamRef<T> is a model's view in its
+// storage type, which PrecisionOptimizer turns into MasterParamRefs (directly for fp32 and fp64,
+// through fp32 master copies for half and bfloat16).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -20,15 +21,20 @@ namespace coltrain::optim {
 // One parameter as the optimizer sees it: values updated in place, gradients read only. The name is
 // PyTorch's state_dict key ("conv1.weight"); it names the parameter in errors and in
 // for_each_state. weight_decay = false exempts the parameter from weight decay (biases and norm
-// layers, which PyTorch expresses as a param group with weight_decay 0).
-struct ParamRef {
+// layers, which PyTorch expresses as a param group with weight_decay 0). T is float, or double
+// under the Fp64 policy.
+template <class T>
+struct MasterParamRef {
+  using value_type = T;
   std::string_view name;
-  std::span<float> value;
-  std::span<const float> grad;
+  std::span<T> value;
+  std::span<const T> grad;
   bool weight_decay = true;
 };
 
-// A model's parameter in its own storage type T (float, half, bfloat16). The gradient is mutable
+using ParamRef = MasterParamRef<float>;
+
+// A model's parameter in its own storage type T (float, double, half, bfloat16). The gradient is mutable
 // because an fp32 policy with loss scaling unscales it in place, as torch's GradScaler.unscale_.
 template <class T>
 struct TypedParamRef {
@@ -58,7 +64,8 @@ inline void check_sizes(std::string_view name, std::size_t index, std::size_t va
 }  // namespace detail
 
 // Throws InvalidArgument naming the parameter unless its values and gradients have the same size.
-inline void check_param_ref(const ParamRef& param, std::size_t index = 0) {
+template <class T>
+void check_param_ref(const MasterParamRef<T>& param, std::size_t index = 0) {
   detail::check_sizes(param.name, index, param.value.size(), param.grad.size());
 }
 
@@ -74,8 +81,9 @@ namespace detail {
 // count, size or name means the state would be applied to the wrong tensor.
 class ParamLayout {
  public:
-  // Checks every ParamRef, then records or compares the layout. Throws before anything changes.
-  void bind(std::span<const ParamRef> params, std::string_view optimizer) {
+  // Checks every parameter, then records or compares the layout. Throws before anything changes.
+  template <class T>
+  void bind(std::span<const MasterParamRef<T>> params, std::string_view optimizer) {
     for (std::size_t i = 0; i < params.size(); ++i) check_param_ref(params[i], i);
     if (!bound_) {
       names_.clear();

@@ -4,7 +4,8 @@
 // A policy is a type naming how a model stores its parameters and what a training step needs
 // around the optimizer: fp32 master weights (16-bit storage cannot accumulate small updates: an
 // update below half an ulp of the value is lost) and loss scaling (fp16's narrow exponent flushes
-// small gradients to zero; bf16 has float's exponent and does not need it).
+// small gradients to zero; bf16 has float's exponent and does not need it). The optimizer computes
+// in master_t<Policy>: double for double storage (Fp64), float for every other.
 //
 // PrecisionOptimizer<Policy, Optimizer> runs a step in two halves so that data-parallel callers can
 // agree on skipping it in between:
@@ -67,6 +68,15 @@ struct MixedBf16 {
   static constexpr std::string_view kName = "bf16";
 };
 
+// Parameters, gradients and optimizer all in double: long parity runs against a float64 PyTorch
+// model, where float32's rounding would make two correct runs drift apart within a few steps.
+struct Fp64 {
+  using Storage = double;
+  static constexpr bool kMasterWeights = false;
+  static constexpr bool kLossScaling = false;
+  static constexpr std::string_view kName = "fp64";
+};
+
 namespace detail {
 
 template <class P>
@@ -83,25 +93,33 @@ inline constexpr bool kIsParameterStorage =
 
 }  // namespace detail
 
-// Storage is float, half or bfloat16; the optimizers work in float, so a 16-bit storage needs
-// master weights.
+// Storage is float, half or bfloat16, whose optimizers work in float, so a 16-bit storage needs
+// master weights; or double, which needs neither master weights nor loss scaling.
 template <class P>
 concept PrecisionPolicy = detail::HasPrecisionMembers<P> &&
-    detail::kIsParameterStorage<typename P::Storage> &&
-    (std::is_same_v<typename P::Storage, float> || P::kMasterWeights);
+    ((detail::kIsParameterStorage<typename P::Storage> &&
+      (std::is_same_v<typename P::Storage, float> || P::kMasterWeights)) ||
+     (std::is_same_v<typename P::Storage, double> && !P::kMasterWeights && !P::kLossScaling));
 
-// What PrecisionOptimizer needs of an optimizer (Sgd, Adam, AdamW).
+// The type a policy's optimizer computes in, and its master weights are kept in.
+template <PrecisionPolicy P>
+using master_t = std::conditional_t<std::is_same_v<typename P::Storage, double>, double, float>;
+
+// What PrecisionOptimizer needs of an optimizer (Sgd, Adam, AdamW, or their Basic*<double>): a
+// step over parameters of its value_type.
 template <class O>
-concept ParamOptimizer = requires(O& optimizer, std::span<const ParamRef> params, double lr) {
-  optimizer.step(params, lr);
-};
+concept ParamOptimizer =
+    requires(O& optimizer, std::span<const MasterParamRef<typename O::value_type>> params,
+             double lr) { optimizer.step(params, lr); };
 
-// A host copy of a precision optimizer's state, named as a checkpoint names it. Exported and
-// imported by PrecisionOptimizer (CPU) and DevicePrecisionOptimizer (GPU) alike.
-struct OptimizerSnapshot {
+// A host copy of a precision optimizer's state, named as a checkpoint names it, in the type the
+// optimizer computes in (OptimizerSnapshot: float). Exported and imported by PrecisionOptimizer
+// (CPU) and DevicePrecisionOptimizer (GPU) alike.
+template <class T>
+struct BasicOptimizerSnapshot {
   struct Tensor {
     std::string name;
-    std::vector<float> values;
+    std::vector<T> values;
   };
   // The optimizer's state tensors in its for_each_state order: "<parameter>.momentum_buffer"
   // (SGD with momentum) or "<parameter>.exp_avg" and ".exp_avg_sq" (Adam, AdamW). Empty before
@@ -119,6 +137,8 @@ struct OptimizerSnapshot {
   std::optional<std::int64_t> steps_skipped;
 };
 
+using OptimizerSnapshot = BasicOptimizerSnapshot<float>;
+
 namespace detail {
 
 template <class O>
@@ -130,29 +150,31 @@ concept HasStepCounts = requires(O& o) {
 template <class O>
 bool has_optimizer_state(const O& optimizer) {
   bool any = false;
-  optimizer.for_each_state([&](const std::string&, std::span<const float>) { any = true; });
+  optimizer.for_each_state([&](const std::string&, auto) { any = true; });
   return any;
 }
 
 // A snapshot's tensors by name, for an import to take each exactly once; InvalidArgument naming
 // the tensor for a duplicate, a missing one, a wrong size, or one left over.
+template <class Tensor>
 class SnapshotIndex {
  public:
-  SnapshotIndex(const std::vector<OptimizerSnapshot::Tensor>& tensors, std::string what)
-      : what_(std::move(what)) {
-    for (const OptimizerSnapshot::Tensor& t : tensors) {
+  using Value = typename decltype(Tensor::values)::value_type;
+
+  SnapshotIndex(const std::vector<Tensor>& tensors, std::string what) : what_(std::move(what)) {
+    for (const Tensor& t : tensors) {
       if (!by_name_.emplace(t.name, &t).second) {
         throw InvalidArgument("the " + what_ + " hold tensor '" + t.name + "' twice");
       }
     }
   }
 
-  std::span<const float> take(const std::string& name, std::size_t size) {
+  std::span<const Value> take(const std::string& name, std::size_t size) {
     const auto found = by_name_.find(name);
     if (found == by_name_.end()) {
       throw InvalidArgument("the " + what_ + " lack tensor '" + name + "'");
     }
-    const std::vector<float>& values = found->second->values;
+    const std::vector<Value>& values = found->second->values;
     if (values.size() != size) {
       throw InvalidArgument("tensor '" + name + "' of the " + what_ + " has " +
                             std::to_string(values.size()) + " elements, expected " +
@@ -172,12 +194,13 @@ class SnapshotIndex {
 
  private:
   std::string what_;
-  std::map<std::string, const OptimizerSnapshot::Tensor*, std::less<>> by_name_;
+  std::map<std::string, const Tensor*, std::less<>> by_name_;
 };
 
 // The step count `name` of a snapshot; InvalidArgument if it is missing or negative.
-inline std::int64_t snapshot_step_count(const OptimizerSnapshot& snapshot,
-                                        const std::string& name) {
+template <class T>
+std::int64_t snapshot_step_count(const BasicOptimizerSnapshot<T>& snapshot,
+                                 const std::string& name) {
   for (const auto& [key, count] : snapshot.step_counts) {
     if (key != name) continue;
     if (count < 0) {
@@ -195,7 +218,15 @@ template <PrecisionPolicy Precision, ParamOptimizer Optimizer>
 class PrecisionOptimizer {
  public:
   using Storage = typename Precision::Storage;
+  using Master = master_t<Precision>;
   using Param = TypedParamRef<Storage>;
+  using MasterParam = MasterParamRef<Master>;
+  using Snapshot = BasicOptimizerSnapshot<Master>;
+
+  static_assert(std::is_same_v<typename Optimizer::value_type, Master>,
+                "PrecisionOptimizer: the optimizer must compute in the policy's master_t: "
+                "BasicSgd<double>, BasicAdam<double> or BasicAdamW<double> under Fp64, and Sgd, "
+                "Adam or AdamW (float) under the others");
 
   // The views must stay valid for the lifetime of this object. With master weights, the fp32
   // copies are taken now: load a checkpoint into the model before constructing, or into
@@ -216,9 +247,9 @@ class PrecisionOptimizer {
         master_values_[p].resize(param.value.size());
         master_grads_[p].resize(param.grad.size());
         for (std::size_t i = 0; i < param.value.size(); ++i) {
-          master_values_[p][i] = static_cast<float>(param.value[i]);
+          master_values_[p][i] = static_cast<Master>(param.value[i]);
         }
-        refs_.push_back({param.name, std::span<float>(master_values_[p]), master_grads_[p],
+        refs_.push_back({param.name, std::span<Master>(master_values_[p]), master_grads_[p],
                          param.weight_decay});
       }
     } else {
@@ -235,10 +266,10 @@ class PrecisionOptimizer {
   PrecisionOptimizer(PrecisionOptimizer&&) = default;
   PrecisionOptimizer& operator=(PrecisionOptimizer&&) = default;
 
-  // First half of a step: brings the gradients to fp32 (into the master gradients, or in place for
-  // float storage) divided by the loss scale when scaling, and returns whether all of this rank's
-  // gradients are finite. Throws coltrain::Error if called twice without apply() in between (the
-  // second call would unscale in-place gradients twice).
+  // First half of a step: brings the gradients to the master type (into the master gradients, or in
+  // place for float and double storage) divided by the loss scale when scaling, and returns whether
+  // all of this rank's gradients are finite. Throws coltrain::Error if called twice without apply()
+  // in between (the second call would unscale in-place gradients twice).
   bool unscale_and_check() {
     if (unscaled_) {
       throw Error("PrecisionOptimizer: unscale_and_check() called twice without apply()");
@@ -250,11 +281,11 @@ class PrecisionOptimizer {
     for (std::size_t p = 0; p < params_.size(); ++p) {
       const std::span<const Storage> grad = params_[p].grad;
       if constexpr (Precision::kMasterWeights) {
-        finite &= optim::unscale_and_check(grad, std::span<float>(master_grads_[p]), inv_scale);
+        finite &= optim::unscale_and_check(grad, std::span<Master>(master_grads_[p]), inv_scale);
       } else if constexpr (Precision::kLossScaling) {
         finite &= optim::unscale_and_check(grad, params_[p].grad, inv_scale);
       } else {
-        for (float g : grad) finite &= std::isfinite(g);
+        for (const Storage g : grad) finite &= std::isfinite(g);
       }
     }
     unscaled_ = true;
@@ -272,7 +303,7 @@ class PrecisionOptimizer {
     detail::check_lr(lr, "PrecisionOptimizer");
     unscaled_ = false;
     if (all_finite) {
-      optimizer_.step(std::span<const ParamRef>(refs_), lr);
+      optimizer_.step(std::span<const MasterParam>(refs_), lr);
       if constexpr (Precision::kMasterWeights) round_masters_into_model();
     }
     if constexpr (Precision::kLossScaling) scaler_.update(!all_finite);
@@ -282,30 +313,31 @@ class PrecisionOptimizer {
   // Both halves, for a single process.
   bool step(double lr) { return apply(unscale_and_check(), lr); }
 
-  // Between the halves: the sum of the squares of the fp32 gradients the optimizer will step with
+  // Between the halves: the sum of the squares of the gradients the optimizer will step with
   // (unscaled), for clipping by their norm (optim/gradient_clipping.hpp). Throws coltrain::Error
   // before unscale_and_check().
   double gradient_sum_of_squares() const {
     if (!unscaled_)
       throw Error("PrecisionOptimizer: gradient_sum_of_squares() needs unscale_and_check() first");
     double sum = 0;
-    for (const ParamRef& ref : refs_)
-      for (const float g : ref.grad) sum += static_cast<double>(g) * static_cast<double>(g);
+    for (const MasterParam& ref : refs_)
+      for (const Master g : ref.grad) sum += static_cast<double>(g) * static_cast<double>(g);
     return sum;
   }
 
-  // Between the halves: multiplies the fp32 gradients by `factor` (clipping). Throws
-  // coltrain::Error before unscale_and_check().
-  void scale_gradients(float factor) {
+  // Between the halves: multiplies the gradients the optimizer will step with by `factor`, rounded
+  // to the master type (clipping). Throws coltrain::Error before unscale_and_check().
+  void scale_gradients(double factor) {
     if (!unscaled_)
       throw Error("PrecisionOptimizer: scale_gradients() needs unscale_and_check() first");
+    const Master rounded = static_cast<Master>(factor);
     for (std::size_t p = 0; p < params_.size(); ++p) {
-      std::span<float> grad;
+      std::span<Master> grad;
       if constexpr (Precision::kMasterWeights)
         grad = master_grads_[p];
       else
         grad = params_[p].grad;
-      for (float& g : grad) g *= factor;
+      for (Master& g : grad) g *= rounded;
     }
   }
 
@@ -331,25 +363,25 @@ class PrecisionOptimizer {
 
   // For loading a checkpoint: creates the optimizer's state for these parameters (zeros, the state
   // a first step starts from), for optimizer().for_each_state (and for_each_step) to fill.
-  void allocate_optimizer_state() requires requires(Optimizer& o, std::span<const ParamRef> p) {
+  void allocate_optimizer_state() requires requires(Optimizer& o, std::span<const MasterParam> p) {
     o.allocate_state(p);
   }
-  { optimizer_.allocate_state(std::span<const ParamRef>(refs_)); }
+  { optimizer_.allocate_state(std::span<const MasterParam>(refs_)); }
 
   // The fp32 master copy of parameter `index`. After writing into it (a checkpoint), call
   // round_masters_into_model().
-  std::span<const float> master_weights(
+  std::span<const Master> master_weights(
       std::size_t index) const requires Precision::kMasterWeights {
     return master_values_.at(index);
   }
-  std::span<float> master_weights(std::size_t index) requires Precision::kMasterWeights {
+  std::span<Master> master_weights(std::size_t index) requires Precision::kMasterWeights {
     return master_values_.at(index);
   }
 
   void round_masters_into_model() requires Precision::kMasterWeights {
     for (std::size_t p = 0; p < params_.size(); ++p) {
       const std::span<Storage> value = params_[p].value;
-      const std::vector<float>& master = master_values_[p];
+      const std::vector<Master>& master = master_values_[p];
       for (std::size_t i = 0; i < value.size(); ++i) value[i] = Storage(master[i]);
     }
   }
@@ -360,10 +392,10 @@ class PrecisionOptimizer {
 
   // A copy of the optimizer's state (see OptimizerSnapshot); steps_taken and steps_skipped stay
   // unknown, as this optimizer does not count them.
-  OptimizerSnapshot export_state() const {
-    OptimizerSnapshot snapshot;
-    optimizer_.for_each_state([&](const std::string& name, std::span<const float> values) {
-      snapshot.state.push_back({name, std::vector<float>(values.begin(), values.end())});
+  Snapshot export_state() const {
+    Snapshot snapshot;
+    optimizer_.for_each_state([&](const std::string& name, std::span<const Master> values) {
+      snapshot.state.push_back({name, std::vector<Master>(values.begin(), values.end())});
     });
     if constexpr (detail::HasStepCounts<Optimizer>) {
       optimizer_.for_each_step([&](const std::string& name, const std::int64_t& step) {
@@ -385,7 +417,7 @@ class PrecisionOptimizer {
   // InvalidArgument, before anything changes, naming the tensor or setting that does not fit,
   // and for a snapshot without state into an optimizer that has taken steps (import into a fresh
   // one); coltrain::Error between unscale_and_check() and apply().
-  void import_state(const OptimizerSnapshot& snapshot) {
+  void import_state(const Snapshot& snapshot) {
     if (unscaled_) {
       throw Error("PrecisionOptimizer: import_state() between unscale_and_check() and apply()");
     }
@@ -398,11 +430,13 @@ class PrecisionOptimizer {
     // Filled on a copy, so that a misfit found halfway leaves this optimizer as it was.
     Optimizer next = optimizer_;
     if (has_state) {
-      if constexpr (requires(Optimizer& o, std::span<const ParamRef> p) { o.allocate_state(p); }) {
-        next.allocate_state(std::span<const ParamRef>(refs_));
+      if constexpr (requires(Optimizer& o, std::span<const MasterParam> p) {
+                      o.allocate_state(p);
+                    }) {
+        next.allocate_state(std::span<const MasterParam>(refs_));
       }
       detail::SnapshotIndex state(snapshot.state, "snapshot's optimizer state");
-      next.for_each_state([&](const std::string& name, std::span<float> values) {
+      next.for_each_state([&](const std::string& name, std::span<Master> values) {
         std::ranges::copy(state.take(name, values.size()), values.begin());
       });
       state.check_all_taken();
@@ -418,7 +452,7 @@ class PrecisionOptimizer {
       throw InvalidArgument("the snapshot has " + std::to_string(snapshot.step_counts.size()) +
                             " step counts, this optimizer keeps " + std::to_string(counts_used));
     }
-    std::vector<std::span<const float>> masters;
+    std::vector<std::span<const Master>> masters;
     if constexpr (Precision::kMasterWeights) {
       detail::SnapshotIndex index(snapshot.masters, "snapshot's master weights");
       for (std::size_t p = 0; p < params_.size(); ++p) {
@@ -447,9 +481,9 @@ class PrecisionOptimizer {
 
  private:
   std::vector<Param> params_;
-  std::vector<std::vector<float>> master_values_;
-  std::vector<std::vector<float>> master_grads_;
-  std::vector<ParamRef> refs_;  // what the optimizer steps: masters, or the model itself
+  std::vector<std::vector<Master>> master_values_;
+  std::vector<std::vector<Master>> master_grads_;
+  std::vector<MasterParam> refs_;  // what the optimizer steps: masters, or the model itself
   Optimizer optimizer_;
   DynamicLossScaler scaler_;  // unused without loss scaling; kept so the layout is uniform
   bool unscaled_ = false;

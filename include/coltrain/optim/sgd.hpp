@@ -1,7 +1,7 @@
 #pragma once
 // Stochastic gradient descent with momentum, dampening, Nesterov momentum and L2 weight decay,
-// computed as torch.optim.SGD (PyTorch 1.13, single-tensor path) computes it, per element in
-// float:
+// computed as torch.optim.SGD (PyTorch 1.13, single-tensor path) computes it, per element in T
+// (float; double for the Fp64 policy, as a float64 torch model):
 //
 //   d = grad + weight_decay * value                       (if weight_decay != 0)
 //   buf = d                                               (first step: a copy, not a blend)
@@ -9,8 +9,8 @@
 //   d = nesterov ? d + momentum * buf : buf               (if momentum != 0)
 //   value = value - lr * d
 //
-// Hyperparameters are rounded to float once, as PyTorch's CPU kernels do with Python scalars, so
-// that the same loop can run as a CUDA kernel later.
+// Hyperparameters are rounded to T once, as PyTorch's CPU kernels do with Python scalars, so that
+// the same loop can run as a CUDA kernel later.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -19,12 +19,20 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace coltrain::optim {
 
-class Sgd {
+template <class T>
+class BasicSgd {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "BasicSgd<T>: the optimizers compute in float or double");
+
  public:
+  using value_type = T;
+  using Param = MasterParamRef<T>;
+
   struct Options {
     double lr = 0.01;  // used by step(params); step(params, lr) takes the schedule's value
     double momentum = 0;
@@ -35,7 +43,7 @@ class Sgd {
 
   // Throws InvalidArgument for negative lr, momentum or weight decay, and for Nesterov without
   // momentum or with dampening (PyTorch's checks).
-  explicit Sgd(Options options) : options_(options) {
+  explicit BasicSgd(Options options) : options_(options) {
     if (!(options.lr >= 0)) {
       throw InvalidArgument("SGD: invalid learning rate " + detail::number_text(options.lr));
     }
@@ -50,31 +58,31 @@ class Sgd {
       throw InvalidArgument("SGD: Nesterov momentum requires a momentum > 0 and zero dampening");
     }
   }
-  Sgd() : Sgd(Options{}) {}
+  BasicSgd() : BasicSgd(Options{}) {}
 
   const Options& options() const { return options_; }
 
   // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
   // must be the same, in the same order, at every step: the momentum buffers are kept by index.
-  void step(std::span<const ParamRef> params, double lr) {
+  void step(std::span<const Param> params, double lr) {
     detail::check_lr(lr, "SGD");
     layout_.bind(params, "SGD");
     if (state_.size() != params.size()) state_.resize(params.size());
 
-    const float momentum = static_cast<float>(options_.momentum);
-    const float blend = static_cast<float>(1.0 - options_.dampening);
-    const float neg_lr = static_cast<float>(-lr);
+    const T momentum = static_cast<T>(options_.momentum);
+    const T blend = static_cast<T>(1.0 - options_.dampening);
+    const T neg_lr = static_cast<T>(-lr);
     for (std::size_t p = 0; p < params.size(); ++p) {
-      const ParamRef& param = params[p];
+      const Param& param = params[p];
       const bool decay = options_.weight_decay != 0 && param.weight_decay;
-      const float weight_decay = decay ? static_cast<float>(options_.weight_decay) : 0.0f;
-      float* value = param.value.data();
-      const float* grad = param.grad.data();
+      const T weight_decay = decay ? static_cast<T>(options_.weight_decay) : T(0);
+      T* value = param.value.data();
+      const T* grad = param.grad.data();
       const std::size_t n = param.value.size();
 
       if (options_.momentum == 0) {
         for (std::size_t i = 0; i < n; ++i) {
-          float d = grad[i];
+          T d = grad[i];
           if (decay) d = d + weight_decay * value[i];
           value[i] = value[i] + neg_lr * d;
         }
@@ -84,10 +92,10 @@ class Sgd {
       State& state = state_[p];
       const bool first = !state.has_buffer;
       if (first) {
-        state.momentum_buffer.assign(n, 0.0f);
+        state.momentum_buffer.assign(n, T(0));
         state.has_buffer = true;
       }
-      float* buf = state.momentum_buffer.data();
+      T* buf = state.momentum_buffer.data();
       // The flags select one of eight loops, so that each vectorises without branches.
       dispatch(decay, first, options_.nesterov, [&]<bool kDecay, bool kFirst, bool kNesterov>() {
         momentum_update<kDecay, kFirst, kNesterov>(value, grad, buf, n, weight_decay, momentum, blend,
@@ -96,16 +104,16 @@ class Sgd {
     }
   }
 
-  void step(std::span<const ParamRef> params) { step(params, options_.lr); }
+  void step(std::span<const Param> params) { step(params, options_.lr); }
 
-  // Visits the state PyTorch's SGD keeps: f(std::string name, std::span<float>) with name
+  // Visits the state PyTorch's SGD keeps: f(std::string name, std::span<T>) with name
   // "<parameter>.momentum_buffer", for each parameter that has a buffer (none before the first
   // step, none without momentum).
   template <class F>
   void for_each_state(F&& f) {
     for (std::size_t p = 0; p < state_.size(); ++p) {
       if (!state_[p].has_buffer) continue;
-      f(layout_.name(p) + ".momentum_buffer", std::span<float>(state_[p].momentum_buffer));
+      f(layout_.name(p) + ".momentum_buffer", std::span<T>(state_[p].momentum_buffer));
     }
   }
 
@@ -113,20 +121,20 @@ class Sgd {
   void for_each_state(F&& f) const {
     for (std::size_t p = 0; p < state_.size(); ++p) {
       if (!state_[p].has_buffer) continue;
-      f(layout_.name(p) + ".momentum_buffer", std::span<const float>(state_[p].momentum_buffer));
+      f(layout_.name(p) + ".momentum_buffer", std::span<const T>(state_[p].momentum_buffer));
     }
   }
 
   // For loading a checkpoint: binds the layout and creates zero momentum buffers (when momentum
   // != 0), which for_each_state then fills. The buffers count as present afterwards, as after
   // PyTorch's load_state_dict, so the next step blends into them instead of copying the gradient.
-  void allocate_state(std::span<const ParamRef> params) {
+  void allocate_state(std::span<const Param> params) {
     layout_.bind(params, "SGD");
     state_.resize(params.size());
     if (options_.momentum == 0) return;
     for (std::size_t p = 0; p < params.size(); ++p) {
       if (state_[p].has_buffer) continue;
-      state_[p].momentum_buffer.assign(params[p].value.size(), 0.0f);
+      state_[p].momentum_buffer.assign(params[p].value.size(), T(0));
       state_[p].has_buffer = true;
     }
   }
@@ -153,11 +161,11 @@ class Sgd {
   }
 
   template <bool kDecay, bool kFirst, bool kNesterov>
-  static void momentum_update(float* COLTRAIN_RESTRICT value, const float* COLTRAIN_RESTRICT grad,
-                              float* COLTRAIN_RESTRICT buf, std::size_t n, float weight_decay,
-                              float momentum, float blend, float neg_lr) {
+  static void momentum_update(T* COLTRAIN_RESTRICT value, const T* COLTRAIN_RESTRICT grad,
+                              T* COLTRAIN_RESTRICT buf, std::size_t n, T weight_decay, T momentum,
+                              T blend, T neg_lr) {
     for (std::size_t i = 0; i < n; ++i) {
-      float d = grad[i];
+      T d = grad[i];
       if constexpr (kDecay) d = d + weight_decay * value[i];
       // Two roundings, as buf.mul_(momentum).add_(d, alpha=1 - dampening).
       if constexpr (kFirst)
@@ -173,7 +181,7 @@ class Sgd {
   }
 
   struct State {
-    std::vector<float> momentum_buffer;
+    std::vector<T> momentum_buffer;
     bool has_buffer = false;
   };
 
@@ -181,5 +189,8 @@ class Sgd {
   detail::ParamLayout layout_;
   std::vector<State> state_;
 };
+
+// The float instance, which every policy but Fp64 steps (master_t in optim/precision.hpp).
+using Sgd = BasicSgd<float>;
 
 }  // namespace coltrain::optim

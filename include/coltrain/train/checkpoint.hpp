@@ -7,7 +7,8 @@
 //                                            PyTorch names and dtypes, loads with strict=True
 //   checkpoint-000007.optimizer.safetensors  optimizer tensors under PyTorch's state names
 //                                            (<param>.momentum_buffer, .exp_avg, .exp_avg_sq) and,
-//                                            with master weights, <param>.master_weight (fp32)
+//                                            with master weights, <param>.master_weight; fp32
+//                                            (fp64 under the Fp64 policy)
 //   checkpoint-000007.json                   the sidecar: format version, epoch, global step, the
 //                                            optimizer's type, hyperparameters and step counts, the
 //                                            loss scaler, the RNG state (network seed and context
@@ -305,14 +306,15 @@ inline std::string utc_now() {
 template <class Optimizer>
 struct OptimizerRecord {
   static_assert(sizeof(Optimizer) == 0,
-                "coltrain::train checkpoints know optim::Sgd, optim::Adam and optim::AdamW");
+                "coltrain::train checkpoints know optim::Sgd, optim::Adam and optim::AdamW (and "
+                "their Basic*<double>)");
 };
 
-template <>
-struct OptimizerRecord<optim::Sgd> {
+template <class T>
+struct OptimizerRecord<optim::BasicSgd<T>> {
   static constexpr std::string_view kType = "SGD";
-  static Json hyperparameters(const optim::Sgd& sgd) {
-    const optim::Sgd::Options& o = sgd.options();
+  static Json hyperparameters(const optim::BasicSgd<T>& sgd) {
+    const typename optim::BasicSgd<T>::Options& o = sgd.options();
     return Json::object({{"lr", o.lr},
                          {"momentum", o.momentum},
                          {"dampening", o.dampening},
@@ -320,7 +322,7 @@ struct OptimizerRecord<optim::Sgd> {
                          {"nesterov", o.nesterov}});
   }
   // Momentum buffers exist only with momentum.
-  static std::vector<std::string> state_suffixes(const optim::Sgd& sgd) {
+  static std::vector<std::string> state_suffixes(const optim::BasicSgd<T>& sgd) {
     if (sgd.options().momentum == 0) return {};
     return {"momentum_buffer"};
   }
@@ -343,13 +345,13 @@ struct AdamRecord {
   static std::vector<std::string> state_suffixes(const Adam&) { return {"exp_avg", "exp_avg_sq"}; }
 };
 
-template <>
-struct OptimizerRecord<optim::Adam> : AdamRecord<optim::Adam> {
+template <class T>
+struct OptimizerRecord<optim::BasicAdam<T>> : AdamRecord<optim::BasicAdam<T>> {
   static constexpr std::string_view kType = "Adam";
 };
 
-template <>
-struct OptimizerRecord<optim::AdamW> : AdamRecord<optim::AdamW> {
+template <class T>
+struct OptimizerRecord<optim::BasicAdamW<T>> : AdamRecord<optim::BasicAdamW<T>> {
   static constexpr std::string_view kType = "AdamW";
 };
 
@@ -439,7 +441,8 @@ template <class Precision, class Optimizer>
 CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRecord& network,
                                  const Optimizer& settings,
                                  const optim::DynamicLossScaler::Options& scaler_options,
-                                 const optim::OptimizerSnapshot& snapshot,
+                                 const optim::BasicOptimizerSnapshot<optim::master_t<Precision>>&
+                                     snapshot,
                                  const TrainingState& state, const CheckpointOptions& options) {
   using Record = OptimizerRecord<Optimizer>;
   if (options.keep < 1 || state.epoch < 0 || state.global_step < 0) {
@@ -488,10 +491,10 @@ CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRe
   };
   tensor::SafetensorsWriter optimizer_file;
   optimizer_file.set_metadata("format", "pt");
-  for (const optim::OptimizerSnapshot::Tensor& t : snapshot.state) {
+  for (const auto& t : snapshot.state) {
     optimizer_file.add(t.name, shape_of(t.name.substr(0, t.name.rfind('.'))), t.values);
   }
-  for (const optim::OptimizerSnapshot::Tensor& t : snapshot.masters) {
+  for (const auto& t : snapshot.masters) {
     optimizer_file.add(t.name + "." + std::string(kMasterSuffix), shape_of(t.name), t.values);
   }
   optimizer_file.write(files.optimizer);
@@ -561,23 +564,25 @@ CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRe
 
 // A checkpoint read and checked against a network and optimizer, nothing applied yet: the model
 // file (its tensors checked against the ModelRecord's), the optimizer's state as a snapshot to
-// import, the context step to restore, and the run's state to return.
+// import (in the optimizer's type, T), the context step to restore, and the run's state to return.
+template <class T>
 struct CheckpointContents {
   TrainingState state;
   std::uint64_t context_step = 0;
   tensor::SafetensorsReader model;
-  optim::OptimizerSnapshot optimizer;
+  optim::BasicOptimizerSnapshot<T> optimizer;
 };
 
 // The body of load_checkpoint on either device, up to the copies. `parameter_names` are the
 // optimizer's, in its order; `optimizer_has_state` whether it has taken steps.
 template <class Precision, class Optimizer>
-CheckpointContents read_checkpoint(const std::filesystem::path& path, const ModelRecord& network,
-                                   const Optimizer& settings,
-                                   const optim::DynamicLossScaler::Options& scaler_options,
-                                   const std::vector<std::string>& parameter_names,
-                                   bool optimizer_has_state, const CheckpointOptions& options) {
+CheckpointContents<optim::master_t<Precision>> read_checkpoint(
+    const std::filesystem::path& path, const ModelRecord& network, const Optimizer& settings,
+    const optim::DynamicLossScaler::Options& scaler_options,
+    const std::vector<std::string>& parameter_names, bool optimizer_has_state,
+    const CheckpointOptions& options) {
   using Record = OptimizerRecord<Optimizer>;
+  using Master = optim::master_t<Precision>;
   std::filesystem::path sidecar_path = path;
   if (std::filesystem::is_directory(path)) {
     const std::optional<CheckpointFiles> latest = find_latest_checkpoint(path);
@@ -638,7 +643,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
       expect("optimizer setting '" + key + "'", saved, value.dump());
     }
   }
-  optim::OptimizerSnapshot snapshot;
+  optim::BasicOptimizerSnapshot<Master> snapshot;
   if constexpr (Precision::kLossScaling) {
     auto number = [&](const std::string& key) {
       return field(
@@ -693,7 +698,7 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
     }
     auto add = [&](std::string_view suffix) {
       optimizer_tensors.push_back(
-          {name + "." + std::string(suffix), DataType::kFloat32, shape->second, {}});
+          {name + "." + std::string(suffix), data_type_v<Master>, shape->second, {}});
     };
     if (has_state) {
       for (const std::string& suffix : Record::state_suffixes(settings)) {
@@ -724,21 +729,21 @@ CheckpointContents read_checkpoint(const std::filesystem::path& path, const Mode
   check_tensors(optimizer_reader, optimizer_tensors, "optimizer state");
 
   for (const std::string& name : state_names) {
-    snapshot.state.push_back({name, optimizer_reader.read<float>(name)});
+    snapshot.state.push_back({name, optimizer_reader.read<Master>(name)});
   }
   if constexpr (Precision::kMasterWeights) {
     for (const std::string& name : parameter_names) {
       snapshot.masters.push_back(
-          {name, optimizer_reader.read<float>(name + "." + std::string(kMasterSuffix))});
+          {name, optimizer_reader.read<Master>(name + "." + std::string(kMasterSuffix))});
     }
   }
   return {std::move(state), context_step, std::move(model_reader), std::move(snapshot)};
 }
 
 // The last part of a load on the CPU, once everything is checked: the model's tensors and step.
-template <class Network>
+template <class Network, class T>
 void restore_network(Network& network, const ModelRecord& record,
-                     const CheckpointContents& contents) {
+                     const CheckpointContents<T>& contents) {
   for (const StateTensor& t : record.tensors) {
     const std::span<const std::byte> bytes = contents.model.bytes(t.name);
     if (!bytes.empty()) std::memcpy(t.bytes.data(), bytes.data(), bytes.size());
@@ -781,7 +786,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, Network& networ
     parameter_names.push_back(optimizer.parameter_name(p));
   }
   const detail::ModelRecord record = detail::model_record(network, state_tensors(network));
-  detail::CheckpointContents contents = detail::read_checkpoint<Precision>(
+  auto contents = detail::read_checkpoint<Precision>(
       path, record, optimizer.optimizer(), detail::scaler_options_of(optimizer), parameter_names,
       optim::detail::has_optimizer_state(optimizer.optimizer()), options);
 

@@ -57,12 +57,13 @@ template <class Policy, class Optimizer>
 ElasticPosition share_training_state(comm::Communicator& comm,
                                      optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
                                      const ElasticPosition& mine) {
+  using Snapshot = typename optim::PrecisionOptimizer<Policy, Optimizer>::Snapshot;
   // The header travels as JSON text: dump() writes the shortest text that reads back to the same
   // double, so positions and the loss scale arrive bit for bit.
   Json header;
-  std::vector<float> values;
+  std::vector<optim::master_t<Policy>> values;
   if (comm.rank() == 0) {
-    const optim::OptimizerSnapshot snapshot = optimizer.export_state();
+    const Snapshot snapshot = optimizer.export_state();
     header = Json::object({{"epoch", mine.epoch},
                            {"taken", mine.taken},
                            {"trained", mine.trained},
@@ -75,7 +76,7 @@ ElasticPosition share_training_state(comm::Communicator& comm,
     for (const auto& [key, tensors] :
          {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
       Json& entries = header[key] = Json::array();
-      for (const optim::OptimizerSnapshot::Tensor& t : *tensors) {
+      for (const typename Snapshot::Tensor& t : *tensors) {
         entries.push_back(Json::array({t.name, t.values.size()}));
         values.insert(values.end(), t.values.begin(), t.values.end());
       }
@@ -102,7 +103,7 @@ ElasticPosition share_training_state(comm::Communicator& comm,
   position.train_seconds = header["train_seconds"].get<double>();
   if (comm.rank() == 0) return position;
 
-  optim::OptimizerSnapshot snapshot;
+  Snapshot snapshot;
   for (const Json& entry : header["step_counts"])
     snapshot.step_counts.emplace_back(entry[0].as_string(), entry[1].get<std::int64_t>());
   std::size_t next = 0;
@@ -112,8 +113,8 @@ ElasticPosition share_training_state(comm::Communicator& comm,
       const auto size = entry[1].template get<std::size_t>();
       tensors->push_back(
           {entry[0].template get<std::string>(),
-           std::vector<float>(values.begin() + static_cast<std::ptrdiff_t>(next),
-                              values.begin() + static_cast<std::ptrdiff_t>(next + size))});
+           std::vector(values.begin() + static_cast<std::ptrdiff_t>(next),
+                       values.begin() + static_cast<std::ptrdiff_t>(next + size))});
       next += size;
     }
   }

@@ -630,7 +630,7 @@ class Trainer {
     if (zero_) ddp_->allreduce(std::span<double>(&sum_of_squares, 1), comm::ReduceOp::kSum);
     const double coefficient =
         optim::clip_coefficient(std::sqrt(sum_of_squares), *options_.clip_grad_norm);
-    if (coefficient < 1.0) optimizer_.scale_gradients(static_cast<float>(coefficient));
+    if (coefficient < 1.0) optimizer_.scale_gradients(coefficient);
   }
 
   void save(std::int64_t epoch, double train_seconds) {

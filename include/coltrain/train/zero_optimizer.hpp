@@ -51,6 +51,8 @@ class ZeroOptimizer {
   using T = typename Net::value_type;
   static_assert(std::is_same_v<T, typename Policy::Storage>,
                 "ZeroOptimizer: the network's value type must be the policy's storage type");
+  using Master = optim::master_t<Policy>;  // the optimizer's state and master weights
+  using Snapshot = optim::BasicOptimizerSnapshot<Master>;
 
  public:
   // Takes this rank's shard of every parameter, as it is now (load a checkpoint first, or import
@@ -98,8 +100,9 @@ class ZeroOptimizer {
   // Bytes of optimizer state (moments, momentum buffers, fp32 master weights) this rank holds.
   std::size_t state_bytes() const {
     std::size_t bytes = 0;
-    local_.optimizer().for_each_state(
-        [&](const std::string&, std::span<const float> values) { bytes += values.size_bytes(); });
+    local_.optimizer().for_each_state([&](const std::string&, std::span<const Master> values) {
+      bytes += values.size_bytes();
+    });
     if constexpr (Policy::kMasterWeights) {
       for (std::size_t i = 0; i < local_.size(); ++i)
         bytes += local_.master_weights(i).size_bytes();
@@ -109,8 +112,8 @@ class ZeroOptimizer {
 
   // The whole optimizer's state, as the unsharded PrecisionOptimizer over all parameters would
   // export it (names, sizes, values), on every rank. Collective.
-  optim::OptimizerSnapshot export_state() {
-    const optim::OptimizerSnapshot mine = local_.export_state();
+  Snapshot export_state() {
+    const Snapshot mine = local_.export_state();
     auto& arena = ddp_.network().parameter_arena();
     const std::vector<std::string> names = parameter_names();
     const std::size_t first = owned().first;
@@ -119,38 +122,38 @@ class ZeroOptimizer {
 
     // One flat arena-shaped array per kind of state: this rank fills its shard, an allgatherv
     // completes it, and the parameters are cut out of it.
-    std::map<std::string, const std::vector<float>*> state_by_name;
+    std::map<std::string, const std::vector<Master>*> state_by_name;
     for (const auto& tensor : mine.state) state_by_name.emplace(tensor.name, &tensor.values);
     std::int32_t has_state = mine.state.empty() ? 0 : 1;
     comm.allreduce(std::span(&has_state, 1), comm::ReduceOp::kMax);
     const auto gather = [&](auto&& local_values) {
-      std::vector<float> flat(arena.size(), 0.0f);
+      std::vector<Master> flat(arena.size(), Master(0));
       for (std::size_t i = 0; i < pieces_.size(); ++i) {
-        const std::span<const float> values = local_values(i);
+        const std::span<const Master> values = local_values(i);
         std::copy(values.begin(), values.end(), flat.begin() + pieces_[i].arena_first);
       }
-      const std::vector<float> own(flat.begin() + first, flat.begin() + end);
+      const std::vector<Master> own(flat.begin() + first, flat.begin() + end);
       std::vector<std::size_t> counts;
       for (int r = 0; r < shards_.ranks(); ++r) {
         const auto owned_by_r = shards_.owned(r);
         counts.push_back(owned_by_r.second - owned_by_r.first);
       }
-      comm.allgatherv(std::span<const float>(own), std::span<float>(flat),
+      comm.allgatherv(std::span<const Master>(own), std::span<Master>(flat),
                       std::span<const std::size_t>(counts));
       return flat;
     };
-    const auto cut = [&](const std::vector<float>& flat, std::size_t p) {
+    const auto cut = [&](const std::vector<Master>& flat, std::size_t p) {
       const auto begin = flat.begin() + static_cast<std::ptrdiff_t>(arena.offset(p));
-      return std::vector<float>(begin, begin + static_cast<std::ptrdiff_t>(arena.size(p)));
+      return std::vector<Master>(begin, begin + static_cast<std::ptrdiff_t>(arena.size(p)));
     };
 
-    optim::OptimizerSnapshot full;
+    Snapshot full;
     if (has_state) {
       const std::vector<std::string> kinds = state_kinds();
-      std::vector<std::vector<float>> flats;
+      std::vector<std::vector<Master>> flats;
       for (const std::string& kind : kinds) {
         flats.push_back(gather([&](std::size_t i) {
-          return std::span<const float>(*state_by_name.at(pieces_[i].name + "." + kind));
+          return std::span<const Master>(*state_by_name.at(pieces_[i].name + "." + kind));
         }));
       }
       for (std::size_t p = 0; p < names.size(); ++p) {
@@ -174,7 +177,7 @@ class ZeroOptimizer {
         full.step_counts.emplace_back(names[p] + ".step", counts[p] < 0 ? most : counts[p]);
     }
     if constexpr (Policy::kMasterWeights) {
-      const std::vector<float> flat =
+      const std::vector<Master> flat =
           gather([&](std::size_t i) { return local_.master_weights(i); });
       for (std::size_t p = 0; p < names.size(); ++p)
         full.masters.push_back({names[p], cut(flat, p)});
@@ -188,13 +191,13 @@ class ZeroOptimizer {
   // the same snapshot. Throws InvalidArgument, before anything changes, naming a tensor that the
   // network does not have or whose size does not fit, and what PrecisionOptimizer::import_state
   // throws.
-  void import_state(const optim::OptimizerSnapshot& full) {
+  void import_state(const Snapshot& full) {
     auto& arena = ddp_.network().parameter_arena();
     const std::vector<std::string> names = parameter_names();
     std::map<std::string, std::size_t> index;
     for (std::size_t p = 0; p < names.size(); ++p) index.emplace(names[p], p);
     const auto sized = [&](const std::string& tensor, const std::string& parameter,
-                           const std::vector<float>& values) -> const std::vector<float>& {
+                           const std::vector<Master>& values) -> const std::vector<Master>& {
       const auto found = index.find(parameter);
       if (found == index.end()) {
         throw InvalidArgument("ZeroOptimizer::import_state: the snapshot holds '" + tensor +
@@ -207,17 +210,17 @@ class ZeroOptimizer {
       }
       return values;
     };
-    const auto piece_of = [&](const std::vector<float>& values, const Piece& piece) {
+    const auto piece_of = [&](const std::vector<Master>& values, const Piece& piece) {
       const auto begin = values.begin() + static_cast<std::ptrdiff_t>(piece.parameter_first);
-      return std::vector<float>(begin, begin + static_cast<std::ptrdiff_t>(piece.size));
+      return std::vector<Master>(begin, begin + static_cast<std::ptrdiff_t>(piece.size));
     };
     const auto held = [&](const std::string& parameter) {
       return std::ranges::any_of(pieces_, [&](const Piece& p) { return p.name == parameter; });
     };
 
-    optim::OptimizerSnapshot shard;
+    Snapshot shard;
     const std::vector<std::string> kinds = state_kinds();
-    std::map<std::string, const std::vector<float>*> state;
+    std::map<std::string, const std::vector<Master>*> state;
     for (const auto& tensor : full.state) {
       const std::size_t dot = tensor.name.rfind('.');
       const std::string kind = dot == std::string::npos ? "" : tensor.name.substr(dot + 1);
@@ -243,7 +246,7 @@ class ZeroOptimizer {
       if (held(parameter)) shard.step_counts.emplace_back(name, count);
     }
     for (const auto& master : full.masters) {
-      const std::vector<float>& values = sized(master.name, master.name, master.values);
+      const std::vector<Master>& values = sized(master.name, master.name, master.values);
       for (const Piece& piece : pieces_) {
         if (piece.name == master.name)
           shard.masters.push_back({master.name, piece_of(values, piece)});
@@ -307,13 +310,15 @@ class ZeroOptimizer {
   // no parameter has no state of its own to look at.
   std::vector<std::string> state_kinds() const {
     Optimizer probe(probe_options_);
-    float value = 0.0f;
-    const float grad = 0.0f;
-    const optim::ParamRef ref{"p", std::span<float>(&value, 1), std::span<const float>(&grad, 1)};
-    probe.step(std::span<const optim::ParamRef>(&ref, 1), 0.0);
+    Master value = 0;
+    const Master grad = 0;
+    const optim::MasterParamRef<Master> ref{"p", std::span<Master>(&value, 1),
+                                             std::span<const Master>(&grad, 1)};
+    probe.step(std::span<const optim::MasterParamRef<Master>>(&ref, 1), 0.0);
     std::vector<std::string> kinds;
-    probe.for_each_state(
-        [&](const std::string& name, std::span<const float>) { kinds.push_back(name.substr(2)); });
+    probe.for_each_state([&](const std::string& name, std::span<const Master>) {
+      kinds.push_back(name.substr(2));
+    });
     return kinds;
   }
 
@@ -334,7 +339,7 @@ std::optional<CheckpointFiles> save_checkpoint(
     const std::filesystem::path& dir, Network& network,
     ZeroOptimizer<Network, Precision, Optimizer>& optimizer, const TrainingState& state,
     const CheckpointOptions& options = {}) {
-  const optim::OptimizerSnapshot snapshot = optimizer.export_state();
+  const auto snapshot = optimizer.export_state();
   if (optimizer.rank() != 0) return std::nullopt;
   return detail::write_checkpoint<Precision>(
       dir, detail::model_record(network, state_tensors(network)), optimizer.local().optimizer(),
@@ -351,7 +356,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, Network& networ
   network.visit_parameters(
       [&](const std::string& name, auto&) { parameter_names.push_back(name); });
   const detail::ModelRecord record = detail::model_record(network, state_tensors(network));
-  detail::CheckpointContents contents = detail::read_checkpoint<Precision>(
+  auto contents = detail::read_checkpoint<Precision>(
       path, record, optimizer.local().optimizer(), detail::scaler_options_of(optimizer.local()),
       parameter_names, optim::detail::has_optimizer_state(optimizer.local().optimizer()), options);
   optimizer.import_state(contents.optimizer);
