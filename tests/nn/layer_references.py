@@ -17,7 +17,7 @@ Writes under --out DIR, as safetensors (float32 unless noted):
       default initialisation, seeded), "input.<k>", "labels.<k>" (I32) and "loss.<k>" (F64 scalar)
       for every step k, "output.0" and "grad.0.<param>" (the first step's logits and gradients),
       "final.<name>" the state_dict after the last step. Metadata "config": {"mode", "lr",
-      "momentum", "steps", "batch"}. model_resnet20_double.safetensors: the same in float64.
+      "momentum", "steps", "batch"}. model_resnet{20,32,56}_double.safetensors: the same in float64.
   names.safetensors          metadata "models": JSON {model: {"parameters": [[name, shape]...],
       "buffers": [...], "state_dict": [...]}} in PyTorch's order, for every model coltrain ships.
 
@@ -151,10 +151,12 @@ def write_loss_case(out_dir, name, smoothing):
 # Models: a few SGD steps
 
 # name, mode, batch, dtype. ResNet-20 also runs in float64: in float32 its run is chaotic (see
-# test_layer_parity.cpp), in float64 the whole run can be compared tightly.
+# test_model_parity.cpp), in float64 the whole run can be compared tightly; ResNet-32 and ResNet-56
+# run in float64 alone. New cases go last: the index seeds each case.
 TRAINED = [("mlp", "train", 16, torch.float32), ("mnist_convnet", "eval", 8, torch.float32),
            ("cifar_net", "train", 8, torch.float32), ("resnet20", "train", 8, torch.float32),
-           ("resnet20", "train", 4, torch.float64)]
+           ("resnet20", "train", 4, torch.float64), ("resnet32", "train", 4, torch.float64),
+           ("resnet56", "train", 4, torch.float64)]
 
 
 def write_model_case(out_dir, index, name, mode, batch, dtype):

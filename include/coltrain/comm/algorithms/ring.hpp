@@ -277,6 +277,15 @@ void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
           transport.isend(next, detail::message(call, range.size), detail::bytes_of(data, range)));
     }
   }
+  // The chain's end closes it with an empty message to the root. Every rank then receives from
+  // its left neighbour whichever root it takes, so ranks that disagree on the root read each
+  // other's headers (a MismatchError naming both roots) instead of finishing silently.
+  const MessageHeader closing = detail::message(call, 0);
+  if (v == p - 1) sends.push_back(transport.isend(next, closing, {}));
+  if (v == 0) {
+    auto closed = transport.irecv(previous, closing, {});
+    transport.wait(closed);
+  }
   wait_all(transport, std::span(sends));
 }
 

@@ -178,8 +178,22 @@ void tree_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
   const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
   std::size_t slot_bytes = 0;
   const auto units = detail::rooted_tree_units(node, count, element_bytes, tuning, slot_bytes);
+  // Every rank but the root tells its parent it has everything with an empty message. Every rank
+  // then receives from a neighbour whichever root it takes, so ranks that disagree on the root
+  // read each other's headers (a MismatchError naming both roots) instead of finishing silently.
+  const MessageHeader closing = detail::message(call, 0);
+  std::array<typename Tr::Request, 2> closed{};
+  for (int c = 0; c < node.child_count; ++c) {
+    closed[static_cast<std::size_t>(c)] =
+        transport.irecv(node.children[static_cast<std::size_t>(c)], closing, {});
+  }
   detail::run_tree_pipeline(transport, data, data, units, detail::TreeFlow::kDown, nullptr, call,
                             0);
+  if (node.parent >= 0) {
+    auto done = transport.isend(node.parent, closing, {});
+    transport.wait(done);
+  }
+  wait_all(transport, std::span(closed.data(), static_cast<std::size_t>(node.child_count)));
 }
 
 // output is written on the root only; other ranks keep partial sums in `scratch`.
