@@ -53,6 +53,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -62,6 +63,7 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -289,25 +291,46 @@ int free_tcp_port() {
   return ntohs(address.sin_port);
 }
 
-// The launch environment for the TCP backend. Its ranks are MPI's, since MPI times and checks them,
-// and its rendezvous port is one that rank 0 found free, so that concurrent runs never collide.
-coltrain::LaunchEnv tcp_launch_env(const World& world) {
+// The TCP backend's communicator. Its ranks are MPI's, since MPI times and checks them. On one
+// node rank 0 listens on a port the kernel gives it (MASTER_PORT=0) and publishes it in a port file
+// whose name it broadcasts, so that nothing (a concurrent run, an outgoing connection) can take the
+// port first; across nodes, where no file is shared, it broadcasts a port it found free.
+Communicator tcp_communicator(const World& world) {
   coltrain::LaunchEnv env = coltrain::detect_launch_env();
   env.rank = world.rank;
   env.world_size = world.size;
+  coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
+  if (world.local_size == world.size) {
+    static int made = 0;
+    std::array<char, 256> name{};
+    if (world.rank == 0) {
+      const std::string path = (std::filesystem::temp_directory_path() /
+                                ("coltrain-bench-" + std::to_string(::getpid()) + "-" +
+                                 std::to_string(made) + ".port"))
+                                   .string();
+      if (path.size() >= name.size()) throw std::runtime_error("temporary directory path too long");
+      std::copy(path.begin(), path.end(), name.begin());
+    }
+    ++made;
+    COLTRAIN_CHECK_MPI(MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0,
+                                 MPI_COMM_WORLD));
+    env.master_port = 0;
+    options.port_file = name.data();
+    return Communicator::tcp(env, options);
+  }
   int port = world.rank == 0 ? free_tcp_port() : 0;
   COLTRAIN_CHECK_MPI(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD));
   env.master_port = port;
   // Without MASTER_ADDR the default (loopback) only works on one node; elsewhere use rank 0's host.
   const char* master = std::getenv("MASTER_ADDR");
-  if ((master == nullptr || *master == '\0') && world.local_size != world.size) {
+  if (master == nullptr || *master == '\0') {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
     COLTRAIN_CHECK_MPI(MPI_Get_processor_name(host, &length));
     COLTRAIN_CHECK_MPI(MPI_Bcast(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD));
     env.master_addr = host;
   }
-  return env;
+  return Communicator::tcp(env, options);
 }
 
 #if COLTRAIN_WITH_CUDA
@@ -1229,7 +1252,7 @@ void bench_all(const Options& options, const World& world, Report& report) {
       Communicator comm = Communicator::mpi(MPI_COMM_WORLD);
       bench_coltrain<T>(options, world, comm, backend, report);
     } else if (backend == "tcp") {
-      Communicator comm = Communicator::tcp(tcp_launch_env(world));
+      Communicator comm = tcp_communicator(world);
       bench_coltrain<T>(options, world, comm, backend, report);
     } else if (backend == "gloo") {
       bench_gloo<T>(options, world, report);
