@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_backends import describe  # noqa: E402
 from torch_models import MnistConvNet  # noqa: E402
 
 MEAN, STD = 0.1307, 0.3081
@@ -185,6 +186,7 @@ def train(rank, world, args, data):
               f"{len(train_x)} training / {len(test_x)} test images, batch {args.batch_size} per rank, "
               f"lr {args.lr}, momentum {args.momentum}, weight decay {args.weight_decay}, "
               f"seed {args.seed}, target {target}", flush=True)
+        print(f"reference: {describe()}", flush=True)
 
     dist.barrier()
     start = time.perf_counter()
