@@ -14,7 +14,9 @@
 // `coltrain-port 1 <job hash> error <reason>`. It is replaced atomically (rename), so a reader
 // sees a whole line or none. A line of another job (another COLTRAIN_JOB_ID, or an older run with
 // another one) is not this job's and is waited past; rank 0 removes the file once the rendezvous
-// is over, so the next run that uses the same path and job id cannot read a stale port.
+// is over, so the next run that uses the same path and job id cannot read a stale port. A rank 0
+// killed between publishing and removing leaves its line behind: give each job a path of its own
+// (under a per-job directory, or with the job id in the name).
 
 #include <coltrain/comm/socket.hpp>
 #include <coltrain/core/error.hpp>

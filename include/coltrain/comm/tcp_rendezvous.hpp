@@ -291,18 +291,25 @@ inline IpAddress data_address_for(const std::string& master_addr, const Endpoint
   return outward_address(master.address.family).value_or(toward_master);
 }
 
-// Rank 0's side: waits for ranks 1..n-1, then sends everyone the table.
-inline AddressTable serve_rendezvous(const std::string& master_addr, Endpoint master,
-                                     const Endpoint& own_data, int world_size,
-                                     std::uint64_t job_hash, const CommOptions& options,
-                                     const Deadline& deadline, const Logger& logger,
-                                     const ErrorContext& context) {
+// Rank 0's door for the rendezvous: listening on MASTER_PORT, or with MASTER_PORT=0 on a port the
+// kernel picks, which `master.port` then holds.
+inline FileDescriptor open_rendezvous(const std::string& master_addr, Endpoint& master,
+                                      const CommOptions& options, const Logger& logger,
+                                      const ErrorContext& context) {
   const Endpoint door = rendezvous_listen_endpoint(master_addr, master);
   check_door_security(door.address, options, logger, context);
   FileDescriptor listener =
       listen_tcp(door, 0, "the rendezvous (MASTER_ADDR:MASTER_PORT)", context);
-  master.port = local_endpoint(listener.get()).port;  // the kernel's pick under MASTER_PORT=0
-  if (!options.port_file.empty()) publish_port(options.port_file, job_hash, master.port, context);
+  master.port = local_endpoint(listener.get()).port;
+  return listener;
+}
+
+// Rank 0's side: waits at `listener` for ranks 1..n-1, then sends everyone the table.
+inline AddressTable serve_rendezvous(FileDescriptor listener, const Endpoint& master,
+                                     const Endpoint& own_data, int world_size,
+                                     std::uint64_t job_hash, const CommOptions& options,
+                                     const Deadline& deadline, const Logger& logger,
+                                     const ErrorContext& context) {
   const auto judge = [&](const RendezvousHello& hello) {
     return judge_rendezvous_hello(hello, 1, world_size, job_hash);
   };
@@ -514,39 +521,40 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   const Stopwatch elapsed;
   const Deadline deadline(options.timeout);
   const std::uint64_t job_hash = hash_job_id(options.job_id);
-  AddressTable table;
-  FileDescriptor data_listener;
-  Endpoint own_data;
-  // Everything up to the table: a rank 0 that fails here tells the others through the port file.
-  const auto rendezvous = [&] {
-    Endpoint master{resolve_address(env.master_addr, "MASTER_ADDR", context),
-                    static_cast<std::uint16_t>(env.master_port)};
+  Endpoint master;
+  FileDescriptor data_listener, rendezvous_listener;
+  // Everything up to rank 0's listening door; a rank 0 that fails here tells the others through
+  // the port file (and only here: a failure later, after the port was published and withdrawn,
+  // would leave a stale line behind for the next job that uses the same file).
+  try {
+    master = {resolve_address(env.master_addr, "MASTER_ADDR", context),
+              static_cast<std::uint16_t>(env.master_port)};
     const IpAddress data_address = data_address_for(env.master_addr, master, options, context);
     check_door_security(data_address, options, logger, context);
     data_listener = listen_tcp({data_address, 0}, kSocketBufferBytes,
                                "data connections from the other ranks", context);
-    own_data = local_endpoint(data_listener.get());
     if (env.rank == 0) {
-      table = serve_rendezvous(env.master_addr, master, own_data, env.world_size, job_hash,
-                               options, deadline, logger, context);
-      return;
+      rendezvous_listener = open_rendezvous(env.master_addr, master, options, logger, context);
     }
+  } catch (const Error& e) {
+    if (env.rank == 0 && !options.port_file.empty()) {
+      publish_rendezvous_failure(options.port_file, job_hash, e.message(), context);
+    }
+    throw;
+  }
+  const Endpoint own_data = local_endpoint(data_listener.get());
+  AddressTable table;
+  if (env.rank == 0) {
+    if (!options.port_file.empty()) publish_port(options.port_file, job_hash, master.port, context);
+    table = serve_rendezvous(std::move(rendezvous_listener), master, own_data, env.world_size,
+                             job_hash, options, deadline, logger, context);
+  } else {
     if (!options.port_file.empty()) {
       master.port = static_cast<std::uint16_t>(
           await_published_port(options.port_file, job_hash, deadline, options.timeout, context));
     }
     table = join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
                             deadline, context);
-  };
-  if (env.rank != 0 || options.port_file.empty()) {
-    rendezvous();
-  } else {
-    try {
-      rendezvous();
-    } catch (const Error& e) {
-      publish_rendezvous_failure(options.port_file, job_hash, e.message(), context);
-      throw;
-    }
   }
   std::vector<FileDescriptor> peers = connect_full_mesh(
       env.rank, env.world_size, table, data_listener, job_hash, options, logger, context);

@@ -315,11 +315,14 @@ struct OptimizerRecord<optim::BasicSgd<T>> {
   static constexpr std::string_view kType = "SGD";
   static Json hyperparameters(const optim::BasicSgd<T>& sgd) {
     const typename optim::BasicSgd<T>::Options& o = sgd.options();
-    return Json::object({{"lr", o.lr},
-                         {"momentum", o.momentum},
-                         {"dampening", o.dampening},
-                         {"weight_decay", o.weight_decay},
-                         {"nesterov", o.nesterov}});
+    // Member by member, as AdamRecord's (cudafe++ and braced lists of dependent members).
+    Json out = Json::object();
+    out["lr"] = o.lr;
+    out["momentum"] = o.momentum;
+    out["dampening"] = o.dampening;
+    out["weight_decay"] = o.weight_decay;
+    out["nesterov"] = o.nesterov;
+    return out;
   }
   // Momentum buffers exist only with momentum.
   static std::vector<std::string> state_suffixes(const optim::BasicSgd<T>& sgd) {
@@ -529,13 +532,14 @@ CheckpointFiles write_checkpoint(const std::filesystem::path& dir, const ModelRe
   if (snapshot.steps_skipped) optimizer_record["steps_skipped"] = *snapshot.steps_skipped;
   sidecar["optimizer"] = std::move(optimizer_record);
   if constexpr (Precision::kLossScaling) {
-    sidecar["loss_scaler"] =
-        Json::object({{"scale", snapshot.loss_scale.value().scale},
-                      {"growth_tracker", snapshot.loss_scale.value().growth_tracker},
-                      {"init_scale", scaler_options.init_scale},
-                      {"growth_factor", scaler_options.growth_factor},
-                      {"backoff_factor", scaler_options.backoff_factor},
-                      {"growth_interval", scaler_options.growth_interval}});
+    // Member by member: the snapshot's type depends on the policy (see AdamRecord).
+    Json& scaler = sidecar["loss_scaler"] = Json::object();
+    scaler["scale"] = snapshot.loss_scale.value().scale;
+    scaler["growth_tracker"] = snapshot.loss_scale.value().growth_tracker;
+    scaler["init_scale"] = scaler_options.init_scale;
+    scaler["growth_factor"] = scaler_options.growth_factor;
+    scaler["backoff_factor"] = scaler_options.backoff_factor;
+    scaler["growth_interval"] = scaler_options.growth_interval;
   } else {
     sidecar["loss_scaler"] = nullptr;
   }

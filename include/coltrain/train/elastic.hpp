@@ -71,19 +71,25 @@ ElasticPosition share_training_state(comm::Communicator& comm,
                            {"context_step", mine.context_step},
                            {"train_seconds", mine.train_seconds}});
     Json& step_counts = header["step_counts"] = Json::array();
-    for (const auto& [name, count] : snapshot.step_counts)
-      step_counts.push_back(Json::array({name, count}));
+    // Element by element: the snapshot's type depends on the policy, and cudafe++ mistranslates
+    // braced lists of dependent members (as checkpoint.hpp's AdamRecord says).
+    const auto pair = [](Json first, Json second) {
+      Json out = Json::array();
+      out.push_back(std::move(first));
+      out.push_back(std::move(second));
+      return out;
+    };
+    for (const auto& [name, count] : snapshot.step_counts) step_counts.push_back(pair(name, count));
     for (const auto& [key, tensors] :
          {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
       Json& entries = header[key] = Json::array();
       for (const typename Snapshot::Tensor& t : *tensors) {
-        entries.push_back(Json::array({t.name, t.values.size()}));
+        entries.push_back(pair(t.name, t.values.size()));
         values.insert(values.end(), t.values.begin(), t.values.end());
       }
     }
     if (snapshot.loss_scale) {
-      header["loss_scale"] =
-          Json::array({snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker});
+      header["loss_scale"] = pair(snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker);
     }
   }
   header =
