@@ -47,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                      env.local_rank < *env.local_world_size,
                  "launch env: local rank < local world size <= world size");
     }
-    fuzz_check(env.master_port >= 1 && env.master_port <= 65535, "launch env: port in range");
+    fuzz_check(env.master_port >= 0 && env.master_port <= 65535,
+               "launch env: port in range (0: published in COLTRAIN_PORT_FILE)");
     fuzz_check(!env.master_addr.empty(), "launch env: a master address");
   } catch (const coltrain::ConfigError&) {
   }
