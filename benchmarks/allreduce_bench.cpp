@@ -16,6 +16,7 @@
 // Communicator's staging (pinned host memory, pipelined chunks of at most --staging-chunk).
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/tcp_over_mpi.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -48,12 +49,9 @@
 #include "nccl_runner.hpp"
 #endif
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -63,7 +61,6 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -274,64 +271,6 @@ World mpi_world() {
 }
 
 void barrier() { COLTRAIN_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
-
-// A TCP port that is free now on this host: bound to port 0, read back, released.
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t length = sizeof(address);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  const int error = errno;
-  ::close(fd);
-  if (!ok) throw std::system_error(error, std::generic_category(), "bind to a free port");
-  return ntohs(address.sin_port);
-}
-
-// The TCP backend's communicator. Its ranks are MPI's, since MPI times and checks them. On one
-// node rank 0 listens on a port the kernel gives it (MASTER_PORT=0) and publishes it in a port file
-// whose name it broadcasts, so that nothing (a concurrent run, an outgoing connection) can take the
-// port first; across nodes, where no file is shared, it broadcasts a port it found free.
-Communicator tcp_communicator(const World& world) {
-  coltrain::LaunchEnv env = coltrain::detect_launch_env();
-  env.rank = world.rank;
-  env.world_size = world.size;
-  coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
-  if (world.local_size == world.size) {
-    static int made = 0;
-    std::array<char, 256> name{};
-    if (world.rank == 0) {
-      const std::string path = (std::filesystem::temp_directory_path() /
-                                ("coltrain-bench-" + std::to_string(::getpid()) + "-" +
-                                 std::to_string(made) + ".port"))
-                                   .string();
-      if (path.size() >= name.size()) throw std::runtime_error("temporary directory path too long");
-      std::copy(path.begin(), path.end(), name.begin());
-    }
-    ++made;
-    COLTRAIN_CHECK_MPI(MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0,
-                                 MPI_COMM_WORLD));
-    env.master_port = 0;
-    options.port_file = name.data();
-    return Communicator::tcp(env, options);
-  }
-  int port = world.rank == 0 ? free_tcp_port() : 0;
-  COLTRAIN_CHECK_MPI(MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  env.master_port = port;
-  // Without MASTER_ADDR the default (loopback) only works on one node; elsewhere use rank 0's host.
-  const char* master = std::getenv("MASTER_ADDR");
-  if (master == nullptr || *master == '\0') {
-    char host[MPI_MAX_PROCESSOR_NAME] = {};
-    int length = 0;
-    COLTRAIN_CHECK_MPI(MPI_Get_processor_name(host, &length));
-    COLTRAIN_CHECK_MPI(MPI_Bcast(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, MPI_COMM_WORLD));
-    env.master_addr = host;
-  }
-  return Communicator::tcp(env, options);
-}
 
 #if COLTRAIN_WITH_CUDA
 // Every rank learns whether any rank found the GPU unusable. Rank 0, which prints, gives its own
@@ -1252,7 +1191,7 @@ void bench_all(const Options& options, const World& world, Report& report) {
       Communicator comm = Communicator::mpi(MPI_COMM_WORLD);
       bench_coltrain<T>(options, world, comm, backend, report);
     } else if (backend == "tcp") {
-      Communicator comm = tcp_communicator(world);
+      Communicator comm = coltrain::comm::tcp_over_mpi(MPI_COMM_WORLD);
       bench_coltrain<T>(options, world, comm, backend, report);
     } else if (backend == "gloo") {
       bench_gloo<T>(options, world, report);

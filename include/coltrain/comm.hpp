@@ -6,3 +6,8 @@
 #include <coltrain/comm/elastic_group.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
+#include <coltrain/core/config.hpp>
+
+#if COLTRAIN_WITH_MPI
+#include <coltrain/comm/tcp_over_mpi.hpp>
+#endif

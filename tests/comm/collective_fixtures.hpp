@@ -1,21 +1,17 @@
 #pragma once
 // Shared pieces of the collective tests, which run under mpiexec: communicators for both backends
-// (the TCP one bootstrapped with MASTER_PORT=0: rank 0 listens on a port the kernel gives it and
-// publishes it in a port file whose name it broadcasts, so no other test can take the port between
-// a pick and the bind), inputs that are exact by construction, and their references.
+// (the TCP one through comm/tcp_over_mpi.hpp, so no other test can take its port), inputs that are
+// exact by construction, and their references.
 
 #include <coltrain/comm.hpp>
+#include <coltrain/comm/tcp_over_mpi.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <filesystem>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,25 +32,7 @@ inline int world_size() {
 // A new communicator on `backend` over all of MPI_COMM_WORLD's ranks.
 inline comm::Communicator make_communicator(comm::Backend backend, comm::CommOptions options = {}) {
   if (backend == comm::Backend::kMpi) return comm::Communicator::mpi(MPI_COMM_WORLD, options);
-  // A port file of this communicator's own: this process's id and a count, from rank 0.
-  static int made = 0;
-  std::array<char, 256> name{};
-  if (world_rank() == 0) {
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("coltrain-mpi-tcp-" + std::to_string(::getpid()) + "-" +
-                               std::to_string(made) + ".port"))
-                                 .string();
-    if (path.size() >= name.size()) throw std::runtime_error("temporary directory path too long");
-    std::copy(path.begin(), path.end(), name.begin());
-  }
-  ++made;
-  MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, MPI_COMM_WORLD);
-  LaunchEnv env = detect_launch_env();
-  env.master_addr = "127.0.0.1";
-  env.master_port = 0;
-  options.port_file = name.data();
-  if (options.job_id.empty()) options.job_id = options.port_file.filename().string();
-  return comm::Communicator::tcp(env, options);
+  return comm::tcp_over_mpi(MPI_COMM_WORLD, options);
 }
 
 // One communicator per backend for the whole test program; error tests make their own.

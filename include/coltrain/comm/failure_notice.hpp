@@ -9,7 +9,9 @@
 //   it can still reach before it closes its connections.
 // - kSuspect: a rank that timed out asks every rank whether it is alive; the one that never
 //   answers, at the end of the chain of ranks waiting on each other, is the hung one (SIGSTOP).
-// - kAlive: the answer: alive, and waiting on rank `waiting_on`.
+// - kAlive: the answer: alive, and waiting on rank `waiting_on`; its text is the message header
+//   of the call it is in, so that ranks whose calls differ in a way no message showed (they
+//   deadlocked first) learn which field differs.
 
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/error.hpp>

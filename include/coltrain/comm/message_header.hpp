@@ -117,4 +117,12 @@ inline void check_header(const MessageHeader& expected, const MessageHeader& rec
   }
 }
 
+// Throws MismatchError unless `theirs` (the call `peer` is in, as it told this rank) is the call
+// `mine` describes, field by field as check_header compares messages. The payload size is left
+// out: it belongs to one message of a call, not to the call.
+inline void check_same_call(const MessageHeader& mine, MessageHeader theirs, int rank, int peer) {
+  theirs.bytes = mine.bytes;
+  check_header(mine, theirs, rank, peer);
+}
+
 }  // namespace coltrain::comm

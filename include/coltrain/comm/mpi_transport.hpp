@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -94,6 +95,7 @@ class MpiTransport {
     MPI_Finalized(&finalized);
     if (finalized || comm_ == MPI_COMM_NULL) return;
     abandon_pending();
+    release_announcements();
     // A broken communicator keeps its MPI communicator: messages that peers already sent on it
     // would otherwise reach whichever communicator MPI gives the freed context id next.
     if (broken_.empty()) MPI_Comm_free(&comm_);
@@ -160,6 +162,7 @@ class MpiTransport {
  private:
   static constexpr int kHeaderTag = 1;
   static constexpr int kPayloadTag = 2;
+  static constexpr int kAnnouncementTag = 3;  // a timed-out rank's call (compare_calls_before_timeout)
   static constexpr int kFirstUserTag = 16;  // send/recv tag t: header 16 + 2t, payload 17 + 2t
   // MPI counts are ints: larger payloads go as several messages of at most this many bytes.
   static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
@@ -235,6 +238,7 @@ class MpiTransport {
     while (true) {
       if (test_once(op)) return;
       if (deadline.expired()) {
+        compare_calls_before_timeout(op);
         ErrorContext context = context_for(op);
         throw TimeoutError(std::string("no progress for ") +
                                std::to_string(options_.timeout.count() / 1000.0) + " s while " +
@@ -245,6 +249,76 @@ class MpiTransport {
       // Ranks that outnumber the cores give the core away between polls after a short spin.
       if (shares_cores_ && spinning.microseconds() > 50.0) std::this_thread::yield();
     }
+  }
+
+  // Before a timeout: ranks whose calls take different paths (tree against ring, two roots of a
+  // reduce) can wait on each other before any posted receive meets a header that shows the
+  // difference. So this rank compares its call with (1) the headers of this collective (same
+  // sequence number) that reached it but that no receive of it took, and (2) the calls the other
+  // ranks announce when they time out too: it announces its own to every rank, then reads the
+  // announcements for a short while (a quarter of the timeout, at most 1 s). The last rank of a
+  // deadlock to time out finds the others' announcements waiting. Throws MismatchError naming the
+  // first field that differs; the timeout breaks the transport anyway, so taking those messages
+  // costs nothing. Bounded by a count, as a live peer may keep sending.
+  void compare_calls_before_timeout(const Operation& op) {
+    if (op.header.collective == Collective::kSendRecv) return;
+    constexpr int kMostMessages = 4096;
+    auto compare_waiting = [&](int tag) {
+      int taken = 0;
+      for (; taken < kMostMessages; ++taken) {
+        int found = 0;
+        MPI_Message message = MPI_MESSAGE_NULL;
+        MPI_Status status;
+        if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm_, &found, &message, &status) != MPI_SUCCESS ||
+            !found) {
+          break;
+        }
+        int bytes = 0;
+        MPI_Get_count(&status, MPI_BYTE, &bytes);
+        std::vector<std::byte> frame(static_cast<std::size_t>(std::max(bytes, 0)));
+        if (MPI_Mrecv(frame.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+          break;
+        MessageHeader header;
+        if (frame.size() < sizeof header) continue;
+        std::memcpy(&header, frame.data(), sizeof header);
+        if (header.magic == kMessageMagic && header.sequence == op.header.sequence)
+          check_same_call(op.header, header, rank_, status.MPI_SOURCE);
+      }
+      return taken;
+    };
+    compare_waiting(kHeaderTag);
+    announced_ = std::make_unique<MessageHeader>(op.header);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request& request = announcements_.emplace_back(MPI_REQUEST_NULL);
+      if (MPI_Isend(announced_.get(), sizeof(MessageHeader), MPI_BYTE, peer, kAnnouncementTag,
+                    comm_, &request) != MPI_SUCCESS) {
+        announcements_.pop_back();
+      }
+    }
+    const Deadline grace(std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
+    for (int heard = 0; heard < size_ - 1 && !grace.expired();) {
+      heard += compare_waiting(kAnnouncementTag);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // At destruction: the announcements of a timed-out call are small and sent at once in practice;
+  // one that still is not complete is released to MPI with its buffer left allocated on purpose
+  // (as abandon_pending does with frames).
+  void release_announcements() noexcept {
+    const Deadline deadline(std::chrono::milliseconds(200));
+    bool all_complete = true;
+    for (MPI_Request& request : announcements_) {
+      int flag = 0;
+      while (!flag && !deadline.expired()) MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+      if (!flag) {
+        MPI_Request_free(&request);
+        all_complete = false;
+      }
+    }
+    if (!all_complete) static_cast<void>(announced_.release());
+    announcements_.clear();
   }
 
   // Tests the operation's requests in order; marks it done once all are. Returns op.done.
@@ -345,6 +419,8 @@ class MpiTransport {
   std::deque<Operation> operations_;  // in posting order; completed ones retire from the front
   std::size_t requests_begin_ = 0;    // Request index of operations_.front()
   std::string broken_;
+  std::unique_ptr<MessageHeader> announced_;  // this rank's call, announced when it timed out
+  std::vector<MPI_Request> announcements_;
   bool shares_cores_ = false;
   HostLayout hosts_;
 };

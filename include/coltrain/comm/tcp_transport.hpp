@@ -28,11 +28,12 @@
 // - Errors: a lost peer is a PeerLostError naming it, a wrong header a MismatchError. No progress
 //   for CommOptions::timeout starts an inquiry (comm/failure_notice.hpp): every rank is asked
 //   whether it is alive and whom it waits on, and the rank at the end of that chain that does not
-//   answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError. Any error
-//   breaks the transport: it sends its root cause as a failure notice to every rank it can still
-//   reach, then shuts all its connections, so peers blocked on this rank fail fast, and with the
-//   first detector's verdict, instead of blaming their neighbour; every later call throws
-//   CommError. A transport destroyed while an exception unwinds (an error in the caller's code
+//   answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError; an answering
+//   rank in the same collective with another algorithm, root or op is named in a MismatchError.
+//   Any error breaks the transport: it sends its root cause as a failure notice to every rank it
+//   can still reach, then shuts all its connections, so peers blocked on this rank fail fast, and
+//   with the first detector's verdict, instead of blaming their neighbour; every later call
+//   throws CommError. A transport destroyed while an exception unwinds (an error in the caller's code
 //   between collectives) tells its peers the same way.
 
 #include <coltrain/comm/failure_notice.hpp>
@@ -885,13 +886,14 @@ class TcpTransport {
     return n;
   }
 
-  // Queues a notice behind the messages already queued to `peer` (never inside one).
-  void queue_notice(int peer, const FailureNotice& n) {
+  // Queues a notice behind the messages already queued to `peer` (never inside one), with its
+  // text (n.text_bytes of them), which must outlive the send.
+  void queue_notice(int peer, const FailureNotice& n, std::span<const std::byte> text = {}) {
     PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
     MessageHeader as_header;
     static_assert(sizeof as_header == sizeof n);
     std::memcpy(static_cast<void*>(&as_header), &n, sizeof n);
-    channel.sends.push_back({as_header, {}, 0});
+    channel.sends.push_back({as_header, text, 0});
     ++channel.sends_posted;
     activate(peer);
   }
@@ -930,11 +932,27 @@ class TcpTransport {
       case NoticeKind::kSuspect: {
         FailureNotice answer = notice(NoticeKind::kAlive);
         answer.waiting_on = awaited_.peer;
-        queue_notice(peer, answer);
+        if (!last_call_) {
+          queue_notice(peer, answer);
+          break;
+        }
+        // The answer's text is this rank's call, so that the asking rank can name a field in
+        // which the calls differ when the ranks deadlocked before any message showed it.
+        told_calls_.push_back(*last_call_);
+        answer.text_bytes = sizeof(MessageHeader);
+        queue_notice(peer, answer, std::as_bytes(std::span(&told_calls_.back(), 1)));
         break;
       }
       case NoticeKind::kAlive:
-        if (!answers_.empty()) answers_[static_cast<std::size_t>(peer)] = n.waiting_on;
+        if (!answers_.empty()) {
+          const auto index = static_cast<std::size_t>(peer);
+          answers_[index] = n.waiting_on;
+          if (account.size() == sizeof(MessageHeader)) {
+            MessageHeader call;
+            std::memcpy(&call, account.data(), sizeof call);
+            answer_calls_[index] = call;
+          }
+        }
         break;
     }
     return true;
@@ -1083,6 +1101,7 @@ class TcpTransport {
     const TimeoutError account = timeout_error(request);
     const int suspect = request.peer;
     answers_.assign(static_cast<std::size_t>(size_), std::nullopt);
+    answer_calls_.assign(static_cast<std::size_t>(size_), std::nullopt);
     parking_ = true;
     FailureNotice ask = notice(NoticeKind::kSuspect);
     ask.failed_rank = suspect;
@@ -1146,6 +1165,7 @@ class TcpTransport {
                               "); " + account.message(),
                           where);
     }
+    check_answered_calls();
     std::string message = account.message();
     if (cycle) {
       message = "alive ranks wait on each other (" + chain +
@@ -1157,6 +1177,21 @@ class TcpTransport {
                 chain + "); " + message;
     }
     throw TimeoutError(message, where);
+  }
+
+  // After an inquiry: throws MismatchError if a rank that answered is in this rank's collective
+  // (same sequence number) with another algorithm, root, op... Ranks whose calls take different
+  // paths (tree against ring, two roots of a reduce) can wait on each other before any message
+  // shows the difference; this names it instead of a timeout.
+  void check_answered_calls() const {
+    if (!last_call_ || last_call_->collective == Collective::kSendRecv) return;
+    for (int peer = 0; peer < size_; ++peer) {
+      const std::optional<MessageHeader>& call = answer_calls_[static_cast<std::size_t>(peer)];
+      if (call && call->magic == kMessageMagic && call->collective != Collective::kSendRecv &&
+          call->sequence == last_call_->sequence) {
+        check_same_call(*last_call_, *call, rank_, peer);
+      }
+    }
   }
 
   CommOptions options_;
@@ -1175,6 +1210,10 @@ class TcpTransport {
   std::optional<FailureNotice> verdict_;    // a peer's verdict this rank failed with
   std::string verdict_text_;
   std::vector<std::optional<int>> answers_;  // during an inquiry: whom each rank waits on
+  std::vector<std::optional<MessageHeader>> answer_calls_;  // and the call it is in
+  // The calls this rank told in its answers: the queued answers' text. 40 bytes per inquiry
+  // answered, and inquiries come only after a whole timeout without progress.
+  std::deque<MessageHeader> told_calls_;
   // Read ahead of the receives (parked) to find notices: set after a while without progress.
   bool parking_ = false;
 };
