@@ -18,6 +18,7 @@
 #include <coltrain/comm/staged_collectives.hpp>
 #include <coltrain/comm/tcp_over_mpi.hpp>
 #include <coltrain/comm/types.hpp>
+#include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
@@ -52,16 +53,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <exception>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -746,30 +744,6 @@ std::string formatted(const char* format, Args... args) {
   return text;
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
-// Writes `path` whole or not at all: readers never see half a file.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) throw coltrain::IoError("cannot write " + temporary);
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    throw coltrain::IoError("cannot rename " + temporary + " to " + path + ": " +
-                            std::strerror(errno));
-  }
-}
-
 // The tables on stdout (rank 0), and the CSV and JSON files, rewritten after each series.
 class Report {
  public:
@@ -841,8 +815,13 @@ class Report {
   // Rewrites the files with every row so far; an interrupted sweep keeps what it measured.
   void write_files() const {
     if (!root()) return;
-    if (!options_.csv_path.empty()) write_atomically(options_.csv_path, csv());
-    if (!options_.json_path.empty()) write_atomically(options_.json_path, json().dump(2) + "\n");
+    if (!options_.csv_path.empty()) {
+      coltrain::write_file_atomically(options_.csv_path, csv(), "write the results CSV");
+    }
+    if (!options_.json_path.empty()) {
+      coltrain::write_file_atomically(options_.json_path, json().dump(2) + "\n",
+                                      "write the results JSON");
+    }
   }
 
   std::int64_t wrong() const { return wrong_; }
@@ -904,7 +883,7 @@ class Report {
     }
     return coltrain::Json::object({
         {"command", options_.command},
-        {"date", utc_now()},
+        {"date", coltrain::utc_now()},
         {"host", host},
         {"coltrain_version", coltrain::BuildConfig::kVersion},
         {"ranks", world_.size},

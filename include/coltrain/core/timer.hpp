@@ -1,11 +1,16 @@
 #pragma once
 // Wall-clock time on the monotonic clock: a Stopwatch for measuring, a Deadline for bounding waits
-// (every blocking wait in coltrain has one, so nothing hangs forever).
+// (every blocking wait in coltrain has one, so nothing hangs forever); and the time of day in UTC
+// for the records that carry a date (checkpoints, benchmark results).
 
 #include <coltrain/core/config.hpp>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
+#include <ctime>
+#include <string>
 
 namespace coltrain {
 
@@ -45,5 +50,15 @@ class Deadline {
  private:
   Clock::time_point at_;
 };
+
+// Now in UTC, ISO 8601 to the second: 2026-12-02T10:42:06Z.
+inline std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
 
 }  // namespace coltrain

@@ -38,6 +38,7 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/json.hpp>
+#include <coltrain/core/timer.hpp>
 #include <coltrain/optim/adam.hpp>
 #include <coltrain/optim/loss_scaler.hpp>
 #include <coltrain/optim/precision.hpp>
@@ -290,15 +291,6 @@ inline CheckpointFiles sidecar_files(const Json& sidecar, const std::filesystem:
     (std::string_view(key) == "model" ? files.model : files.optimizer) = path;
   }
   return files;
-}
-
-inline std::string utc_now() {
-  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm utc{};
-  ::gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
 }
 
 // What a checkpoint records about each optimizer: its PyTorch class name, hyperparameters, and the
