@@ -162,7 +162,8 @@ class MpiTransport {
  private:
   static constexpr int kHeaderTag = 1;
   static constexpr int kPayloadTag = 2;
-  static constexpr int kAnnouncementTag = 3;  // a timed-out rank's call (compare_calls_before_timeout)
+  // A timed-out rank's call (compare_calls_before_timeout).
+  static constexpr int kAnnouncementTag = 3;
   static constexpr int kFirstUserTag = 16;  // send/recv tag t: header 16 + 2t, payload 17 + 2t
   // MPI counts are ints: larger payloads go as several messages of at most this many bytes.
   static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;

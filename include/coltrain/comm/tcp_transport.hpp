@@ -33,8 +33,8 @@
 //   Any error breaks the transport: it sends its root cause as a failure notice to every rank it
 //   can still reach, then shuts all its connections, so peers blocked on this rank fail fast, and
 //   with the first detector's verdict, instead of blaming their neighbour; every later call
-//   throws CommError. A transport destroyed while an exception unwinds (an error in the caller's code
-//   between collectives) tells its peers the same way.
+//   throws CommError. A transport destroyed while an exception unwinds (an error in the caller's
+//   code between collectives) tells its peers the same way.
 
 #include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
