@@ -36,6 +36,13 @@ endfunction()
 # report ends the program with an error, failing its test.
 option(COLTRAIN_SANITIZE_TESTS "Build the transport, collective and parser suites with ASan+UBSan" OFF)
 set(COLTRAIN_SANITIZER_FLAGS -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all)
+# The suites in COLTRAIN_NUMERIC_SANITIZED_SUITES (layers, optimizers, trainers) leave out UBSan's
+# checks of every memory access and dynamic type: at -O0 they made these suites' instrumented
+# code about 1.5 times as slow to compile (test_layers.cpp: 90 s against 58 s, both sanitizers).
+# ASan still catches null and out-of-bounds accesses there, and their tensors are aligned by
+# construction; the transports and parsers, which reinterpret bytes from the wire or a file, keep
+# every check.
+set(COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS -fno-sanitize=alignment,null,object-size,vptr)
 # Their timeouts are tripled for the slower code.
 set(COLTRAIN_SANITIZED_TIMEOUT_FACTOR 3)
 
@@ -55,6 +62,9 @@ function(coltrain_sanitize target)
     target_compile_options(${target} PRIVATE ${COLTRAIN_SANITIZER_FLAGS} -fno-omit-frame-pointer
                            -O0 -g1 -UNDEBUG -D_GLIBCXX_ASSERTIONS -Wno-maybe-uninitialized)
     target_link_options(${target} PRIVATE ${COLTRAIN_SANITIZER_FLAGS})
+    if(target IN_LIST COLTRAIN_NUMERIC_SANITIZED_SUITES)
+      target_compile_options(${target} PRIVATE ${COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS})
+    endif()
   endif()
 endfunction()
 

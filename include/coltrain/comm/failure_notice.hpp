@@ -1,10 +1,11 @@
 #pragma once
-// Failure notices: the control messages with which TCP ranks tell each other which rank failed
-// first and how, so that every survivor's error names the root cause ("rank 3 died (connection
-// reset) during allreduce #812; seen first by rank 2") instead of the neighbour it lost.
+// Failure notices: the control messages with which ranks tell each other which rank failed first
+// and how, so that every survivor's error names the root cause ("rank 3 died (connection reset)
+// during allreduce #812; seen first by rank 2") instead of the neighbour it lost, or a timeout.
 //
-// A notice travels in place of a message header: the same 40 bytes, told apart by its magic, then
-// `text_bytes` of text (the first detector's own account). Three kinds:
+// Over TCP a notice travels in place of a message header: the same 40 bytes, told apart by its
+// magic, then `text_bytes` of text (the first detector's own account). Over MPI only verdicts
+// travel, as messages of their own (mpi_transport.hpp). Three kinds:
 // - kFailure: the verdict. A rank that receives one fails with it and passes it on to every peer
 //   it can still reach before it closes its connections.
 // - kSuspect: a rank that timed out asks every rank whether it is alive; the one that never
@@ -18,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <type_traits>
 
@@ -76,6 +78,27 @@ inline std::string describe_failure(const FailureNotice& n, const std::string& t
   return failed + " stopped with an error" +
          (n.sequence == kNoCall ? std::string() : " at or after " + call) +
          (n.seen_by == n.failed_rank ? std::string() : seen) + detail;
+}
+
+// Fills in whom `verdict` (kind, call and seen_by already set) blames for `cause`, the error with
+// which the detecting rank's own call failed: the peer its error names when the error says that
+// peer died, hung or disagreed; else the detecting rank itself (kError).
+inline void blame_for(FailureNotice& verdict, const std::exception& cause) {
+  verdict.cause = FailureCause::kError;
+  verdict.failed_rank = verdict.seen_by;
+  const auto* error = dynamic_cast<const Error*>(&cause);
+  const int peer = error != nullptr ? error->context().peer.value_or(-1) : -1;
+  if (peer < 0) return;
+  if (dynamic_cast<const PeerLostError*>(&cause) != nullptr) {
+    verdict.cause = FailureCause::kDied;
+  } else if (dynamic_cast<const TimeoutError*>(&cause) != nullptr) {
+    verdict.cause = FailureCause::kHung;
+  } else if (dynamic_cast<const MismatchError*>(&cause) != nullptr) {
+    verdict.cause = FailureCause::kMismatch;
+  } else {
+    return;
+  }
+  verdict.failed_rank = peer;
 }
 
 // The error a survivor throws for a verdict: the class follows the cause, so code that catches

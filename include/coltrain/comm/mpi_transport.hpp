@@ -6,9 +6,12 @@
 // latency instead of two) and two otherwise (the header, then the payload straight from and into
 // the caller's buffers). Both sides know the expected size, and the header is checked before any
 // payload is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot
-// time out. Send/recv messages (collective kSendRecv) travel on MPI tags of their own, two per
+// time out. A rank whose call fails sends its verdict (failure_notice.hpp) to every rank, and a
+// rank that has waited a millisecond looks for one now and then, so that ranks the failure does
+// not touch directly fail at once with its cause instead of timing out. Send/recv messages (collective kSendRecv) travel on MPI tags of their own, two per
 // user tag, so MPI matches them by tag and apart from the collectives' messages.
 
+#include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
@@ -30,6 +33,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -95,7 +99,7 @@ class MpiTransport {
     MPI_Finalized(&finalized);
     if (finalized || comm_ == MPI_COMM_NULL) return;
     abandon_pending();
-    release_announcements();
+    release_control_sends();
     // A broken communicator keeps its MPI communicator: messages that peers already sent on it
     // would otherwise reach whichever communicator MPI gives the freed context id next.
     if (broken_.empty()) MPI_Comm_free(&comm_);
@@ -138,7 +142,7 @@ class MpiTransport {
     throw_if_broken();
     if (request.index < requests_begin_) return;  // completed and retired
     Operation& op = operations_.at(request.index - requests_begin_);
-    guarded([&] {
+    guarded(op, [&] {
       while (!op.done) progress(op);
     });
     retire_completed();
@@ -150,7 +154,7 @@ class MpiTransport {
     if (request.index < requests_begin_) return true;
     Operation& op = operations_.at(request.index - requests_begin_);
     bool done = false;
-    guarded([&] { done = test_once(op); });
+    guarded(op, [&] { done = test_once(op); });
     retire_completed();
     return done;
   }
@@ -164,6 +168,10 @@ class MpiTransport {
   static constexpr int kPayloadTag = 2;
   // A timed-out rank's call (compare_calls_before_timeout).
   static constexpr int kAnnouncementTag = 3;
+  // A failed rank's verdict (tell_others).
+  static constexpr int kVerdictTag = 4;
+  // How often a waiting rank looks for a verdict, after its first millisecond of waiting.
+  static constexpr auto kVerdictCheckInterval = std::chrono::milliseconds(2);
   static constexpr int kFirstUserTag = 16;  // send/recv tag t: header 16 + 2t, payload 17 + 2t
   // MPI counts are ints: larger payloads go as several messages of at most this many bytes.
   static constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
@@ -199,15 +207,63 @@ class MpiTransport {
     return op;
   }
 
+  // Runs `work` on `op`; an error breaks the transport, and unless it is another rank's verdict,
+  // this rank's own verdict goes to every rank.
   template <class F>
-  void guarded(F&& work) {
+  void guarded(const Operation& op, F&& work) {
     try {
       std::forward<F>(work)();
     } catch (const Error& e) {
       broken_ = e.what();
+      if (!verdict_heard_) tell_others(op, e);
       abandon_pending();
       throw;
     }
+  }
+
+  // Sends this rank's verdict on its failed call to every other rank (one small non-blocking
+  // send each, released at destruction).
+  void tell_others(const Operation& op, const Error& cause) {
+    FailureNotice verdict;
+    verdict.seen_by = rank_;
+    verdict.collective = op.header.collective;
+    verdict.sequence = op.header.sequence;
+    blame_for(verdict, cause);
+    std::string text = cause.message();
+    text.resize(std::min(text.size(), kMaxNoticeText));
+    verdict.text_bytes = text.size();
+    auto& bytes = verdict_message_.emplace(sizeof verdict + text.size());
+    std::memcpy(bytes.data(), &verdict, sizeof verdict);
+    std::memcpy(bytes.data() + sizeof verdict, text.data(), text.size());
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request& request = verdicts_.emplace_back(MPI_REQUEST_NULL);
+      if (MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, peer, kVerdictTag,
+                    comm_, &request) != MPI_SUCCESS) {
+        verdicts_.pop_back();
+      }
+    }
+  }
+
+  // Throws the error of another rank's verdict, if one has arrived. A rank that timed out announced
+  // its call before it sent its verdict: a call of op's collective that differs is named first,
+  // as this rank's own timeout would have named it.
+  void check_verdicts(const Operation& op) {
+    const std::optional<WaitingMessage> waiting = take_waiting(kVerdictTag);
+    if (!waiting) return;
+    const std::vector<std::byte>& frame = waiting->bytes;
+    FailureNotice verdict;
+    if (frame.size() < sizeof verdict) return;
+    std::memcpy(&verdict, frame.data(), sizeof verdict);
+    if (verdict.magic != kNoticeMagic || verdict.kind != NoticeKind::kFailure) return;
+    const std::size_t text_bytes =
+        std::min<std::size_t>(frame.size() - sizeof verdict, kMaxNoticeText);
+    verdict_heard_ = true;
+    if (op.header.collective != Collective::kSendRecv) compare_waiting(op, kAnnouncementTag);
+    throw_failure(verdict,
+                  std::string(reinterpret_cast<const char*>(frame.data()) + sizeof verdict,
+                              text_bytes),
+                  rank_);
   }
 
   void retire_completed() {
@@ -236,9 +292,15 @@ class MpiTransport {
   void progress(Operation& op) {
     const Deadline deadline(options_.timeout);
     Stopwatch spinning;
+    Clock::time_point next_verdict_check = Clock::now() + std::chrono::milliseconds(1);
     while (true) {
       if (test_once(op)) return;
+      if (Clock::now() >= next_verdict_check) {
+        check_verdicts(op);
+        next_verdict_check = Clock::now() + kVerdictCheckInterval;
+      }
       if (deadline.expired()) {
+        check_verdicts(op);
         compare_calls_before_timeout(op);
         ErrorContext context = context_for(op);
         throw TimeoutError(std::string("no progress for ") +
@@ -260,34 +322,10 @@ class MpiTransport {
   // announcements for a short while (a quarter of the timeout, at most 1 s). The last rank of a
   // deadlock to time out finds the others' announcements waiting. Throws MismatchError naming the
   // first field that differs; the timeout breaks the transport anyway, so taking those messages
-  // costs nothing. Bounded by a count, as a live peer may keep sending.
+  // costs nothing.
   void compare_calls_before_timeout(const Operation& op) {
     if (op.header.collective == Collective::kSendRecv) return;
-    constexpr int kMostMessages = 4096;
-    auto compare_waiting = [&](int tag) {
-      int taken = 0;
-      for (; taken < kMostMessages; ++taken) {
-        int found = 0;
-        MPI_Message message = MPI_MESSAGE_NULL;
-        MPI_Status status;
-        if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm_, &found, &message, &status) != MPI_SUCCESS ||
-            !found) {
-          break;
-        }
-        int bytes = 0;
-        MPI_Get_count(&status, MPI_BYTE, &bytes);
-        std::vector<std::byte> frame(static_cast<std::size_t>(std::max(bytes, 0)));
-        if (MPI_Mrecv(frame.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-          break;
-        MessageHeader header;
-        if (frame.size() < sizeof header) continue;
-        std::memcpy(&header, frame.data(), sizeof header);
-        if (header.magic == kMessageMagic && header.sequence == op.header.sequence)
-          check_same_call(op.header, header, rank_, status.MPI_SOURCE);
-      }
-      return taken;
-    };
-    compare_waiting(kHeaderTag);
+    compare_waiting(op, kHeaderTag);
     announced_ = std::make_unique<MessageHeader>(op.header);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
@@ -299,18 +337,70 @@ class MpiTransport {
     }
     const Deadline grace(std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
     for (int heard = 0; heard < size_ - 1 && !grace.expired();) {
-      heard += compare_waiting(kAnnouncementTag);
+      heard += compare_waiting(op, kAnnouncementTag);
+      check_verdicts(op);  // a rank that named the difference first
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
 
-  // At destruction: the announcements of a timed-out call are small and sent at once in practice;
-  // one that still is not complete is released to MPI with its buffer left allocated on purpose
-  // (as abandon_pending does with frames).
-  void release_announcements() noexcept {
+  // Takes the messages waiting on `tag` (headers or announcements) and throws MismatchError if one
+  // is of op's collective (same sequence) but another call. Bounded by a count, as a live peer may
+  // keep sending. Returns how many it took.
+  int compare_waiting(const Operation& op, int tag) {
+    constexpr int kMostMessages = 4096;
+    int taken = 0;
+    for (; taken < kMostMessages; ++taken) {
+      const std::optional<WaitingMessage> waiting = take_waiting(tag);
+      if (!waiting) break;
+      MessageHeader header;
+      if (waiting->bytes.size() < sizeof header) continue;
+      std::memcpy(&header, waiting->bytes.data(), sizeof header);
+      if (header.magic == kMessageMagic && header.sequence == op.header.sequence)
+        check_same_call(op.header, header, rank_, waiting->source);
+    }
+    return taken;
+  }
+
+  struct WaitingMessage {
+    std::vector<std::byte> bytes;
+    int source = -1;
+  };
+
+  // Receives one message that waits on `tag`, from any rank, if there is one.
+  std::optional<WaitingMessage> take_waiting(int tag) {
+    int found = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm_, &found, &message, &status) != MPI_SUCCESS ||
+        !found) {
+      return std::nullopt;
+    }
+    int bytes = 0;
+    MPI_Get_count(&status, MPI_BYTE, &bytes);
+    WaitingMessage waiting{std::vector<std::byte>(static_cast<std::size_t>(std::max(bytes, 0))),
+                           status.MPI_SOURCE};
+    if (MPI_Mrecv(waiting.bytes.data(), bytes, MPI_BYTE, &message, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS) {
+      return std::nullopt;
+    }
+    return waiting;
+  }
+
+  // At destruction: the announcements of a timed-out call and the verdict of a failed one are
+  // small and sent at once in practice; one that still is not complete is released to MPI with
+  // its buffer left allocated on purpose (as abandon_pending does with frames).
+  void release_control_sends() noexcept {
+    if (!release_sends(announcements_)) static_cast<void>(announced_.release());
+    if (!release_sends(verdicts_) && verdict_message_) {
+      new std::vector<std::byte>(std::move(*verdict_message_));  // leaked, see above
+    }
+  }
+
+  // Waits up to 200 ms for `requests`, frees those still pending; whether all completed.
+  static bool release_sends(std::vector<MPI_Request>& requests) noexcept {
     const Deadline deadline(std::chrono::milliseconds(200));
     bool all_complete = true;
-    for (MPI_Request& request : announcements_) {
+    for (MPI_Request& request : requests) {
       int flag = 0;
       while (!flag && !deadline.expired()) MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
       if (!flag) {
@@ -318,8 +408,8 @@ class MpiTransport {
         all_complete = false;
       }
     }
-    if (!all_complete) static_cast<void>(announced_.release());
-    announcements_.clear();
+    requests.clear();
+    return all_complete;
   }
 
   // Tests the operation's requests in order; marks it done once all are. Returns op.done.
@@ -422,6 +512,9 @@ class MpiTransport {
   std::string broken_;
   std::unique_ptr<MessageHeader> announced_;  // this rank's call, announced when it timed out
   std::vector<MPI_Request> announcements_;
+  std::optional<std::vector<std::byte>> verdict_message_;  // this rank's verdict, being sent
+  std::vector<MPI_Request> verdicts_;
+  bool verdict_heard_ = false;  // the transport broke on another rank's verdict
   bool shares_cores_ = false;
   HostLayout hosts_;
 };

@@ -823,20 +823,7 @@ class TcpTransport {
       return;
     }
     FailureNotice verdict = notice(NoticeKind::kFailure);
-    verdict.failed_rank = rank_;
-    const int peer = error != nullptr ? error->context().peer.value_or(-1) : -1;
-    if (peer >= 0) {
-      if (dynamic_cast<const PeerLostError*>(&cause) != nullptr) {
-        verdict.cause = FailureCause::kDied;
-        verdict.failed_rank = peer;
-      } else if (dynamic_cast<const TimeoutError*>(&cause) != nullptr) {
-        verdict.cause = FailureCause::kHung;
-        verdict.failed_rank = peer;
-      } else if (dynamic_cast<const MismatchError*>(&cause) != nullptr) {
-        verdict.cause = FailureCause::kMismatch;
-        verdict.failed_rank = peer;
-      }
-    }
+    blame_for(verdict, cause);
     send_verdict(verdict, error != nullptr ? error->message() : broken_);
   }
 
