@@ -8,8 +8,9 @@
 // payload is trusted. Waits poll MPI_Test against the transport's deadline, because MPI_Wait cannot
 // time out. A rank whose call fails sends its verdict (failure_notice.hpp) to every rank, and a
 // rank that has waited a millisecond looks for one now and then, so that ranks the failure does
-// not touch directly fail at once with its cause instead of timing out. Send/recv messages (collective kSendRecv) travel on MPI tags of their own, two per
-// user tag, so MPI matches them by tag and apart from the collectives' messages.
+// not touch directly fail at once with its cause instead of timing out. Send/recv messages
+// (collective kSendRecv) travel on MPI tags of their own, two per user tag, so MPI matches them by
+// tag and apart from the collectives' messages.
 
 #include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
