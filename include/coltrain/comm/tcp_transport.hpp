@@ -1117,10 +1117,14 @@ class TcpTransport {
         if (peer != rank_ && !channel.gone && !answers_[static_cast<std::size_t>(peer)])
           all_answered = false;
       }
-      if (all_answered) break;
+      if (all_answered || verdict_) break;
       sleep_until_ready(
           Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
     }
+    // A verdict that came meanwhile (held, as from a peer this call does not wait on) is the first
+    // detector's account, which every rank should give: a rank along the chain that found the
+    // culprit first and left would otherwise be named here for not answering.
+    throw_verdict_if_any();
     // Along the chain of waiting: a rank that died, or the first that did not answer.
     int culprit = suspect;
     FailureCause cause = FailureCause::kHung;
