@@ -96,8 +96,18 @@ function(coltrain_add_unit_test)
   _coltrain_timeout_for(${ARG_NAME} "${labels}" "" timeout)
   # --warn NoTests: a test whose name matches no case fails instead of passing having run nothing
   # (CMake splits discovered names at ';', so a case named "a; b" was run as "a" and matched none).
-  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}." EXTRA_ARGS --warn NoTests
-                       PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
+  catch_discover_tests(${ARG_NAME} TEST_PREFIX "${ARG_NAME}." EXTRA_ARGS --warn NoTests)
+  # The labels and timeout are set by a file CTest reads after the discovered cases (their names
+  # are in ${ARG_NAME}_TESTS, catch_discover_tests' default TEST_LIST), not through
+  # catch_discover_tests' PROPERTIES: that flattens a list, so "LABELS unit;tcp TIMEOUT 180" became
+  # LABELS unit alone, and the TCP suites ran without their label or timeout.
+  set(properties "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_properties.cmake")
+  file(WRITE "${properties}"
+       "if(${ARG_NAME}_TESTS)\n"
+       "  set_tests_properties(\${${ARG_NAME}_TESTS} PROPERTIES LABELS \"${labels}\"\n"
+       "                       TIMEOUT ${timeout})\n"
+       "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${properties}")
 endfunction()
 
 # coltrain_add_mpi_test(NAME n SOURCES s... RANKS r... [PLAIN_RANKS r...] [LABELS l...] [LINK t...]
