@@ -975,3 +975,71 @@ TEST_CASE("ReLU: NaN propagates as in torch.relu", "[nn][activation]") {
   CHECK(y.data()[2] == std::numeric_limits<float>::infinity());
   CHECK(std::isnan(y.data()[0]));
 }
+
+// MaxPool2d<2> runs on vector packs when the output rows split into them (16 and 4 outputs wide
+// here; 3x8x7 in the parity test takes the one-lane form): ties and NaNs in every window position,
+// odd leftover rows and columns, against the rule stated directly: a window holding a NaN yields
+// its first NaN, else its first maximum, and the gradient goes to that position alone.
+template <class Scalar, class Image>
+void check_pairwise_max_pool() {
+  using Layer = nn::bind_t<nn::MaxPool2d<2>, Image, Scalar, Cpu>;
+  constexpr std::int64_t kC = Image::kDims[0], kH = Image::kDims[1], kW = Image::kDims[2];
+  constexpr std::int64_t kOutH = kH / 2, kOutW = kW / 2, kBatch = 3;
+  tensor::Tensor<Scalar> x(tensor::Shape{kBatch, kC, kH, kW});
+  tensor::Tensor<Scalar> y(tensor::Shape{kBatch, kC, kOutH, kOutW}), dy(y.shape());
+  tensor::Tensor<Scalar> dx(x.shape());
+  std::mt19937 engine(11);
+  std::uniform_int_distribution<int> value(-1, 2), nan_one_in(0, 19);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data()[i] = nan_one_in(engine) == 0 ? std::numeric_limits<Scalar>::quiet_NaN()
+                                          : static_cast<Scalar>(value(engine));
+  for (std::int64_t o = 0; o < dy.numel(); ++o) dy.data()[o] = static_cast<Scalar>(o + 1);
+  Layer layer;
+  nn::Context<Cpu> context{2};
+  layer.forward(x.view(), y.view(), context);
+  layer.backward(x.view(), y.view(), dy.view(), dx.view(), context);
+
+  std::vector<Scalar> expected_dx(static_cast<std::size_t>(x.numel()), Scalar(0));
+  int nan_windows = 0, tied_windows = 0;
+  for (std::int64_t plane = 0; plane < kBatch * kC; ++plane)
+    for (std::int64_t oh = 0; oh < kOutH; ++oh)
+      for (std::int64_t ow = 0; ow < kOutW; ++ow) {
+        std::vector<std::int64_t> window;
+        for (std::int64_t r = 0; r < 2; ++r)
+          for (std::int64_t c = 0; c < 2; ++c)
+            window.push_back((plane * kH + 2 * oh + r) * kW + 2 * ow + c);
+        const auto is_nan = [&](std::int64_t i) { return std::isnan(x.data()[i]); };
+        const auto first_nan = std::find_if(window.begin(), window.end(), is_nan);
+        std::int64_t chosen = window[0];
+        if (first_nan != window.end()) {
+          chosen = *first_nan;
+          ++nan_windows;
+        } else {
+          for (std::int64_t i : window)
+            if (x.data()[i] > x.data()[chosen]) chosen = i;
+          tied_windows += std::count_if(window.begin(), window.end(), [&](std::int64_t i) {
+                            return x.data()[i] == x.data()[chosen];
+                          }) > 1;
+        }
+        const std::int64_t o = (plane * kOutH + oh) * kOutW + ow;
+        INFO("plane " << plane << ", output (" << oh << ", " << ow << ")");
+        if (std::isnan(x.data()[chosen]))
+          CHECK(std::isnan(y.data()[o]));
+        else
+          CHECK(y.data()[o] == x.data()[chosen]);
+        expected_dx[static_cast<std::size_t>(chosen)] = dy.data()[o];
+      }
+  CHECK(nan_windows > 0);
+  CHECK(tied_windows > 0);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    INFO("input gradient at " << i);
+    CHECK(dx.data()[i] == expected_dx[static_cast<std::size_t>(i)]);
+  }
+}
+
+TEST_CASE("MaxPool2d<2>: whole output rows at once keep the first maximum and the NaN rule",
+          "[nn][pooling]") {
+  check_pairwise_max_pool<float, Chw<3, 9, 33>>();
+  check_pairwise_max_pool<float, Chw<2, 4, 8>>();
+  check_pairwise_max_pool<double, Chw<3, 9, 33>>();
+}

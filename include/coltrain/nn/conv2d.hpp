@@ -191,15 +191,16 @@ struct IndirectConvolution {
 
   // out_grad_t[oh*PW + ow][c] = out_grad[c][oh][ow] for c < m, rows kColumns x ld. The other
   // entries (the k-1 columns past each output row, and c >= m) are never written: the caller zeroes
-  // the buffer once.
+  // the buffer once. Channel planes are read along their rows: reading down the channels instead
+  // strides by a plane, often a multiple of 4 KiB, whose lines all fall in one L1 set.
   template <class S>
-  static void transpose_output_gradient(std::int64_t m, const S* out_grad, S* out_grad_t,
-                                        std::int64_t ld) {
+  static void transpose_output_gradient(std::int64_t m, const S* COLTRAIN_RESTRICT out_grad,
+                                        S* COLTRAIN_RESTRICT out_grad_t, std::int64_t ld) {
     for (std::int64_t oh = 0; oh < w.out_height; ++oh)
-      for (std::int64_t ow = 0; ow < w.out_width; ++ow) {
-        S* row = out_grad_t + (oh * kPaddedWidth + ow) * ld;
-        const S* src = out_grad + oh * w.out_width + ow;
-        for (std::int64_t c = 0; c < m; ++c) row[c] = src[c * w.out_height * w.out_width];
+      for (std::int64_t c = 0; c < m; ++c) {
+        const S* src = out_grad + (c * w.out_height + oh) * w.out_width;
+        S* column = out_grad_t + oh * kPaddedWidth * ld + c;
+        for (std::int64_t ow = 0; ow < w.out_width; ++ow) column[ow * ld] = src[ow];
       }
   }
 };
@@ -421,10 +422,13 @@ class Conv2dLayer {
         const S* dy_images = dy.data() + first * kCout * kHw;
         if constexpr (FusedRelu)
           dy_images = relu_masked(out.data() + first * kCout * kHw, dy_images, count, ws);
-        // The output gradient of the group as one [Cout, G*HW] matrix.
+        if constexpr (HasBias)
+          for (std::int64_t i = 0; i < count * kCout; ++i)
+            ws.bias_grad.data()[i % kCout] += detail::lane_sum<S>(dy_images + i * kHw, kHw);
+        // The output gradient of the group as one [Cout, G*HW] matrix, where a GEMM reads it.
         const S* dy_group = dy_images;
         const bool group_read =
-            HasBias || !kWindowedWeightGradient || (!kGradientAsConvolution && want_input_grad);
+            !kWindowedWeightGradient || (!kGradientAsConvolution && want_input_grad);
         if (count > 1 && group_read) {
           for (std::int64_t g = 0; g < count; ++g)
             for (std::int64_t c = 0; c < kCout; ++c)
@@ -432,9 +436,6 @@ class Conv2dLayer {
                           ws.product.data() + c * ld + g * kHw);
           dy_group = ws.product.data();
         }
-        if constexpr (HasBias)
-          for (std::int64_t c = 0; c < kCout; ++c)
-            ws.bias_grad.data()[c] += detail::lane_sum<S>(dy_group + c * ld, ld);
         if constexpr (kWindowedWeightGradient) {
           for (std::int64_t g = 0; g < count; ++g) {
             ForwardIndirect::transpose_output_gradient(kCout, dy_images + g * kCout * kHw,

@@ -1,8 +1,8 @@
 #pragma once
-// Pooling on NCHW samples: MaxPool2d<Kernel, Stride, Padding> and AvgPool2d<Kernel, Stride, Padding>
-// (torch.nn.MaxPool2d / AvgPool2d; Stride defaults to Kernel; average pooling counts the zero padding,
-// PyTorch's count_include_pad=True), and GlobalAvgPool, which averages each channel to one value and
-// yields a flat [C] sample (torch's AdaptiveAvgPool2d(1) followed by Flatten).
+// Pooling on NCHW samples: MaxPool2d<Kernel, Stride, Padding> and AvgPool2d<Kernel, Stride,
+// Padding> (torch.nn.MaxPool2d / AvgPool2d; Stride defaults to Kernel; average pooling counts the
+// zero padding, PyTorch's count_include_pad=True), and GlobalAvgPool, which averages each channel
+// to one value and yields a flat [C] sample (torch's AdaptiveAvgPool2d(1) followed by Flatten).
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
@@ -10,11 +10,14 @@
 #include <coltrain/nn/init.hpp>
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/tensor/tensor.hpp>
+#include <coltrain/tensor/vector_pack.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace coltrain::nn {
 
@@ -30,9 +33,12 @@ void for_each_plane(Context<Device>& ctx, std::int64_t planes, std::int64_t plan
 
 template <class In, std::size_t Kernel, std::size_t Stride, std::size_t Padding>
 struct PoolGeometry {
-  static_assert(In::kRank == 3, "coltrain::nn pooling: the input must be an image, StaticShape<C, H, W>");
-  static_assert(Kernel > 0 && Stride > 0, "coltrain::nn pooling: kernel and stride must be positive");
-  static_assert(2 * Padding <= Kernel, "coltrain::nn pooling: padding may be at most half the kernel");
+  static_assert(In::kRank == 3,
+                "coltrain::nn pooling: the input must be an image, StaticShape<C, H, W>");
+  static_assert(Kernel > 0 && Stride > 0,
+                "coltrain::nn pooling: kernel and stride must be positive");
+  static_assert(2 * Padding <= Kernel,
+                "coltrain::nn pooling: padding may be at most half the kernel");
   static_assert(Kernel <= In::kDims[1] + 2 * Padding && Kernel <= In::kDims[2] + 2 * Padding,
                 "coltrain::nn pooling: the window is larger than the padded input image");
   static constexpr std::int64_t kC = In::kDims[0], kH = In::kDims[1], kW = In::kDims[2];
@@ -43,7 +49,8 @@ struct PoolGeometry {
 
 }  // namespace detail
 
-template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T, class Device>
+template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
+          class Device>
 class MaxPool2dLayer {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
@@ -66,13 +73,17 @@ class MaxPool2dLayer {
     std::int32_t* index = argmax_.data();
     detail::for_each_plane(ctx, planes, kH * kW, [=](std::int64_t p) {
       const T* src = x + p * kH * kW;
-      for (std::int64_t oh = 0; oh < kOutH; ++oh)
-        for (std::int64_t ow = 0; ow < kOutW; ++ow) {
-          const std::int32_t best_index = window_argmax(src, oh, ow);
-          const std::int64_t o = (p * kOutH + oh) * kOutW + ow;
-          y[o] = src[best_index];
-          index[o] = best_index;
-        }
+      if constexpr (kPairs) {
+        pairs_forward(src, y + p * kOutH * kOutW, index + p * kOutH * kOutW);
+      } else {
+        for (std::int64_t oh = 0; oh < kOutH; ++oh)
+          for (std::int64_t ow = 0; ow < kOutW; ++ow) {
+            const std::int32_t best_index = window_argmax(src, oh, ow);
+            const std::int64_t o = (p * kOutH + oh) * kOutW + ow;
+            y[o] = src[best_index];
+            index[o] = best_index;
+          }
+      }
     });
   }
 
@@ -101,6 +112,42 @@ class MaxPool2dLayer {
  private:
   static constexpr std::int64_t kKernel = Kernel, kStride = Stride, kPadding = Padding;
 
+  // The common 2x2, stride 2 pooling of stored-as-computed values: whole rows of outputs at once,
+  // in vector packs (even and odd input columns split apart, then three lane-wise selects in the
+  // window's order), with window_argmax's rules: the first maximum wins, a NaN propagates.
+  static constexpr bool kPairs = Kernel == 2 && Stride == 2 && Padding == 0 && std::is_same_v<T, S>;
+
+  static void pairs_forward(const S* COLTRAIN_RESTRICT src, S* COLTRAIN_RESTRICT y,
+                            std::int32_t* COLTRAIN_RESTRICT index) {
+    constexpr int N = tensor::pack_lanes<S>(kOutW);
+    using P = tensor::pack_t<S, N>;
+    using I = tensor::index_pack_t<S, N>;
+    const I lane_columns = [&]<int... L>(std::integer_sequence<int, L...>) { return I{(2 * L)...}; }
+    (std::make_integer_sequence<int, N>{});
+    for (std::int64_t oh = 0; oh < kOutH; ++oh) {
+      const S* top = src + 2 * oh * kW;
+      for (std::int64_t ow = 0; ow < kOutW; ow += N) {
+        P window[4];  // the window's four values, in PyTorch's scan order
+        tensor::deinterleave<S, N>(tensor::load_pack<P>(top + 2 * ow),
+                                   tensor::load_pack<P>(top + 2 * ow + N), window[0], window[1]);
+        tensor::deinterleave<S, N>(tensor::load_pack<P>(top + kW + 2 * ow),
+                                   tensor::load_pack<P>(top + kW + 2 * ow + N), window[2],
+                                   window[3]);
+        const I first = lane_columns + static_cast<std::int32_t>(2 * oh * kW + 2 * ow);
+        P best = window[0];
+        I best_index = first;
+        for (int w = 1; w < 4; ++w) {
+          const P v = window[w];
+          const I take = (v > best) | ((v != v) & (best == best));
+          best = take ? v : best;
+          best_index = take ? first + static_cast<std::int32_t>((w / 2) * kW + w % 2) : best_index;
+        }
+        tensor::store_pack(y + oh * kOutW + ow, best);
+        tensor::store_pack(index + oh * kOutW + ow, best_index);
+      }
+    }
+  }
+
   // The input position of the window's maximum: the first one wins, and a NaN propagates, as in
   // PyTorch. Written as selects over a constant-size window (no branch to mispredict); the
   // bounds checks vanish when there is no padding.
@@ -126,7 +173,8 @@ class MaxPool2dLayer {
   tensor::Tensor<S, Device> grad_in_scratch_;
 };
 
-template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T, class Device>
+template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
+          class Device>
 class AvgPool2dLayer {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
@@ -152,8 +200,10 @@ class AvgPool2dLayer {
       for (std::int64_t oh = 0; oh < kOutH; ++oh)
         for (std::int64_t ow = 0; ow < kOutW; ++ow) {
           S sum = 0;
-          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0); ih < std::min(oh * kS - kP + kK, kH); ++ih)
-            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0); iw < std::min(ow * kS - kP + kK, kW); ++iw)
+          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0);
+               ih < std::min(oh * kS - kP + kK, kH); ++ih)
+            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0);
+                 iw < std::min(ow * kS - kP + kK, kW); ++iw)
               sum += detail::to_compute_value<S>(src[ih * kW + iw]);
           y[(p * kOutH + oh) * kOutW + ow] = detail::to_storage_value<T>(sum * scale);
         }
@@ -174,8 +224,10 @@ class AvgPool2dLayer {
       for (std::int64_t oh = 0; oh < kOutH; ++oh)
         for (std::int64_t ow = 0; ow < kOutW; ++ow) {
           const S g = detail::to_compute_value<S>(dy[(p * kOutH + oh) * kOutW + ow]) * scale;
-          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0); ih < std::min(oh * kS - kP + kK, kH); ++ih)
-            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0); iw < std::min(ow * kS - kP + kK, kW); ++iw)
+          for (std::int64_t ih = std::max<std::int64_t>(oh * kS - kP, 0);
+               ih < std::min(oh * kS - kP + kK, kH); ++ih)
+            for (std::int64_t iw = std::max<std::int64_t>(ow * kS - kP, 0);
+                 iw < std::min(ow * kS - kP + kK, kW); ++iw)
               dst[ih * kW + iw] += g;
         }
     });
@@ -193,7 +245,8 @@ class AvgPool2dLayer {
 
 template <class In, class T, class Device>
 class GlobalAvgPoolLayer {
-  static_assert(In::kRank == 3, "coltrain::nn::GlobalAvgPool: the input must be an image, StaticShape<C, H, W>");
+  static_assert(In::kRank == 3,
+                "coltrain::nn::GlobalAvgPool: the input must be an image, StaticShape<C, H, W>");
   using S = compute_t<T>;
   static constexpr std::int64_t kC = In::kDims[0];
   static constexpr std::int64_t kPlane = In::kDims[1] * In::kDims[2];
@@ -222,7 +275,8 @@ class GlobalAvgPoolLayer {
     const T* dy = grad_out.data();
     T* dx = grad_in.data();
     detail::for_each_plane(ctx, in.extent(0) * kC, kPlane, [&](std::int64_t p) {
-      const T g = detail::to_storage_value<T>(detail::to_compute_value<S>(dy[p]) / static_cast<S>(kPlane));
+      const T g =
+          detail::to_storage_value<T>(detail::to_compute_value<S>(dy[p]) / static_cast<S>(kPlane));
       std::fill_n(dx + p * kPlane, kPlane, g);
     });
   }

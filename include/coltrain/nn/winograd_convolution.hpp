@@ -34,50 +34,6 @@
 
 namespace coltrain::nn::detail {
 
-// The 2N values low ++ high as their even and odd elements.
-template <class S, int N, class P = tensor::pack_t<S, N>>
-COLTRAIN_FORCE_INLINE void deinterleave(P low, P high, P& even, P& odd) {
-  if constexpr (N == 1) {
-    even = low;
-    odd = high;
-  } else {
-    [&]<int... L>(std::integer_sequence<int, L...>) {
-#if defined(__clang__)
-      even = __builtin_shufflevector(low, high, (2 * L)...);
-      odd = __builtin_shufflevector(low, high, (2 * L + 1)...);
-#else
-      using Indices = typename tensor::Pack<S, N>::Indices;
-      even = __builtin_shuffle(low, high, Indices{(2 * L)...});
-      odd = __builtin_shuffle(low, high, Indices{(2 * L + 1)...});
-#endif
-    }
-    (std::make_integer_sequence<int, N>{});
-  }
-}
-
-// The inverse: low ++ high = even[0], odd[0], even[1], odd[1], ...
-template <class S, int N, class P = tensor::pack_t<S, N>>
-COLTRAIN_FORCE_INLINE void interleave(P even, P odd, P& low, P& high) {
-  if constexpr (N == 1) {
-    low = even;
-    high = odd;
-  } else {
-    // Lane o of the result is lane o/2 of even (o even) or of odd (o odd), from the low half of
-    // the inputs for the first vector and the high half for the second.
-    [&]<int... L>(std::integer_sequence<int, L...>) {
-#if defined(__clang__)
-      low = __builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...);
-      high = __builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...);
-#else
-      using Indices = typename tensor::Pack<S, N>::Indices;
-      low = __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...});
-      high = __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...});
-#endif
-    }
-    (std::make_integer_sequence<int, N>{});
-  }
-}
-
 // parts[0] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N. Past R = 1 the
 // transforms' only case is two rows of 2 lanes (rows_per_pack), one shuffle with literal indices:
 // nvcc's host code rejects __builtin_shufflevector's indices from a pack expansion, building the
@@ -110,16 +66,18 @@ template <int Ways, class S, int N, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE void load_phases(const S* p, P (&phase)[Ways]) {
   static_assert(Ways == 2 || Ways == 4);
   if constexpr (Ways == 2) {
-    deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), phase[0], phase[1]);
+    tensor::deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), phase[0],
+                               phase[1]);
   } else {
     // Even and odd elements of each half, then of the evens and of the odds: 4l, 4l+2 and
     // 4l+1, 4l+3.
     P even_low, odd_low, even_high, odd_high;
-    deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), even_low, odd_low);
-    deinterleave<S, N>(tensor::load_pack<P>(p + 2 * N), tensor::load_pack<P>(p + 3 * N), even_high,
-                       odd_high);
-    deinterleave<S, N>(even_low, even_high, phase[0], phase[2]);
-    deinterleave<S, N>(odd_low, odd_high, phase[1], phase[3]);
+    tensor::deinterleave<S, N>(tensor::load_pack<P>(p), tensor::load_pack<P>(p + N), even_low,
+                               odd_low);
+    tensor::deinterleave<S, N>(tensor::load_pack<P>(p + 2 * N), tensor::load_pack<P>(p + 3 * N),
+                               even_high, odd_high);
+    tensor::deinterleave<S, N>(even_low, even_high, phase[0], phase[2]);
+    tensor::deinterleave<S, N>(odd_low, odd_high, phase[1], phase[3]);
   }
 }
 
@@ -129,15 +87,15 @@ COLTRAIN_FORCE_INLINE void store_phases(S* p, const P (&phase)[Ways]) {
   static_assert(Ways == 2 || Ways == 4);
   if constexpr (Ways == 2) {
     P low, high;
-    interleave<S, N>(phase[0], phase[1], low, high);
+    tensor::interleave<S, N>(phase[0], phase[1], low, high);
     tensor::store_pack(p, low);
     tensor::store_pack(p + N, high);
   } else {
     P even_low, even_high, odd_low, odd_high, out[4];
-    interleave<S, N>(phase[0], phase[2], even_low, even_high);
-    interleave<S, N>(phase[1], phase[3], odd_low, odd_high);
-    interleave<S, N>(even_low, odd_low, out[0], out[1]);
-    interleave<S, N>(even_high, odd_high, out[2], out[3]);
+    tensor::interleave<S, N>(phase[0], phase[2], even_low, even_high);
+    tensor::interleave<S, N>(phase[1], phase[3], odd_low, odd_high);
+    tensor::interleave<S, N>(even_low, odd_low, out[0], out[1]);
+    tensor::interleave<S, N>(even_high, odd_high, out[2], out[3]);
     for (int i = 0; i < 4; ++i) tensor::store_pack(p + i * N, out[i]);
   }
 }
@@ -444,32 +402,44 @@ struct WinogradConvolution {
 // Rows [row_begin, row_end) of u[pos][k][c] = (G g G^T)[pos], u being rows x columns per position,
 // for the 3x3 kernels g = weights[k][c] ([rows][columns][3][3]) or, when Flipped, the kernels of
 // the input-gradient convolution: weights[c][k] ([columns][rows][3][3]) turned by 180 degrees.
+// A pack of consecutive columns at a time, so that each of the 16 or 36 positions gets whole
+// vectors: one float per position matrix, megabytes apart, was a cache miss per store.
 template <int Tile, bool Flipped = false, class S>
 void winograd_transform_weights(std::int64_t rows, std::int64_t columns, std::int64_t row_begin,
                                 std::int64_t row_end, const S* COLTRAIN_RESTRICT weights,
                                 S* COLTRAIN_RESTRICT u) {
   using Matrices = WinogradMatrices<Tile>;
-  constexpr int kAlpha = Tile + 2;
+  constexpr int kAlpha = Tile + 2, kWide = tensor::widest_pack_lanes<S>();
   const std::int64_t position_stride = rows * columns;
-  for (std::int64_t k = row_begin; k < row_end; ++k)
-    for (std::int64_t c = 0; c < columns; ++c) {
-      const S* kernel = weights + (Flipped ? c * rows + k : k * columns + c) * 9;
-      S g[9];
-      for (int l = 0; l < 9; ++l) g[l] = kernel[Flipped ? 8 - l : l];
-      S t[kAlpha][3];  // G g, column by column
-      for (int l = 0; l < 3; ++l) {
-        const S column[3] = {g[l], g[3 + l], g[6 + l]};
-        S o[kAlpha];
-        Matrices::template kernel<S>(column, o);
-        for (int i = 0; i < kAlpha; ++i) t[i][l] = o[i];
-      }
-      S* out = u + k * columns + c;
-      for (int i = 0; i < kAlpha; ++i) {
-        S o[kAlpha];
-        Matrices::template kernel<S>(t[i], o);
-        for (int j = 0; j < kAlpha; ++j) out[(i * kAlpha + j) * position_stride] = o[j];
-      }
+  const auto transform = [&]<int N>(std::int64_t k, std::int64_t c) {
+    using P = tensor::pack_t<S, N>;
+    S lanes[9][N];  // the N kernels' taps, tap by tap
+    for (int l = 0; l < N; ++l) {
+      const S* kernel = weights + (Flipped ? (c + l) * rows + k : k * columns + c + l) * 9;
+      for (int tap = 0; tap < 9; ++tap) lanes[tap][l] = kernel[Flipped ? 8 - tap : tap];
     }
+    P g[9];
+    for (int tap = 0; tap < 9; ++tap) g[tap] = tensor::load_pack<P>(lanes[tap]);
+    P t[kAlpha][3];  // G g, column by column
+    for (int l = 0; l < 3; ++l) {
+      const P column[3] = {g[l], g[3 + l], g[6 + l]};
+      P o[kAlpha];
+      Matrices::template kernel<S>(column, o);
+      for (int i = 0; i < kAlpha; ++i) t[i][l] = o[i];
+    }
+    S* out = u + k * columns + c;
+    for (int i = 0; i < kAlpha; ++i) {
+      P o[kAlpha];
+      Matrices::template kernel<S>(t[i], o);
+      for (int j = 0; j < kAlpha; ++j)
+        tensor::store_pack(out + (i * kAlpha + j) * position_stride, o[j]);
+    }
+  };
+  for (std::int64_t k = row_begin; k < row_end; ++k) {
+    std::int64_t c = 0;
+    for (; c + kWide <= columns; c += kWide) transform.template operator()<kWide>(k, c);
+    for (; c < columns; ++c) transform.template operator()<1>(k, c);
+  }
 }
 
 // The products of a transformed batch of tiles: m[pos] [out_channels x columns] =
@@ -499,28 +469,35 @@ void winograd_add_weight_gradient(std::int64_t positions, std::int64_t out_chann
 }
 
 // grad[k][c] += G^T du[pos][k][c] G for every kernel (out_channels x in_channels x 3 x 3): the
-// adjoint of winograd_transform_weights.
+// adjoint of winograd_transform_weights, and like it a pack of consecutive kernels at a time.
 template <int Tile, class S>
 void winograd_fold_weight_gradient(std::int64_t out_channels, std::int64_t in_channels,
                                    const S* COLTRAIN_RESTRICT du, S* COLTRAIN_RESTRICT grad) {
   using Matrices = WinogradMatrices<Tile>;
-  constexpr int kAlpha = Tile + 2;
+  constexpr int kAlpha = Tile + 2, kWide = tensor::widest_pack_lanes<S>();
   const std::int64_t position_stride = out_channels * in_channels;
-  for (std::int64_t kc = 0; kc < position_stride; ++kc) {
-    S t[3][kAlpha];  // G^T x, column by column
+  const auto fold = [&]<int N>(std::int64_t kc) {
+    using P = tensor::pack_t<S, N>;
+    P t[3][kAlpha];  // G^T x, column by column
     for (int j = 0; j < kAlpha; ++j) {
-      S column[kAlpha], o[3];
-      for (int i = 0; i < kAlpha; ++i) column[i] = du[(i * kAlpha + j) * position_stride + kc];
+      P column[kAlpha], o[3];
+      for (int i = 0; i < kAlpha; ++i)
+        column[i] = tensor::load_pack<P>(du + (i * kAlpha + j) * position_stride + kc);
       Matrices::template kernel_adjoint<S>(column, o);
       for (int a = 0; a < 3; ++a) t[a][j] = o[a];
     }
-    S* g = grad + kc * 9;
+    S lanes[9][N];  // the N kernels' gradients, tap by tap
     for (int a = 0; a < 3; ++a) {
-      S o[3];
+      P o[3];
       Matrices::template kernel_adjoint<S>(t[a], o);
-      for (int b = 0; b < 3; ++b) g[a * 3 + b] += o[b];
+      for (int b = 0; b < 3; ++b) tensor::store_pack(lanes[a * 3 + b], o[b]);
     }
-  }
+    for (int l = 0; l < N; ++l)
+      for (int tap = 0; tap < 9; ++tap) grad[(kc + l) * 9 + tap] += lanes[tap][l];
+  };
+  std::int64_t kc = 0;
+  for (; kc + kWide <= position_stride; kc += kWide) fold.template operator()<kWide>(kc);
+  for (; kc < position_stride; ++kc) fold.template operator()<1>(kc);
 }
 
 }  // namespace coltrain::nn::detail

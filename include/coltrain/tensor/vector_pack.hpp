@@ -11,12 +11,14 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 namespace coltrain::tensor {
 
 template <class S, int N>
 struct Pack {
   using type = S;
+  using Indices = std::int32_t;  // int32 lanes as many as the pack's: lane indices, compare masks
 };
 #if COLTRAIN_MICROKERNELS
 template <int N>
@@ -28,20 +30,25 @@ requires(N > 1) struct Pack<float, N> {
 
 template <class S, int N>
 using pack_t = typename Pack<S, N>::type;
+template <class S, int N>
+using index_pack_t = typename Pack<S, N>::Indices;
+
+// The widest pack of S the target has registers for (1 where S has no vector pack).
+template <class S>
+constexpr int widest_pack_lanes() {
+#if COLTRAIN_MICROKERNELS
+  if constexpr (std::is_same_v<S, float>) return detail::microkernel::kLanes;
+#endif
+  return 1;
+}
 
 // The widest pack of S that divides `count` (at most the target's vector width; 1 where S has no
 // vector pack).
 template <class S>
 constexpr int pack_lanes(std::int64_t count) {
-#if COLTRAIN_MICROKERNELS
-  if constexpr (std::is_same_v<S, float>) {
-    int lanes = detail::microkernel::kLanes;
-    while (lanes > 1 && count % lanes != 0) lanes /= 2;
-    return lanes;
-  }
-#endif
-  (void)count;
-  return 1;
+  int lanes = widest_pack_lanes<S>();
+  while (lanes > 1 && count % lanes != 0) lanes /= 2;
+  return lanes;
 }
 
 // Unaligned loads and stores: a memcpy of a vector compiles to one move.
@@ -71,6 +78,50 @@ COLTRAIN_FORCE_INLINE void add_lanes(double* COLTRAIN_RESTRICT sums, P v) {
     float lanes[N];
     std::memcpy(lanes, &v, sizeof v);
     for (int l = 0; l < N; ++l) sums[l] += static_cast<double>(lanes[l]);
+  }
+}
+
+// The 2N values low ++ high as their even and odd elements.
+template <class S, int N, class P = pack_t<S, N>>
+COLTRAIN_FORCE_INLINE void deinterleave(P low, P high, P& even, P& odd) {
+  if constexpr (N == 1) {
+    even = low;
+    odd = high;
+  } else {
+    [&]<int... L>(std::integer_sequence<int, L...>) {
+#if defined(__clang__)
+      even = __builtin_shufflevector(low, high, (2 * L)...);
+      odd = __builtin_shufflevector(low, high, (2 * L + 1)...);
+#else
+      using Indices = typename Pack<S, N>::Indices;
+      even = __builtin_shuffle(low, high, Indices{(2 * L)...});
+      odd = __builtin_shuffle(low, high, Indices{(2 * L + 1)...});
+#endif
+    }
+    (std::make_integer_sequence<int, N>{});
+  }
+}
+
+// The inverse: low ++ high = even[0], odd[0], even[1], odd[1], ...
+template <class S, int N, class P = pack_t<S, N>>
+COLTRAIN_FORCE_INLINE void interleave(P even, P odd, P& low, P& high) {
+  if constexpr (N == 1) {
+    low = even;
+    high = odd;
+  } else {
+    // Lane o of the result is lane o/2 of even (o even) or of odd (o odd), from the low half of
+    // the inputs for the first vector and the high half for the second.
+    [&]<int... L>(std::integer_sequence<int, L...>) {
+#if defined(__clang__)
+      low = __builtin_shufflevector(even, odd, (L / 2 + (L % 2) * N)...);
+      high = __builtin_shufflevector(even, odd, (L / 2 + N / 2 + (L % 2) * N)...);
+#else
+      using Indices = typename Pack<S, N>::Indices;
+      low = __builtin_shuffle(even, odd, Indices{(L / 2 + (L % 2) * N)...});
+      high = __builtin_shuffle(even, odd, Indices{(L / 2 + N / 2 + (L % 2) * N)...});
+#endif
+    }
+    (std::make_integer_sequence<int, N>{});
   }
 }
 
