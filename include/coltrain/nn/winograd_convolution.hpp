@@ -435,10 +435,13 @@ void winograd_transform_weights(std::int64_t rows, std::int64_t columns, std::in
         tensor::store_pack(out + (i * kAlpha + j) * position_stride, o[j]);
     }
   };
+  // The leftover columns counted in an int below kWide: g++ -O3 could not bound a loop that
+  // continued the packed one, and warned of overflow at an impossible iteration.
+  const std::int64_t packed = columns / kWide * kWide;
+  const int leftover = static_cast<int>(columns % kWide);
   for (std::int64_t k = row_begin; k < row_end; ++k) {
-    std::int64_t c = 0;
-    for (; c + kWide <= columns; c += kWide) transform.template operator()<kWide>(k, c);
-    for (; c < columns; ++c) transform.template operator()<1>(k, c);
+    for (std::int64_t c = 0; c < packed; c += kWide) transform.template operator()<kWide>(k, c);
+    for (int l = 0; l < leftover; ++l) transform.template operator()<1>(k, packed + l);
   }
 }
 
@@ -495,9 +498,10 @@ void winograd_fold_weight_gradient(std::int64_t out_channels, std::int64_t in_ch
     for (int l = 0; l < N; ++l)
       for (int tap = 0; tap < 9; ++tap) grad[(kc + l) * 9 + tap] += lanes[tap][l];
   };
-  std::int64_t kc = 0;
-  for (; kc + kWide <= position_stride; kc += kWide) fold.template operator()<kWide>(kc);
-  for (; kc < position_stride; ++kc) fold.template operator()<1>(kc);
+  const std::int64_t packed = position_stride / kWide * kWide;  // as in the transform
+  const int leftover = static_cast<int>(position_stride % kWide);
+  for (std::int64_t kc = 0; kc < packed; kc += kWide) fold.template operator()<kWide>(kc);
+  for (int l = 0; l < leftover; ++l) fold.template operator()<1>(packed + l);
 }
 
 }  // namespace coltrain::nn::detail
