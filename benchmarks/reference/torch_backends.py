@@ -2,9 +2,12 @@
 (libblas3, the default when no optimised BLAS is installed) is several times slower than on
 OpenBLAS, and a ratio against it says nothing about coltrain."""
 
+import ctypes
 import os
 
 import torch
+
+_allocator = "glibc malloc, default (freed activations go back to the kernel)"
 
 
 def blas_library():
@@ -40,9 +43,26 @@ def convolution_engine():
     return "PyTorch's native convolution (im2col + BLAS)"
 
 
+def keep_freed_memory():
+    """Stops glibc from handing freed activations back to the kernel. By default a block above
+    malloc's (moving) mmap threshold is unmapped when freed, so a step that frees and reallocates
+    its activations faults their pages in again every step: on CifarNet, 2 threads, most processes
+    then ran at 700-900 images/s and a few at 1,500-1,900, by chance. PyTorch's CPU tuning guide
+    answers this with jemalloc or tcmalloc; glibc's own switches do the same here: a fixed mmap
+    threshold at its maximum (32 MiB, above every activation of these models) and no trimming."""
+    global _allocator
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    threshold = 32 << 20
+    if libc.mallopt(m_mmap_threshold, threshold) != 1 or \
+            libc.mallopt(m_trim_threshold, ctypes.c_int(2**31 - 1)) != 1:
+        raise RuntimeError("mallopt refused the mmap or trim threshold")
+    _allocator = "glibc malloc, mmap threshold 32 MiB, no trimming (freed memory kept for reuse)"
+
+
 def describe():
     return (f"pytorch {torch.__version__}, {torch.get_num_threads()} threads; "
-            f"BLAS: {blas_library()}; convolution: {convolution_engine()}")
+            f"BLAS: {blas_library()}; convolution: {convolution_engine()}; allocator: {_allocator}")
 
 
 if __name__ == "__main__":
@@ -52,4 +72,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as both benchmarks set it
     print(describe())

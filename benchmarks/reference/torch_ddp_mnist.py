@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_backends import describe  # noqa: E402
+from torch_backends import describe, keep_freed_memory  # noqa: E402
 from torch_models import MnistConvNet  # noqa: E402
 
 MEAN, STD = 0.1307, 0.3081
@@ -159,6 +159,7 @@ def synchronize(device):
 
 def train(rank, world, args, data):
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_backends import describe  # noqa: E402
+from torch_backends import describe, keep_freed_memory  # noqa: E402
 from torch_models import MODELS  # noqa: E402
 
 
@@ -54,6 +54,7 @@ def main():
     parser.add_argument("--csv")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     print(f"reference: {describe()}", flush=True)
     rows = []
     for name in args.model.split(","):
