@@ -629,6 +629,28 @@ TEST_CASE("Dropout: masks are a function of seed, step and layer", "[nn][dropout
   CHECK(static_cast<double>(dropped) / static_cast<double>(first.size()) == Approx(0.75).margin(0.03));
 }
 
+TEST_CASE("Dropout: the integer draw against uniform_threshold decides as hash_uniform >= p",
+          "[nn][dropout]") {
+  // The layer compares 53-bit draws with uniform_threshold(p) instead of converting each to double;
+  // the masks must stay those of hash_uniform (the GPU layer and saved runs draw with it). Near the
+  // threshold the two could differ by one draw, so check there as well as on random draws.
+  for (const double p :
+       {0.0, 0.1, 0.25, 0.3, 1.0 / 3.0, 0.5, 0.7, 0.999, 0x1.0p-53, 1.0 - 0x1.0p-53}) {
+    const std::uint64_t threshold = nn::uniform_threshold(p);
+    CAPTURE(p, threshold);
+    REQUIRE(static_cast<double>(threshold) * 0x1.0p-53 >= p);
+    if (threshold > 0) REQUIRE(static_cast<double>(threshold - 1) * 0x1.0p-53 < p);
+    const std::uint64_t key = nn::hash_key(7, 3, 0x1234);
+    std::int64_t kept = 0;
+    for (std::uint64_t i = 0; i < 20'000; ++i) {
+      const bool by_bits = nn::hash_bits(key, i) >= threshold;
+      REQUIRE(by_bits == (nn::hash_uniform(7, 3, 0x1234, i) >= p));
+      kept += by_bits;
+    }
+    CHECK(static_cast<double>(kept) / 20'000 == Approx(1.0 - p).margin(0.02));
+  }
+}
+
 TEST_CASE("Dropout: p = 0 is the identity in training", "[nn][dropout]") {
   nn::Network<Sequential<Input<100>, nn::Dropout<0.0>>> net;
   tensor::Tensor<float> x(tensor::Shape{2, 100});

@@ -1,7 +1,7 @@
 #pragma once
 // Dropout<P>: in training, zeroes each element with probability P and scales the rest by 1/(1-P)
-// (torch.nn.Dropout); in evaluation, the identity. Masks are a hash of (seed, step, layer, element),
-// so they do not depend on thread scheduling and a resumed run draws the same ones.
+// (torch.nn.Dropout); in evaluation, the identity. Masks are a hash of (seed, step, layer,
+// element), so they do not depend on thread scheduling and a resumed run draws the same ones.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/nn/compute_precision.hpp>
@@ -18,8 +18,10 @@ namespace coltrain::nn {
 
 template <double P, class In, class T, class Device>
 class DropoutLayer {
-  static_assert(P >= 0.0 && P < 1.0, "coltrain::nn::Dropout: the drop probability must lie in [0, 1)");
+  static_assert(P >= 0.0 && P < 1.0,
+                "coltrain::nn::Dropout: the drop probability must lie in [0, 1)");
   using S = compute_t<T>;
+  static constexpr S kScale = static_cast<S>(1.0 / (1.0 - P));
 
  public:
   using Input = In;
@@ -37,22 +39,15 @@ class DropoutLayer {
       return;
     }
     mask_.resize(in.shape());
-    const T* x = in.data();
-    T* y = out.data();
-    std::uint8_t* keep = mask_.data();
-    const S scale = static_cast<S>(1.0 / (1.0 - P));
-    const std::uint64_t seed = ctx.seed(), step = ctx.step();
+    const std::uint64_t key = hash_key(ctx.seed(), ctx.step(), salt_);
     ctx.pool().parallel_for(in.numel(), [&](std::int64_t begin, std::int64_t end, int) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        keep[i] = hash_uniform(seed, step, salt_, static_cast<std::uint64_t>(i)) >= P ? 1 : 0;
-        y[i] = detail::to_storage_value<T>(keep[i] ? detail::to_compute_value<S>(x[i]) * scale : S(0));
-      }
+      draw_and_apply(in.data(), out.data(), mask_.data(), key, begin, end);
     });
   }
 
   void backward(tensor::TensorView<const T, Device>, tensor::TensorView<const T, Device>,
                 tensor::TensorView<const T, Device> grad_out, tensor::TensorView<T, Device> grad_in,
-                Context<Device>&) {
+                Context<Device>& ctx) {
     if (grad_in.empty()) return;
     const T* dy = grad_out.data();
     T* dx = grad_in.data();
@@ -60,10 +55,9 @@ class DropoutLayer {
       std::copy_n(dy, grad_out.numel(), dx);
       return;
     }
-    const std::uint8_t* keep = mask_.data();
-    const S scale = static_cast<S>(1.0 / (1.0 - P));
-    for (std::int64_t i = 0, n = grad_out.numel(); i < n; ++i)
-      dx[i] = detail::to_storage_value<T>(keep[i] ? detail::to_compute_value<S>(dy[i]) * scale : S(0));
+    ctx.pool().parallel_for(grad_out.numel(), [&](std::int64_t begin, std::int64_t end, int) {
+      apply_mask(dy, dx, mask_.data(), begin, end);
+    });
   }
 
   template <class F>
@@ -72,6 +66,25 @@ class DropoutLayer {
   void visit_buffers(F&&, const std::string&) {}
 
  private:
+  // Keeps element i where hash_uniform(seed, step, salt, i) >= P, decided on the integer draw. The
+  // arguments are locals on purpose: a store through the uint8_t mask may alias any object in
+  // memory (a lambda's captures too), which would reload them every element and keep the loop from
+  // vectorising.
+  static void draw_and_apply(const T* x, T* y, std::uint8_t* keep, std::uint64_t key,
+                             std::int64_t begin, std::int64_t end) {
+    constexpr std::uint64_t kThreshold = uniform_threshold(P);
+    for (std::int64_t i = begin; i < end; ++i)
+      keep[i] = hash_bits(key, static_cast<std::uint64_t>(i)) >= kThreshold ? 1 : 0;
+    apply_mask(x, y, keep, begin, end);
+  }
+
+  static void apply_mask(const T* x, T* y, const std::uint8_t* keep, std::int64_t begin,
+                         std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i)
+      y[i] =
+          detail::to_storage_value<T>(keep[i] ? detail::to_compute_value<S>(x[i]) * kScale : S(0));
+  }
+
   std::uint64_t salt_ = 0;
   bool active_ = false;
   tensor::Tensor<std::uint8_t, Device> mask_;

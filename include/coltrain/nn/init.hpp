@@ -33,9 +33,28 @@ class Rng {
 
 // A stateless hash of (seed, a, b, c) to [0, 1): random masks that do not depend on the order in
 // which threads visit the elements. Host and device (the GPU dropout draws the CPU's masks with it).
-COLTRAIN_HOST_DEVICE inline double hash_uniform(std::uint64_t seed, std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  Rng rng(seed ^ (a * 0xD6E8FEB86659FD93ull) ^ (b * 0x9E3779B97F4A7C15ull) ^ (c * 0xC2B2AE3D27D4EB4Full));
-  return rng.uniform();
+// In two steps for loops over c: hash_key(seed, a, b) once, then hash_bits(key, c), the 53 random
+// bits that hash_uniform scales by 2^-53.
+COLTRAIN_HOST_DEVICE constexpr std::uint64_t hash_key(std::uint64_t seed, std::uint64_t a,
+                                                      std::uint64_t b) {
+  return seed ^ (a * 0xD6E8FEB86659FD93ull) ^ (b * 0x9E3779B97F4A7C15ull);
+}
+
+COLTRAIN_HOST_DEVICE inline std::uint64_t hash_bits(std::uint64_t key, std::uint64_t c) {
+  return Rng(key ^ (c * 0xC2B2AE3D27D4EB4Full)).next() >> 11;
+}
+
+COLTRAIN_HOST_DEVICE inline double hash_uniform(std::uint64_t seed, std::uint64_t a,
+                                                std::uint64_t b, std::uint64_t c) {
+  return static_cast<double>(hash_bits(hash_key(seed, a, b), c)) * 0x1.0p-53;
+}
+
+// The smallest 53-bit draw u with u * 2^-53 >= p, for p in [0, 1]: hash_bits(...) >= it decides
+// hash_uniform(...) >= p exactly (scaling by a power of two is exact), with no double conversion.
+constexpr std::uint64_t uniform_threshold(double p) {
+  const double scaled = p * 0x1.0p53;
+  const auto below = static_cast<std::uint64_t>(scaled);
+  return static_cast<double>(below) < scaled ? below + 1 : below;
 }
 
 template <class T>
