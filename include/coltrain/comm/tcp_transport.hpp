@@ -26,7 +26,7 @@
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
 // - Errors: a lost peer is a PeerLostError naming it, a wrong header a MismatchError. No progress
-//   for CommOptions::timeout starts an inquiry (comm/failure_notice.hpp): every rank is asked
+//   for CommOptions::timeout starts an inquiry (comm/failure_detector.hpp): every rank is asked
 //   whether it is alive and whom it waits on, and the rank at the end of that chain that does not
 //   answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError; an answering
 //   rank in the same collective with another algorithm, root or op is named in a MismatchError.
@@ -36,12 +36,14 @@
 //   throws CommError. A transport destroyed while an exception unwinds (an error in the caller's
 //   code between collectives) tells its peers the same way.
 
+#include <coltrain/comm/failure_detector.hpp>
 #include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/shm_channel.hpp>
 #include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/tcp_peer_channel.hpp>
 #include <coltrain/comm/tcp_rendezvous.hpp>
 #include <coltrain/comm/transport.hpp>
 #include <coltrain/core/config.hpp>
@@ -95,116 +97,6 @@ inline std::chrono::microseconds spin_before_sleep(const LaunchEnv& env) {
 // all queued 1 MB chunks went out in one call).
 inline constexpr std::size_t kGatherBytes = 64 << 10;
 inline constexpr std::size_t kMaxSendIovecs = 64;
-// Receive staging: holds a header and the bytes that come with it in the same read; a small message
-// fits whole, of a large one only this much is copied.
-inline constexpr std::size_t kInboxBytes = 16 << 10;
-
-inline constexpr std::size_t kHeaderBytes = sizeof(MessageHeader);
-
-struct PendingSend {
-  MessageHeader header;
-  std::span<const std::byte> payload;
-  std::size_t sent = 0;  // of header and payload together
-
-  std::size_t total() const { return kHeaderBytes + payload.size(); }
-};
-
-// A send whose bytes are all handed over to a shared-memory stream, some of them by reference: its
-// caller's buffer is in use until the peer has copied reference `reference`.
-struct HandedOverSend {
-  MessageHeader header;
-  std::size_t bytes = 0;  // of header and payload together
-  std::uint64_t reference = 0;
-};
-
-struct PendingReceive {
-  MessageHeader expected;
-  std::span<std::byte> payload;
-  bool header_checked = false;
-  std::size_t received = 0;  // payload bytes in place
-};
-
-// A posted receive of a send/recv message: matched by tag (expected.root) in arrival order.
-struct PendingTaggedReceive {
-  MessageHeader expected;
-  std::span<std::byte> payload;
-  bool done = false;
-};
-
-// A message read ahead of its receive while this rank looked for notices behind it (a rank that
-// has waited a while parks what blocks its streams, so that a notice can reach it).
-struct ParkedMessage {
-  MessageHeader header;
-  std::vector<std::byte> payload;
-  std::size_t received = 0;  // payload bytes read so far
-
-  bool complete() const { return received == payload.size(); }
-};
-
-// One peer's connection and its queues. Tickets count posted and completed operations per
-// direction; ticket t is complete once t < completed.
-struct PeerChannel {
-  FileDescriptor socket;
-  // A peer on this host: the stream's bytes go through shared memory, and the socket carries
-  // doorbells and the end of the stream (comm/shm_channel.hpp).
-  std::unique_ptr<ShmStream> shm;
-  std::deque<PendingSend> sends;
-  std::deque<HandedOverSend> unsettled;  // after `sends`: handed over, not yet complete
-  std::deque<PendingReceive> receives;
-  std::uint64_t sends_posted = 0;
-  std::uint64_t sends_completed = 0;
-  std::uint64_t receives_posted = 0;
-  std::uint64_t receives_completed = 0;
-  std::unique_ptr<std::byte[]> inbox;  // kInboxBytes, allocated with the first receive
-  std::size_t inbox_begin = 0;
-  std::size_t inbox_end = 0;
-  bool active = false;  // listed in TcpTransport::active_
-  bool gone = false;    // the peer closed the connection while nothing was awaited from it
-  // A message header that no posted receive awaits yet sits in the inbox: the socket is left
-  // alone (not polled for notices) until a receive is posted.
-  bool data_waiting = false;
-  std::deque<ParkedMessage> parked;  // read ahead; served before the inbox. Only while no receive
-                                     // is posted: a posted receive takes them first
-  std::deque<ParkedMessage> tagged;  // send/recv messages that arrived, in arrival order
-  std::deque<PendingTaggedReceive> tagged_receives;  // in posting order; done ones leave the front
-  std::uint64_t tagged_receives_begin = 0;           // the ticket of tagged_receives.front()
-  std::size_t tagged_pending = 0;                    // posted and not done
-
-  bool idle() const {
-    return sends.empty() && unsettled.empty() && receives.empty() && tagged_pending == 0;
-  }
-  // The stream's next bytes into the iovecs, or what fits of the iovecs onto it, as recvmsg() and
-  // sendmsg() on a non-blocking socket do: through shared memory for a peer on this host, else
-  // through the socket.
-  ssize_t read(iovec* iov, std::size_t count) {
-    if (shm) return shm->receive(iov, count);
-    msghdr message{};
-    message.msg_iov = iov;
-    message.msg_iovlen = count;
-    return ::recvmsg(socket.get(), &message, MSG_DONTWAIT);
-  }
-  ssize_t write(iovec* iov, std::size_t count) {
-    if (shm) return shm->send(iov, count);
-    msghdr message{};
-    message.msg_iov = iov;
-    message.msg_iovlen = count;
-    return ::sendmsg(socket.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-  // The message being read into a buffer of its own (parked or tagged), if one is half read.
-  ParkedMessage* arriving() {
-    if (!tagged.empty() && !tagged.back().complete()) return &tagged.back();
-    if (!parked.empty() && !parked.back().complete()) return &parked.back();
-    return nullptr;
-  }
-  std::size_t inbox_size() const { return inbox_end - inbox_begin; }
-  // Moves what the inbox holds (a partial header, or a notice's start) to its front, to make room.
-  void compact_inbox() {
-    if (inbox_begin == 0) return;
-    std::memmove(inbox.get(), inbox.get() + inbox_begin, inbox_size());
-    inbox_end -= inbox_begin;
-    inbox_begin = 0;
-  }
-};
 
 }  // namespace detail
 
@@ -236,7 +128,8 @@ class TcpTransport {
         env_(env),
         rank_(rank),
         size_(static_cast<int>(sockets.size())),
-        spin_before_sleep_(detail::spin_before_sleep(env)) {
+        spin_before_sleep_(detail::spin_before_sleep(env)),
+        detector_(rank, size_) {
     detail::SharedMemorySetup shared =
         detail::setup_shared_memory(rank, sockets, options, Logger(rank, size_));
     hosts_ = std::move(shared.hosts);
@@ -270,7 +163,7 @@ class TcpTransport {
   // first, so that they name this rank instead of waiting on it or blaming a neighbour.
   ~TcpTransport() {
     if (peers_.empty() || !broken_.empty() || std::uncaught_exceptions() == 0) return;
-    FailureNotice verdict = notice(NoticeKind::kFailure);
+    FailureNotice verdict = detector_.notice(NoticeKind::kFailure);
     verdict.cause = FailureCause::kError;
     verdict.failed_rank = rank_;
     send_verdict(verdict, "the process left while an exception was propagating");
@@ -293,7 +186,7 @@ class TcpTransport {
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     detail::PeerChannel& channel = post_check(peer, header, payload.size(), "isend");
     channel.sends.push_back({header, payload, 0});
-    last_call_ = header;
+    detector_.set_call(header);
     activate(peer);
     return {peer, true, false, channel.sends_posted++};
   }
@@ -304,14 +197,14 @@ class TcpTransport {
     if (expected.collective == Collective::kSendRecv) {
       channel.tagged_receives.push_back({expected, payload, false});
       ++channel.tagged_pending;
-      last_call_ = expected;
+      detector_.set_call(expected);
       activate(peer);
       return {peer, false, true,
               channel.tagged_receives_begin + channel.tagged_receives.size() - 1};
     }
     channel.receives.push_back({expected, payload, false, 0});
     channel.data_waiting = false;
-    last_call_ = expected;
+    detector_.set_call(expected);
     activate(peer);
     return {peer, false, false, channel.receives_posted++};
   }
@@ -328,7 +221,7 @@ class TcpTransport {
     throw_if_broken("test");
     if (complete(request)) return true;
     guarded([&] {
-      throw_verdict_if_any();
+      detector_.throw_verdict_if_any();
       progress_active_peers();
     });
     return complete(request);
@@ -418,7 +311,8 @@ class TcpTransport {
   }
 
   void progress_until(const Request& request) {
-    throw_verdict_if_any();  // a peer's verdict came after the last call had done its part
+    detector_
+        .throw_verdict_if_any();  // a peer's verdict came after the last call had done its part
     awaited_ = request;
     Clock::time_point last_progress = Clock::now();
     while (true) {
@@ -439,7 +333,7 @@ class TcpTransport {
             std::min<Clock::duration>(std::chrono::milliseconds(100), options_.timeout / 4);
         Clock::duration sleep = options_.timeout - waited;
         if (waited >= park_after) {
-          throw_verdict_if_any();  // this call is stuck too
+          detector_.throw_verdict_if_any();  // this call is stuck too
           parking_ = true;
         } else {
           sleep = std::min(sleep, park_after - waited);
@@ -818,11 +712,11 @@ class TcpTransport {
     } else {
       broken_ = cause.what();
     }
-    if (verdict_) {  // a notice's verdict: passed on as it came
-      send_verdict(*verdict_, verdict_text_);
+    if (detector_.verdict()) {  // a notice's verdict: passed on as it came
+      send_verdict(*detector_.verdict(), detector_.verdict_text());
       return;
     }
-    FailureNotice verdict = notice(NoticeKind::kFailure);
+    FailureNotice verdict = detector_.notice(NoticeKind::kFailure);
     blame_for(verdict, cause);
     send_verdict(verdict, error != nullptr ? error->message() : broken_);
   }
@@ -863,16 +757,6 @@ class TcpTransport {
     active_.clear();
   }
 
-  // A notice from this rank about its current call.
-  FailureNotice notice(NoticeKind kind) const {
-    FailureNotice n;
-    n.kind = kind;
-    n.seen_by = rank_;
-    n.collective = last_call_ ? last_call_->collective : Collective::kAllreduce;
-    n.sequence = last_call_ ? last_call_->sequence : kNoCall;
-    return n;
-  }
-
   // Queues a notice behind the messages already queued to `peer` (never inside one), with its
   // text (n.text_bytes of them), which must outlive the send.
   void queue_notice(int peer, const FailureNotice& n, std::span<const std::byte> text = {}) {
@@ -902,46 +786,16 @@ class TcpTransport {
       throw MismatchError("rank " + std::to_string(peer) + " sent a failure notice with " +
                               std::to_string(n.text_bytes) + " bytes of text (at most " +
                               std::to_string(kMaxNoticeText) + "): the stream lost its framing",
-                          context(peer, last_call_.value_or(MessageHeader{})));
+                          context(peer, detector_.call().value_or(MessageHeader{})));
     }
     if (channel.inbox_size() < sizeof n + n.text_bytes) return false;
     const char* text = reinterpret_cast<const char*>(channel.inbox.get() + channel.inbox_begin);
     std::string account(text + sizeof n, static_cast<std::size_t>(n.text_bytes));
     channel.inbox_begin += sizeof n + static_cast<std::size_t>(n.text_bytes);
-    switch (n.kind) {
-      case NoticeKind::kFailure:
-        if (!verdict_) {
-          verdict_ = n;
-          verdict_text_ = account;
-        }
-        if (!defer) throw_verdict_if_any();
-        break;
-      case NoticeKind::kSuspect: {
-        FailureNotice answer = notice(NoticeKind::kAlive);
-        answer.waiting_on = awaited_.peer;
-        if (!last_call_) {
-          queue_notice(peer, answer);
-          break;
-        }
-        // The answer's text is this rank's call, so that the asking rank can name a field in
-        // which the calls differ when the ranks deadlocked before any message showed it.
-        told_calls_.push_back(*last_call_);
-        answer.text_bytes = sizeof(MessageHeader);
-        queue_notice(peer, answer, std::as_bytes(std::span(&told_calls_.back(), 1)));
-        break;
-      }
-      case NoticeKind::kAlive:
-        if (!answers_.empty()) {
-          const auto index = static_cast<std::size_t>(peer);
-          answers_[index] = n.waiting_on;
-          if (account.size() == sizeof(MessageHeader)) {
-            MessageHeader call;
-            std::memcpy(&call, account.data(), sizeof call);
-            answer_calls_[index] = call;
-          }
-        }
-        break;
-    }
+    const std::optional<FailureDetector::Reply> reply =
+        detector_.take(peer, n, std::move(account), awaited_.peer);
+    if (reply) queue_notice(peer, reply->notice, reply->text);
+    if (n.kind == NoticeKind::kFailure && !defer) detector_.throw_verdict_if_any();
     return true;
   }
 
@@ -1042,27 +896,11 @@ class TcpTransport {
     return served;
   }
 
-  void throw_verdict_if_any() const {
-    if (verdict_) throw_failure(*verdict_, verdict_text_, rank_);
-  }
-
   // Takes the first failure notice a peer on this host left outside its stream as it broke down
   // (a well-formed one: a peer's bytes are checked as any notice's are).
   void take_last_words() {
-    for (int peer = 0; peer < size_ && !verdict_; ++peer) {
-      const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
-      if (!channel.shm) continue;
-      const std::span<const std::byte> words = channel.shm->last_words();
-      FailureNotice n;
-      if (words.size() < sizeof n) continue;
-      std::memcpy(&n, words.data(), sizeof n);
-      if (n.magic != kNoticeMagic || n.kind != NoticeKind::kFailure ||
-          n.text_bytes != words.size() - sizeof n)
-        continue;
-      verdict_ = n;
-      verdict_text_.assign(reinterpret_cast<const char*>(words.data()) + sizeof n,
-                           static_cast<std::size_t>(n.text_bytes));
-    }
+    for (const PeerChannel& channel : peers_)
+      if (channel.shm && detector_.take_last_words(channel.shm->last_words())) return;
   }
 
   // Reads, from every peer whose stream is at a message boundary, what has arrived: throws the
@@ -1075,7 +913,7 @@ class TcpTransport {
       if (peer != rank_ && channel.socket && !channel.gone && !channel.data_waiting && at_boundary)
         read_idle_peer(peer);
     }
-    throw_verdict_if_any();
+    detector_.throw_verdict_if_any();
   }
 
   // No progress for the timeout on `request`: asks every rank whether it is alive and whom it
@@ -1084,14 +922,10 @@ class TcpTransport {
   // the request completed meanwhile; otherwise throws TimeoutError (or PeerLostError) naming that
   // rank, which break_down passes on.
   bool inquire(const Request& request) {
-    throw_verdict_if_any();
+    detector_.throw_verdict_if_any();
     const TimeoutError account = timeout_error(request);
-    const int suspect = request.peer;
-    answers_.assign(static_cast<std::size_t>(size_), std::nullopt);
-    answer_calls_.assign(static_cast<std::size_t>(size_), std::nullopt);
     parking_ = true;
-    FailureNotice ask = notice(NoticeKind::kSuspect);
-    ask.failed_rank = suspect;
+    const FailureNotice ask = detector_.begin_inquiry(request.peer);
     for (int peer = 0; peer < size_; ++peer)
       if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone) queue_notice(peer, ask);
     const Deadline grace(std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
@@ -1103,7 +937,7 @@ class TcpTransport {
           if (!channel.sends.empty() || !channel.unsettled.empty()) progress_sends(peer, channel);
           if (!channel.receives.empty()) progress_receives(peer, channel);
         } catch (const PeerLostError&) {
-          if (verdict_) throw;  // a verdict that came in, not this peer's end
+          if (detector_.verdict()) throw;  // a verdict that came in, not this peer's end
           channel.gone = true;
           channel.sends.clear();
           channel.unsettled.clear();
@@ -1112,77 +946,16 @@ class TcpTransport {
       }
       if (complete(request)) return true;
       bool all_answered = true;
-      for (int peer = 0; peer < size_; ++peer) {
-        const PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
-        if (peer != rank_ && !channel.gone && !answers_[static_cast<std::size_t>(peer)])
+      for (int peer = 0; peer < size_; ++peer)
+        if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone &&
+            !detector_.answered(peer))
           all_answered = false;
-      }
-      if (all_answered || verdict_) break;
+      if (all_answered || detector_.verdict()) break;
       sleep_until_ready(
           Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
     }
-    // A verdict that came meanwhile (held, as from a peer this call does not wait on) is the first
-    // detector's account, which every rank should give: a rank along the chain that found the
-    // culprit first and left would otherwise be named here for not answering.
-    throw_verdict_if_any();
-    // Along the chain of waiting: a rank that died, or the first that did not answer.
-    int culprit = suspect;
-    FailureCause cause = FailureCause::kHung;
-    std::string chain =
-        "rank " + std::to_string(rank_) + " waits on rank " + std::to_string(suspect);
-    std::vector<bool> visited(static_cast<std::size_t>(size_), false);
-    bool cycle = false;
-    for (int current = suspect;;) {
-      const auto index = static_cast<std::size_t>(current);
-      if (current == rank_ || visited[index]) {  // alive ranks waiting on each other
-        culprit = suspect;
-        cycle = true;
-        break;
-      }
-      visited[index] = true;
-      culprit = current;
-      if (peers_[index].gone) {
-        cause = FailureCause::kDied;
-        break;
-      }
-      if (!answers_[index] || *answers_[index] < 0) break;
-      current = *answers_[index];
-      chain += ", which waits on rank " + std::to_string(current);
-    }
-    ErrorContext where = account.context();
-    where.peer = culprit;
-    if (cause == FailureCause::kDied) {
-      throw PeerLostError("rank " + std::to_string(culprit) + " closed its connections (" + chain +
-                              "); " + account.message(),
-                          where);
-    }
-    check_answered_calls();
-    std::string message = account.message();
-    if (cycle) {
-      message = "alive ranks wait on each other (" + chain +
-                "): their calls do not match (collectives called in different orders, or a "
-                "receive without its send); " +
-                message;
-    } else {
-      message = "rank " + std::to_string(culprit) + " made no progress and did not answer (" +
-                chain + "); " + message;
-    }
-    throw TimeoutError(message, where);
-  }
-
-  // After an inquiry: throws MismatchError if a rank that answered is in this rank's collective
-  // (same sequence number) with another algorithm, root, op... Ranks whose calls take different
-  // paths (tree against ring, two roots of a reduce) can wait on each other before any message
-  // shows the difference; this names it instead of a timeout.
-  void check_answered_calls() const {
-    if (!last_call_ || last_call_->collective == Collective::kSendRecv) return;
-    for (int peer = 0; peer < size_; ++peer) {
-      const std::optional<MessageHeader>& call = answer_calls_[static_cast<std::size_t>(peer)];
-      if (call && call->magic == kMessageMagic && call->collective != Collective::kSendRecv &&
-          call->sequence == last_call_->sequence) {
-        check_same_call(*last_call_, *call, rank_, peer);
-      }
-    }
+    detector_.conclude(request.peer, account,
+                       [&](int peer) { return peers_[static_cast<std::size_t>(peer)].gone; });
   }
 
   CommOptions options_;
@@ -1192,19 +965,12 @@ class TcpTransport {
   std::chrono::microseconds spin_before_sleep_;
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
   HostLayout hosts_;
-  std::vector<int> active_;         // peers with pending sends or receives
-  std::vector<pollfd> ready_;       // poll() set, kept to avoid an allocation per sleep
-  std::vector<int> ready_peers_;    // the peer of each ready_ entry
-  std::string broken_;              // the first error; non-empty once the transport is broken
-  std::optional<MessageHeader> last_call_;  // the last message posted: the call in progress
-  Request awaited_;                         // what wait() waits for now
-  std::optional<FailureNotice> verdict_;    // a peer's verdict this rank failed with
-  std::string verdict_text_;
-  std::vector<std::optional<int>> answers_;  // during an inquiry: whom each rank waits on
-  std::vector<std::optional<MessageHeader>> answer_calls_;  // and the call it is in
-  // The calls this rank told in its answers: the queued answers' text. 40 bytes per inquiry
-  // answered, and inquiries come only after a whole timeout without progress.
-  std::deque<MessageHeader> told_calls_;
+  std::vector<int> active_;       // peers with pending sends or receives
+  std::vector<pollfd> ready_;     // poll() set, kept to avoid an allocation per sleep
+  std::vector<int> ready_peers_;  // the peer of each ready_ entry
+  std::string broken_;            // the first error; non-empty once the transport is broken
+  Request awaited_;               // what wait() waits for now
+  FailureDetector detector_;      // the call in progress, a verdict, an inquiry's answers
   // Read ahead of the receives (parked) to find notices: set after a while without progress.
   bool parking_ = false;
 };
