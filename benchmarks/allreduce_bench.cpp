@@ -28,7 +28,7 @@
 #include "collectives/world.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/tcp_over_mpi.hpp>
+#include <coltrain/comm/rendezvous/tcp_over_mpi.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>

@@ -1,16 +1,16 @@
 // What the job's secret costs: the TCP rendezvous of --ranks ranks (threads of this process, on
 // loopback) from the first rank's start to the last rank's ready communicator, and the latency of
 // an 8-byte allreduce on 2 ranks, each with and without COLTRAIN_AUTH_TOKEN's challenge-response
-// (comm/tcp_handshake.hpp). The two settings alternate round by round, so drift in the machine's
-// load falls on both; medians are reported.
+// (comm/rendezvous/tcp_handshake.hpp). The two settings alternate round by round, so drift in the
+// machine's load falls on both; medians are reported.
 //
 //   build/benchmarks/auth_bench --ranks 8 --rounds 30 --calls 2000
 
 #include "../tests/support/thread_ranks.hpp"
 
-#include <coltrain/comm/auth.hpp>
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/timer.hpp>
 

@@ -12,7 +12,7 @@
 // elements over ranks. Exit status: 0, 1 when an element is wrong, 2 on an error, 77 when
 // --mem device finds no CUDA device.
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>

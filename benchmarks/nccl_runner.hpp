@@ -12,7 +12,7 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 #if COLTRAIN_WITH_NCCL
-#include <coltrain/comm/nccl_backend.hpp>
+#include <coltrain/comm/device/nccl/nccl_backend.hpp>
 
 #include <nccl.h>
 #endif

@@ -5,7 +5,7 @@
 // (reduce-scatter); then copy the peer's other half into its output (allgather). Prints the median
 // time and the bus bandwidth it would mean, to set beside allreduce_bench's TCP figure.
 
-#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/tensor/storage.hpp>
 
 #include <CLI/CLI.hpp>

@@ -2,7 +2,7 @@
 // allreduce_bench's command line: what to measure (collective, backends, algorithms, sizes, dtype,
 // op, memory) and how (iterations, warm-up, latency, checks), and where to write the results.
 
-#include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>

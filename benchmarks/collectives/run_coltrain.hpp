@@ -9,7 +9,7 @@
 #include "sizes.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>

@@ -2,12 +2,12 @@
 // coltrain's collectives: include this to create a Communicator and call allreduce and friends.
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/cost_model.hpp>
-#include <coltrain/comm/elastic_group.hpp>
+#include <coltrain/comm/elastic/elastic_group.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 
 #if COLTRAIN_WITH_MPI
-#include <coltrain/comm/tcp_over_mpi.hpp>
+#include <coltrain/comm/rendezvous/tcp_over_mpi.hpp>
 #endif

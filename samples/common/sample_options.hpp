@@ -111,14 +111,14 @@ struct Options {
   int threads = 1;  // per rank
   std::uint64_t seed = 1;
   std::optional<bool> progress;  // unset: on a terminal (core/terminal.hpp)
-  bool cuda_graph = false;  // replay each training step as a CUDA graph (--device cuda)
+  bool cuda_graph = false;       // replay each training step as a CUDA graph (--device cuda)
   // How the CPU trainer's gradient allreduces travel: none (f32), bf16 or fp16 (half the bytes,
   // reduced in f32: comm/algorithms/compressed_allreduce.hpp).
   std::string grad_compression = "none";
   // ZeRO stage: 1 shards the optimizer state across the ranks (train/zero_optimizer.hpp).
   int zero = 0;
-  // Elastic training over TCP (comm/elastic_group.hpp): go on with the survivors when ranks die,
-  // down to min_ranks; `join` enters a running elastic job at its next epoch.
+  // Elastic training over TCP (comm/elastic/elastic_group.hpp): go on with the survivors when ranks
+  // die, down to min_ranks; `join` enters a running elastic job at its next epoch.
   bool elastic = false;
   int min_ranks = 1;
   bool join = false;
@@ -297,8 +297,7 @@ inline ct::Json to_json(const Options& o, const std::string& model, int world_si
   config["warmup_epochs"] = warmup_epochs_of(o);
   config["grad_accum"] = o.grad_accum;
   config["clip_grad_norm"] = o.clip_grad_norm;
-  config["early_stopping_patience"] =
-      o.early_stopping_patience;
+  config["early_stopping_patience"] = o.early_stopping_patience;
   config["momentum"] = o.momentum;
   config["weight_decay"] = o.weight_decay;
   config["nesterov"] = o.nesterov;

@@ -1,10 +1,10 @@
 #pragma once
 // Shared pieces of the collective tests, which run under mpiexec: communicators for both backends
-// (the TCP one through comm/tcp_over_mpi.hpp, so no other test can take its port), inputs that are
-// exact by construction, and their references.
+// (the TCP one through comm/rendezvous/tcp_over_mpi.hpp, so no other test can take its port),
+// inputs that are exact by construction, and their references.
 
 #include <coltrain/comm.hpp>
-#include <coltrain/comm/tcp_over_mpi.hpp>
+#include <coltrain/comm/rendezvous/tcp_over_mpi.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 

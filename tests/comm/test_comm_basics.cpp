@@ -3,13 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/backend_choice.hpp>
-#include <coltrain/comm/cost_model.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/comm/host_layout.hpp>
-#include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/shm_channel.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/shm/shm_channel.hpp>
+#include <coltrain/comm/tuning/backend_choice.hpp>
+#include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
 
 #include <cstddef>

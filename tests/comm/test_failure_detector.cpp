@@ -4,9 +4,9 @@
 // sockets, with processes killed and stopped.
 #include <catch2/catch.hpp>
 
-#include <coltrain/comm/failure_detector.hpp>
-#include <coltrain/comm/failure_notice.hpp>
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/failure_detector.hpp>
+#include <coltrain/comm/protocol/failure_notice.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// The flight recorder (comm/flight_recorder.hpp): one recorder's ring of calls and its JSON, then
-// what TCP ranks (threads of this process) write when a call fails or SIGUSR1 asks, read back by
-// scripts/diagnose, which must name the rank at fault.
+// The flight recorder (comm/protocol/flight_recorder.hpp): one recorder's ring of calls and its
+// JSON, then what TCP ranks (threads of this process) write when a call fails or SIGUSR1 asks, read
+// back by scripts/diagnose, which must name the rank at fault.
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/comm.hpp>

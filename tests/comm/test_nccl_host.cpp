@@ -6,7 +6,7 @@
 #include "../support/tcp_launch.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/nccl_backend.hpp>
+#include <coltrain/comm/device/nccl/nccl_backend.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 

@@ -5,8 +5,8 @@
 // in every configuration, with or without NCCL.
 #include <catch2/catch.hpp>
 
-#include <coltrain/comm/nccl_schedules.hpp>
-#include <coltrain/comm/peer_transfers.hpp>
+#include <coltrain/comm/algorithms/peer_transfers.hpp>
+#include <coltrain/comm/device/nccl/nccl_schedules.hpp>
 #include <coltrain/comm/types.hpp>
 
 #include <algorithm>
@@ -159,10 +159,10 @@ TEST_CASE("the ring cuts segments into chunks of 256 KiB to 1 MiB, a quarter of 
           "[nccl][schedules]") {
   CHECK(detail::ring_chunks(0, 4) == 1);
   CHECK(detail::ring_chunks(1, 4) == 1);
-  CHECK(detail::ring_chunks(std::size_t{64} << 10, 4) == 1);    // 256 KiB: one chunk
-  CHECK(detail::ring_chunks(std::size_t{512} << 10, 4) == 4);   // 2 MiB: 4 of 512 KiB
-  CHECK(detail::ring_chunks(std::size_t{4} << 20, 4) == 16);    // 16 MiB: 1 MiB chunks
-  CHECK(detail::ring_chunks(std::size_t{1} << 20, 2) == 4);     // f16 counts bytes too
+  CHECK(detail::ring_chunks(std::size_t{64} << 10, 4) == 1);   // 256 KiB: one chunk
+  CHECK(detail::ring_chunks(std::size_t{512} << 10, 4) == 4);  // 2 MiB: 4 of 512 KiB
+  CHECK(detail::ring_chunks(std::size_t{4} << 20, 4) == 16);   // 16 MiB: 1 MiB chunks
+  CHECK(detail::ring_chunks(std::size_t{1} << 20, 2) == 4);    // f16 counts bytes too
 }
 
 // Runs every rank's tree_allreduce_plan in lockstep on host arrays, as

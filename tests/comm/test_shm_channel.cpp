@@ -2,7 +2,7 @@
 // two ranks do, a socket pair as the doorbell connection.
 #include <catch2/catch.hpp>
 
-#include <coltrain/comm/shm_channel.hpp>
+#include <coltrain/comm/transport/shm/shm_channel.hpp>
 
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -88,8 +88,9 @@ std::vector<std::byte> pattern(std::size_t bytes, unsigned seed) {
 bool single_copy_runs_here() {
   const auto& word = single_copy_probe();
   if (reads_memory_of(::getpid(), reinterpret_cast<std::uintptr_t>(&word), word)) return true;
-  WARN("skipped part: process_vm_readv is refused here (seccomp?): this single-copy case does "
-       "not run");
+  WARN(
+      "skipped part: process_vm_readv is refused here (seccomp?): this single-copy case does "
+      "not run");
   return false;
 }
 
@@ -331,9 +332,10 @@ TEST_CASE("single copy: a writer that leaves with a reference outstanding fails 
   CHECK(errno == ECONNRESET);
 }
 
-TEST_CASE("single copy: a writer that leaves and frees the referenced memory fails the reader as "
-          "gone, not as a protocol error",
-          "[comm][shm]") {
+TEST_CASE(
+    "single copy: a writer that leaves and frees the referenced memory fails the reader as "
+    "gone, not as a protocol error",
+    "[comm][shm]") {
   if (!single_copy_runs_here()) return;
   // A survivor whose neighbour broke down after another rank died: the neighbour's collective
   // threw and its buffer was unmapped. Reading the reference then fails with EFAULT, which must
@@ -341,7 +343,8 @@ TEST_CASE("single copy: a writer that leaves and frees the referenced memory fai
   // rank) rather than "protocol error" between two live ranks.
   Pair pair(4096);
   constexpr std::size_t kBytes = 2 * kShmPage;
-  void* mapped = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* mapped =
+      ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(mapped != MAP_FAILED);
   std::memset(mapped, 0x5a, kBytes);
   const iovec one{mapped, kBytes};

@@ -6,7 +6,7 @@
 
 #include "../support/thread_ranks.hpp"
 
-#include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/core/dtype.hpp>
 
 #include <algorithm>

@@ -1,8 +1,9 @@
-// Message headers (comm/message_header.hpp): the input's first 40 bytes are a header received from
-// a peer, checked against a fixed expected one. check_header must refuse every header that differs
-// in a field it compares, with a MismatchError, and describe_call any header, however garbled.
+// Message headers (comm/protocol/message_header.hpp): the input's first 40 bytes are a header
+// received from a peer, checked against a fixed expected one. check_header must refuse every header
+// that differs in a field it compares, with a MismatchError, and describe_call any header, however
+// garbled.
 
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // library's own writers: write_seed_corpora <folder> (tests/fuzz/corpus). Each seed is a few KB at
 // most; libFuzzer mutates from them, so a valid seed lets it reach the checks behind the header.
 
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/json.hpp>
 #include <coltrain/data/cifar10.hpp>

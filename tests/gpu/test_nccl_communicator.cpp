@@ -13,7 +13,7 @@
 #include "nccl_reduce_kernels.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/nccl_backend.hpp>
+#include <coltrain/comm/device/nccl/nccl_backend.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -548,17 +548,16 @@ TEST_CASE("the front door: from_env(kNccl) runs device spans on NCCL, host spans
   CHECK(metrics == std::vector<double>{1.5, -2.0, 3.25});
   comm.barrier();
 
-  CHECK_THROWS_WITH(comm.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(out.get()),
-                                                          999),
-                                   0, Algorithm::kRing),
-                    Contains("broadcast on NCCL device buffers has no algorithm 'ring'"));
+  CHECK_THROWS_WITH(
+      comm.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(out.get()), 999), 0,
+                     Algorithm::kRing),
+      Contains("broadcast on NCCL device buffers has no algorithm 'ring'"));
   std::vector<std::int64_t> host_output(999);
   CHECK_THROWS_WITH(comm.allreduce(in_span, std::span(host_output)),
                     Contains("input is device memory but output is host memory"));
-  CHECK_THROWS_WITH(
-      comm.allreduce(std::span<float>(static_cast<float*>(out.get()), 4), ReduceOp::kSum,
-                     Algorithm::kHalvingDoubling),
-      Contains("has no algorithm 'halving_doubling' on NCCL"));
+  CHECK_THROWS_WITH(comm.allreduce(std::span<float>(static_cast<float*>(out.get()), 4),
+                                   ReduceOp::kSum, Algorithm::kHalvingDoubling),
+                    Contains("has no algorithm 'halving_doubling' on NCCL"));
   CHECK(comm.choose(coltrain::comm::Collective::kAllreduce, std::size_t{1} << 20,
                     Memory::kDevice) == Algorithm::kNative);
 }

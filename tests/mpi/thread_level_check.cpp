@@ -1,7 +1,7 @@
 // MPI initialised below the thread level coltrain needs: building a communicator must fail with a
 // ConfigError that names the level and the fix, on every rank, before any communication. No Catch
 // main here: Catch's MPI main asks for MPI_THREAD_MULTIPLE, which is what this must not have.
-#include <coltrain/comm/mpi_transport.hpp>
+#include <coltrain/comm/transport/mpi/mpi_transport.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <mpi.h>

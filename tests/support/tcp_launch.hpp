@@ -12,7 +12,7 @@
 // must not use Catch assertions: the child's Catch state dies with it. It reports failures by
 // throwing, for example with expect().
 
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 
 #include "temp_dir.hpp"
 
@@ -120,14 +120,10 @@ inline constexpr const char* kForeignLaunchVariables[] = {"OMPI_COMM_WORLD_RANK"
   ::close(output);
   for (const char* name : kForeignLaunchVariables) ::unsetenv(name);
   const std::map<std::string, std::string> launch = {
-      {"RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(world_size)},
-      {"LOCAL_RANK", std::to_string(rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
-      {"MASTER_ADDR", "127.0.0.1"},
-      {"MASTER_PORT", "0"},
-      {"COLTRAIN_PORT_FILE", port_file},
-      {"COLTRAIN_JOB_ID", job_id},
+      {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
+      {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", "0"},
+      {"COLTRAIN_PORT_FILE", port_file},    {"COLTRAIN_JOB_ID", job_id},
   };
   for (const auto& [name, value] : launch) ::setenv(name.c_str(), value.c_str(), 1);
   for (const auto& [name, value] : options.env) ::setenv(name.c_str(), value.c_str(), 1);

@@ -1,14 +1,15 @@
-// ElasticGroup (coltrain/comm/elastic_group.hpp): ranks as threads of this process, each with a
-// group of its own on a loopback port. A rank leaves by destroying its group (its connections
-// close, as a killed process's do); the others' next collective fails naming it, they regroup, and
-// their collectives on the new communicator are exact. Rank functions report failures by throwing.
+// ElasticGroup (coltrain/comm/elastic/elastic_group.hpp): ranks as threads of this process, each
+// with a group of its own on a loopback port. A rank leaves by destroying its group (its
+// connections close, as a killed process's do); the others' next collective fails naming it, they
+// regroup, and their collectives on the new communicator are exact. Rank functions report failures
+// by throwing.
 
 #include "../support/thread_ranks.hpp"
 
 #include <catch2/catch.hpp>
-#include <coltrain/comm/auth.hpp>
-#include <coltrain/comm/elastic_group.hpp>
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/elastic/elastic_group.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/env.hpp>
 
 #include <chrono>

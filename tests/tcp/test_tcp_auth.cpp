@@ -1,18 +1,18 @@
-// Authenticated TCP handshakes (comm/auth.hpp, comm/tcp_handshake.hpp): the settings from the
-// environment, the proofs, both sides of one handshake over a socket pair (right secret, wrong
-// secret, replay, tampering), and whole jobs whose ranks are child processes: a job with a secret
-// works, a rank with another secret or none is turned away, and a stranger's thousand tries during
-// the rendezvous are all refused while the job completes exactly.
+// Authenticated TCP handshakes (comm/rendezvous/auth.hpp, comm/rendezvous/tcp_handshake.hpp): the
+// settings from the environment, the proofs, both sides of one handshake over a socket pair (right
+// secret, wrong secret, replay, tampering), and whole jobs whose ranks are child processes: a job
+// with a secret works, a rank with another secret or none is turned away, and a stranger's thousand
+// tries during the rendezvous are all refused while the job completes exactly.
 #include <catch2/catch.hpp>
 
 #include "../support/tcp_launch.hpp"
 #include "../support/temp_dir.hpp"
 
-#include <coltrain/comm/auth.hpp>
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/tcp_handshake.hpp>
-#include <coltrain/comm/tcp_rendezvous.hpp>
-#include <coltrain/comm/tcp_transport.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
+#include <coltrain/comm/rendezvous/tcp_handshake.hpp>
+#include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
+#include <coltrain/comm/transport/tcp/tcp_transport.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -424,9 +424,9 @@ TEST_CASE("a stranger with the job id is refused in all of 1000 tries during the
           // Rank 2 arrives only after the stranger's tries, so they all fall inside the
           // rendezvous; the stranger claims rank 2, with no secret or with a wrong one.
           // Rank 0's port is the kernel's pick (MASTER_PORT=0), published in the port file.
-          const int port = detail::await_published_port(
-              std::getenv("COLTRAIN_PORT_FILE"), detail::hash_job_id("job-with-a-secret"),
-              coltrain::Deadline(10s), 10s, {});
+          const int port = detail::await_published_port(std::getenv("COLTRAIN_PORT_FILE"),
+                                                        detail::hash_job_id("job-with-a-secret"),
+                                                        coltrain::Deadline(10s), 10s, {});
           const detail::Endpoint master{detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
                                         static_cast<std::uint16_t>(port)};
           const comm::AuthSecret wrong(kOtherSecret, "the stranger");

@@ -5,8 +5,8 @@
 #include "../support/tcp_launch.hpp"
 
 #include <coltrain/comm/communicator.hpp>
-#include <coltrain/comm/port_file.hpp>
-#include <coltrain/comm/tcp_transport.hpp>
+#include <coltrain/comm/rendezvous/port_file.hpp>
+#include <coltrain/comm/transport/tcp/tcp_transport.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -635,26 +635,29 @@ TEST_CASE("a rank that never shows up makes the others time out, naming it", "[t
 TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communicator", "[tcp]") {
   LaunchOptions options;  // a fixed port, as a launcher's MASTER_PORT is
   options.env["MASTER_PORT"] = std::to_string(coltrain::testing::free_tcp_port());
-  const auto outcomes = launch_ranks(2, [](int rank) {
-    const coltrain::LaunchEnv env = coltrain::detect_launch_env();
-    for (std::uint64_t round = 0; round < 2; ++round) {
-      TcpTransport transport = connect_from_env();
-      if (rank == 0) {
-        namespace detail = coltrain::comm::detail;
-        const detail::FileDescriptor probe =
-            detail::listen_tcp({detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
-                                static_cast<std::uint16_t>(env.master_port)},
-                               0, "the probe", {});
-      }
-      const std::vector<std::byte> outgoing = payload_of(rank, round, 100);
-      std::vector<std::byte> incoming(100);
-      const auto send = transport.isend(1 - rank, header_of(round, 100), outgoing);
-      transport.wait(transport.irecv(1 - rank, header_of(round, 100), incoming));
-      transport.wait(send);
-      expect(incoming == payload_of(1 - rank, round, 100),
-             "exchange in round " + std::to_string(round));
-    }
-  }, options);
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+        for (std::uint64_t round = 0; round < 2; ++round) {
+          TcpTransport transport = connect_from_env();
+          if (rank == 0) {
+            namespace detail = coltrain::comm::detail;
+            const detail::FileDescriptor probe =
+                detail::listen_tcp({detail::IpAddress::ipv4(htonl(INADDR_LOOPBACK)),
+                                    static_cast<std::uint16_t>(env.master_port)},
+                                   0, "the probe", {});
+          }
+          const std::vector<std::byte> outgoing = payload_of(rank, round, 100);
+          std::vector<std::byte> incoming(100);
+          const auto send = transport.isend(1 - rank, header_of(round, 100), outgoing);
+          transport.wait(transport.irecv(1 - rank, header_of(round, 100), incoming));
+          transport.wait(send);
+          expect(incoming == payload_of(1 - rank, round, 100),
+                 "exchange in round " + std::to_string(round));
+        }
+      },
+      options);
   require_all_passed(outcomes);
 }
 
@@ -982,7 +985,7 @@ TEST_CASE("a rank 0 that cannot start the rendezvous tells the other ranks at on
     CHECK_THAT(outcome.output, Contains("Address already in use"));
   }
   for (std::size_t rank = 1; rank < outcomes.size(); ++rank) {
-    CHECK_THAT(outcomes[rank].output, Contains("rank 0 could not start the rendezvous") &&
-                                          Contains("COLTRAIN_PORT_FILE"));
+    CHECK_THAT(outcomes[rank].output,
+               Contains("rank 0 could not start the rendezvous") && Contains("COLTRAIN_PORT_FILE"));
   }
 }

@@ -6,7 +6,7 @@
 #define COLTRAIN_WITH_OPENSSL 0
 
 #include <catch2/catch.hpp>
-#include <coltrain/comm/auth.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <cstdlib>

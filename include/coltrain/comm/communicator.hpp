@@ -14,12 +14,12 @@
 // Where the buffers live decides the path, per call (cudaPointerGetAttributes, when built with
 // CUDA): host buffers run coltrain's algorithms (or MPI's) over MPI or TCP; device buffers run on
 // NCCL when that is the backend, enqueued on stream() and returning at once (stream_ordered()),
-// and otherwise are staged through pinned host memory in pipelined chunks (comm/device_staging.hpp)
-// and return once the result is in device memory. An NCCL communicator keeps the MPI or TCP
-// communicator that bootstrapped it for host buffers. Device calls come after the work already on
-// stream(); work enqueued on stream() after a call sees its result. synchronize() waits for every
-// device collective so far, up to the timeout, and throws TimeoutError or BackendError naming the
-// rank, the operation, the count and the dtype.
+// and otherwise are staged through pinned host memory in pipelined chunks
+// (comm/device/device_staging.hpp) and return once the result is in device memory. An NCCL
+// communicator keeps the MPI or TCP communicator that bootstrapped it for host buffers. Device
+// calls come after the work already on stream(); work enqueued on stream() after a call sees its
+// result. synchronize() waits for every device collective so far, up to the timeout, and throws
+// TimeoutError or BackendError naming the rank, the operation, the count and the dtype.
 //
 // Every call is collective: all ranks call it in the same order with the same count, dtype, op,
 // root and algorithm; coltrain's own algorithms check this in every message and throw MismatchError
@@ -33,19 +33,19 @@
 #include <coltrain/comm/algorithms/gather_scatter.hpp>
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
 #include <coltrain/comm/algorithms/hierarchical.hpp>
+#include <coltrain/comm/algorithms/peer_transfers.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
-#include <coltrain/comm/backend_choice.hpp>
-#include <coltrain/comm/cost_model.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/elements.hpp>
-#include <coltrain/comm/flight_recorder.hpp>
-#include <coltrain/comm/message_book.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/peer_transfers.hpp>
+#include <coltrain/comm/protocol/flight_recorder.hpp>
+#include <coltrain/comm/protocol/message_book.hpp>
+#include <coltrain/comm/rendezvous/split.hpp>
 #include <coltrain/comm/request.hpp>
-#include <coltrain/comm/split.hpp>
-#include <coltrain/comm/staged_collectives.hpp>
-#include <coltrain/comm/tcp_transport.hpp>
+#include <coltrain/comm/transport/tcp/tcp_transport.hpp>
+#include <coltrain/comm/tuning/backend_choice.hpp>
+#include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -57,21 +57,21 @@
 #if COLTRAIN_WITH_MPI
 #include <mpi.h>
 
-#include <coltrain/comm/mpi_native.hpp>
-#include <coltrain/comm/mpi_transport.hpp>
+#include <coltrain/comm/transport/mpi/mpi_native.hpp>
+#include <coltrain/comm/transport/mpi/mpi_transport.hpp>
 #endif
 
 #if COLTRAIN_WITH_CUDA
-#include <coltrain/comm/device_collectives.hpp>
-#include <coltrain/comm/device_staging.hpp>
+#include <coltrain/comm/device/device_collectives.hpp>
+#include <coltrain/comm/device/device_staging.hpp>
 
 #include <cuda_runtime.h>
 #endif
 
 // Under nvcc, where cuda_fp16.h is in already, the NCCL backend and the ring's and tree's
-// reduction kernel register themselves (comm/device_collectives.hpp says why not under g++).
+// reduction kernel register themselves (comm/device/device_collectives.hpp says why not under g++).
 #if COLTRAIN_WITH_NCCL && defined(__CUDACC__)
-#include <coltrain/comm/nccl_backend.hpp>
+#include <coltrain/comm/device/nccl/nccl_backend.hpp>
 #include <coltrain/cuda/nccl_reduce.cuh>
 #endif
 
@@ -193,8 +193,9 @@ class Communicator {
   // From the launcher's environment. The backend is `backend`, else COLTRAIN_BACKEND (mpi, tcp or
   // nccl), else NCCL when `memory` is kDevice and this build has NCCL, else MPI when this build
   // has it and an MPI launcher started the process, else TCP (choose_backend in
-  // comm/backend_choice.hpp). NCCL is bootstrapped over that MPI-or-TCP default, on the current
-  // CUDA device (set it with cudaSetDevice first). Every backend takes host and device buffers.
+  // comm/tuning/backend_choice.hpp). NCCL is bootstrapped over that MPI-or-TCP default, on the
+  // current CUDA device (set it with cudaSetDevice first). Every backend takes host and device
+  // buffers.
   static Communicator from_env(std::optional<Backend> backend = std::nullopt,
                                CommOptions options = comm_options_from_env(),
                                Memory memory = Memory::kHost) {
@@ -224,7 +225,7 @@ class Communicator {
   }
 
   // Over an established TCP mesh (one connected socket per other rank), as an elastic regroup
-  // (comm/elastic_group.hpp) builds it.
+  // (comm/elastic/elastic_group.hpp) builds it.
   static Communicator tcp(int rank, std::vector<detail::FileDescriptor> sockets,
                           const LaunchEnv& env, CommOptions options) {
     Communicator communicator(Backend::kTcp);
@@ -247,8 +248,9 @@ class Communicator {
 #if COLTRAIN_WITH_NCCL
   // NCCL over the ranks of the MPI or TCP communicator `host`, which it keeps for host buffers:
   // host's rank 0 draws the unique id and broadcasts it. On the current CUDA device; waits, up to
-  // options.timeout, until every rank has joined. Needs <coltrain/comm/nccl_backend.hpp> in one
-  // translation unit of the program (any nvcc-compiled one that includes this header has it).
+  // options.timeout, until every rank has joined. Needs
+  // <coltrain/comm/device/nccl/nccl_backend.hpp> in one translation unit of the program (any
+  // nvcc-compiled one that includes this header has it).
   static Communicator nccl(Communicator host, CommOptions options = comm_options_from_env()) {
     if (host.backend_ == Backend::kNccl) {
       throw InvalidArgument(
@@ -257,9 +259,10 @@ class Communicator {
     const NcclFactory factory = registered_nccl_factory();
     if (factory == nullptr) {
       throw ConfigError(
-          "the NCCL backend is not in this program: include <coltrain/comm/nccl_backend.hpp> in "
-          "one of its files (nvcc-compiled files that include coltrain/comm/communicator.hpp "
-          "have it), or set COLTRAIN_BACKEND=mpi or tcp");
+          "the NCCL backend is not in this program: include "
+          "<coltrain/comm/device/nccl/nccl_backend.hpp> in one of its files (nvcc-compiled files "
+          "that include coltrain/comm/communicator.hpp have it), or set COLTRAIN_BACKEND=mpi or "
+          "tcp");
     }
     const BroadcastWords broadcast = [&host](std::span<std::int64_t> words) {
       host.broadcast(words, 0);
@@ -270,8 +273,9 @@ class Communicator {
     return host;
   }
 
-  // The NCCL backend's device side; dynamic_cast it to NcclBackend (comm/nccl_backend.hpp) for
-  // what this class does not wrap (the ncclComm_t, a stream per call).
+  // The NCCL backend's device side; dynamic_cast it to NcclBackend
+  // (comm/device/nccl/nccl_backend.hpp) for what this class does not wrap (the ncclComm_t, a stream
+  // per call).
   DeviceCollectives& nccl() {
     if (!nccl_) {
       throw InvalidArgument("this communicator's backend is " + std::string(name_of(backend_)) +
@@ -304,8 +308,8 @@ class Communicator {
   // false when they return with the result in device memory (MPI and TCP, staged).
   bool stream_ordered() const { return backend_ == Backend::kNccl; }
 
-  // The last calls on the host path (comm/flight_recorder.hpp), written to trace_dir() when one
-  // fails and on SIGUSR1. NCCL's own device calls are not in it.
+  // The last calls on the host path (comm/protocol/flight_recorder.hpp), written to trace_dir()
+  // when one fails and on SIGUSR1. NCCL's own device calls are not in it.
   const FlightRecorder& flight_recorder() const { return *recorder_; }
   // CommOptions::trace_dir (COLTRAIN_TRACE_DIR) unless changed here; the samples point it at their
   // run directory when the variable is unset.
@@ -316,7 +320,7 @@ class Communicator {
   // on NCCL the NCCL one (staged device buffers run host collectives per chunk).
   const CostModel& cost_model(Memory memory = Memory::kHost) const {
     return memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_
-                                                                    : cost_model_;
+                                                                   : cost_model_;
   }
   void set_cost_model(const CostModel& model, Memory memory = Memory::kHost) {
     (memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_ : cost_model_) =
@@ -422,12 +426,12 @@ class Communicator {
         },
         [&](auto& nccl, auto stream) {
           device_call();
-          const Algorithm chosen = algorithm == Algorithm::kAutomatic
-                                       ? choose(Collective::kAllreduce, input.size_bytes(),
-                                                Memory::kDevice)
-                                       : algorithm;
-          nccl.allreduce(input.data(), output.data(), input.size(), data_type_v<T>,
-                         stream, op, chosen);
+          const Algorithm chosen =
+              algorithm == Algorithm::kAutomatic
+                  ? choose(Collective::kAllreduce, input.size_bytes(), Memory::kDevice)
+                  : algorithm;
+          nccl.allreduce(input.data(), output.data(), input.size(), data_type_v<T>, stream, op,
+                         chosen);
         });
   }
   template <detail::CollectiveElement T>
@@ -447,8 +451,7 @@ class Communicator {
         [&](auto& staged) { staged.broadcast(data, root, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kBroadcast, algorithm);
-          nccl.broadcast(data.data(), data.data(), data.size(), data_type_v<T>, root,
-                         stream);
+          nccl.broadcast(data.data(), data.data(), data.size(), data_type_v<T>, root, stream);
         });
   }
 
@@ -466,8 +469,7 @@ class Communicator {
         [&](auto& staged) { staged.allgather(input, output, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kAllgather, algorithm);
-          nccl.allgather(input.data(), output.data(), input.size(), data_type_v<T>,
-                         stream);
+          nccl.allgather(input.data(), output.data(), input.size(), data_type_v<T>, stream);
         });
   }
   // In place: data holds size() blocks; this rank's block is its input.
@@ -491,8 +493,8 @@ class Communicator {
         [&](auto& staged) { staged.reduce_scatter(input, output, op, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kReduceScatter, algorithm);
-          nccl.reduce_scatter(input.data(), output.data(), output.size(), data_type_v<T>,
-                              stream, op);
+          nccl.reduce_scatter(input.data(), output.data(), output.size(), data_type_v<T>, stream,
+                              op);
         });
   }
   // In place: data holds size() blocks; the result lands in this rank's block.
@@ -520,8 +522,7 @@ class Communicator {
         [&](auto& staged) { staged.reduce(input, output, root, op, algorithm); },
         [&](auto& nccl, auto stream) {
           require_nccl_native(Collective::kReduce, algorithm);
-          nccl.reduce(input.data(), output.data(), input.size(), data_type_v<T>, root,
-                      stream, op);
+          nccl.reduce(input.data(), output.data(), input.size(), data_type_v<T>, root, stream, op);
         });
   }
   template <detail::CollectiveElement T>
@@ -864,9 +865,9 @@ class Communicator {
   // ---- split: a new communicator of the ranks that pass the same color, ordered by key and then
   // by their rank here (MPI_Comm_split's order); nullopt for a negative color. Collective over
   // this communicator. The new one has this one's backend (MPI_Comm_split; over TCP connections of
-  // its own, made without a rendezvous: comm/split.hpp; ncclCommSplit), options, cost model and
-  // tuning. The two may be used one after another or each from its own thread, and their messages
-  // never meet.
+  // its own, made without a rendezvous: comm/rendezvous/split.hpp; ncclCommSplit), options, cost
+  // model and tuning. The two may be used one after another or each from its own thread, and their
+  // messages never meet.
   std::optional<Communicator> split(int color, int key = 0) {
     std::optional<Communicator> child = host_split(color, key);
 #if COLTRAIN_WITH_NCCL
@@ -1216,9 +1217,10 @@ class Communicator {
   void require_nccl_native(Collective collective, Algorithm algorithm) const {
     if (algorithm == Algorithm::kAutomatic || algorithm == Algorithm::kNative) return;
     const ErrorContext context = call_context(collective);
-    throw InvalidArgument(std::string(name_of(collective)) + " on NCCL device buffers has no "
-                              "algorithm '" + std::string(name_of(algorithm)) +
-                              "' (it has: native, automatic)",
+    throw InvalidArgument(std::string(name_of(collective)) +
+                              " on NCCL device buffers has no "
+                              "algorithm '" +
+                              std::string(name_of(algorithm)) + "' (it has: native, automatic)",
                           context);
   }
 
@@ -1598,7 +1600,7 @@ class Communicator {
   MessageBookHandle messages_;                         // after the transports: goes before them
   std::map<std::pair<int, int>, std::uint64_t> sent_;  // messages per (peer, tag), both ways
   std::map<std::pair<int, int>, std::uint64_t> received_;
-  std::vector<std::byte> scratch_;  // the algorithms' partial results, reused across calls
+  std::vector<std::byte> scratch_;         // the algorithms' partial results, reused across calls
   std::vector<std::byte> alltoall_input_;  // the in-place alltoall's copy of its input
   std::vector<float> widened_input_;
   std::vector<float> widened_output_;
@@ -1607,9 +1609,9 @@ class Communicator {
   std::unique_ptr<DeviceStaging> staged_;
 #endif
 #if COLTRAIN_WITH_NCCL
-  std::vector<cudaStream_t> earlier_streams_;  // NCCL calls went there before set_stream
+  std::vector<cudaStream_t> earlier_streams_;            // NCCL calls went there before set_stream
   std::shared_ptr<DeviceMessageGroup> device_messages_;  // isend/irecv not yet given to NCCL
-  std::unique_ptr<DeviceCollectives> nccl_;    // declared last: goes before the host transport
+  std::unique_ptr<DeviceCollectives> nccl_;  // declared last: goes before the host transport
 #endif
 };
 

@@ -2,7 +2,7 @@
 // The element types the collectives take: those of DataType except u8. The algorithms reduce four
 // of them; f16 and bf16 are widened to f32 around a reduction.
 
-#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/core/dtype.hpp>
 
 #include <type_traits>

@@ -1,10 +1,10 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
 // COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM,
-// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, and the shared secret of comm/auth.hpp
-// (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
+// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, and the shared secret of
+// comm/rendezvous/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
-#include <coltrain/comm/auth.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -28,12 +28,13 @@ struct CommOptions {
   // TORCHELASTIC_RUN_ID.
   std::string job_id;
   // Where the flight recorder writes its file when a call fails or SIGUSR1 arrives
-  // (comm/flight_recorder.hpp); empty: nowhere. COLTRAIN_TRACE_DIR.
+  // (comm/protocol/flight_recorder.hpp); empty: nowhere. COLTRAIN_TRACE_DIR.
   std::filesystem::path trace_dir;
   // The job's shared secret: with one, every TCP connection of the job proves it both ways.
   AuthSettings auth;
   // Whether the TCP backend moves the bytes of ranks on one host through shared memory
-  // (comm/shm_channel.hpp); both ranks of a pair must want it. COLTRAIN_SHM=0 turns it off.
+  // (comm/transport/shm/shm_channel.hpp); both ranks of a pair must want it. COLTRAIN_SHM=0 turns
+  // it off.
   bool shared_memory = true;
   // Whether payloads of at least single_copy_bytes between ranks that share memory are copied
   // once, straight from the sender's memory (process_vm_readv), instead of twice through a ring;
@@ -46,8 +47,9 @@ struct CommOptions {
   // back to TCP), ranks with different ones use TCP. At most 60 characters.
   std::string host_id;
   // Where rank 0 publishes the port of its rendezvous, and why it failed if it could not start
-  // one; the other ranks wait for it there (comm/port_file.hpp). Needed with MASTER_PORT=0 (rank 0
-  // listens on a port the kernel picks, which nothing can take before it). COLTRAIN_PORT_FILE.
+  // one; the other ranks wait for it there (comm/rendezvous/port_file.hpp). Needed with
+  // MASTER_PORT=0 (rank 0 listens on a port the kernel picks, which nothing can take before it).
+  // COLTRAIN_PORT_FILE.
   std::filesystem::path port_file;
 };
 

@@ -44,7 +44,7 @@ enum class Algorithm : std::uint8_t {
   kRing,             // 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng: bandwidth-optimal, latency grows with p
   kTree,             // pipelined double binary tree: about 2(lg p + k) a + 2nb, k chunks: mid sizes
   kHalvingDoubling,  // Rabenseifner: 2 lg(p) a + 2(p-1)/p nb + (p-1)/p ng; extra steps off 2^k
-  kAutomatic,        // picks one of the above from the cost model (comm/cost_model.hpp)
+  kAutomatic,        // picks one of the above from the cost model (comm/tuning/cost_model.hpp)
   kPairwise,         // alltoall: p-1 exchanges, one block each: (p-1)a + (p-1)/p nb
   kBruck,            // alltoall: lg p exchanges of about half the blocks: lg(p) a + lg(p)/2 nb
   kHierarchical,     // allreduce over hosts of L ranks: reduce-scatter and allgather inside each

@@ -68,11 +68,12 @@
 #endif
 #endif
 
-// OpenSSL's libcrypto authenticates TCP handshakes with the job's secret (comm/auth.hpp). Unlike
-// the backends above it is opt-in outside CMake: every program that uses TCP would otherwise need
-// -lcrypto as soon as libssl-dev is installed, and existing compile lines would stop linking. A
-// bare compile line adds -DCOLTRAIN_WITH_OPENSSL=1 -lcrypto; the CMake target sets it when found.
-// A build without it refuses a secret with a ConfigError that says so.
+// OpenSSL's libcrypto authenticates TCP handshakes with the job's secret
+// (comm/rendezvous/auth.hpp). Unlike the backends above it is opt-in outside CMake: every program
+// that uses TCP would otherwise need -lcrypto as soon as libssl-dev is installed, and existing
+// compile lines would stop linking. A bare compile line adds -DCOLTRAIN_WITH_OPENSSL=1 -lcrypto;
+// the CMake target sets it when found. A build without it refuses a secret with a ConfigError that
+// says so.
 #ifndef COLTRAIN_WITH_OPENSSL
 #define COLTRAIN_WITH_OPENSSL 0
 #endif

@@ -15,7 +15,7 @@
 // - Values are whole base-10 ints: world size >= 1, 0 <= rank < world size,
 //   1 <= local world size <= world size, 0 <= local rank < local world size (or < world size when
 //   the local size is unknown), 1 <= MASTER_PORT <= 65535, or MASTER_PORT=0: rank 0 listens on a
-//   port the kernel picks and publishes it in COLTRAIN_PORT_FILE (comm/port_file.hpp).
+//   port the kernel picks and publishes it in COLTRAIN_PORT_FILE (comm/rendezvous/port_file.hpp).
 // - The per-process sources (torchrun, Open MPI, MPICH) must agree with the chosen one, C. For
 //   each other present one, O: equal world sizes need equal ranks; O larger than C means C is
 //   stale (RANK/WORLD_SIZE left in the shell); C larger must be a multiple of O, which is a nested

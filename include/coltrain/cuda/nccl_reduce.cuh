@@ -1,18 +1,19 @@
 #pragma once
-// The elementwise reduction of coltrain's ring and tree allreduce on NCCL (comm/nccl_backend.hpp):
-// output = a op b over one received chunk, then, on kAvg's last step, a division by the number of
-// ranks. Including this header (communicator.hpp does, under nvcc) registers it for the process
-// (comm/device_reduction.hpp), so a program with one nvcc-compiled translation unit that includes
-// the communicator needs no call to enable ring and tree on device buffers.
+// The elementwise reduction of coltrain's ring and tree allreduce on NCCL
+// (comm/device/nccl/nccl_backend.hpp): output = a op b over one received chunk, then, on kAvg's
+// last step, a division by the number of ranks. Including this header (communicator.hpp does, under
+// nvcc) registers it for the process (comm/device/nccl/device_reduction.hpp), so a program with one
+// nvcc-compiled translation unit that includes the communicator needs no call to enable ring and
+// tree on device buffers.
 //
 // f16 and bf16 are combined in f32 and rounded once per step, as NCCL does; integers wrap on
-// overflow and divide truncating, as the host reductions (comm/reduce_kernels.hpp) do.
+// overflow and divide truncating, as the host reductions (comm/algorithms/reduce_kernels.hpp) do.
 
 #if !defined(__CUDACC__)
 #error "coltrain/cuda/nccl_reduce.cuh is CUDA code: compile it with nvcc"
 #endif
 
-#include <coltrain/comm/device_reduction.hpp>
+#include <coltrain/comm/device/nccl/device_reduction.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>

@@ -1,10 +1,11 @@
 #pragma once
-// Elastic training's hand-over: after the ranks changed (comm/elastic_group.hpp), every rank takes
-// rank 0's training state from memory, so no checkpoint is read. Rank 0 of the new generation is
-// the lowest surviving rank; its state is that of the last step it completed, and a step completes
-// only with every old rank's gradients, so it is a state of the run. Its parameters and buffers
-// travel with the new DataParallel's start; this header carries the rest: where in the epoch the
-// run stands, the step counters, and the optimizer's state (moments, fp32 masters, loss scale).
+// Elastic training's hand-over: after the ranks changed (comm/elastic/elastic_group.hpp), every
+// rank takes rank 0's training state from memory, so no checkpoint is read. Rank 0 of the new
+// generation is the lowest surviving rank; its state is that of the last step it completed, and a
+// step completes only with every old rank's gradients, so it is a state of the run. Its parameters
+// and buffers travel with the new DataParallel's start; this header carries the rest: where in the
+// epoch the run stands, the step counters, and the optimizer's state (moments, fp32 masters, loss
+// scale).
 //
 // The rest of the epoch is shared anew among the ranks left (data/epoch_plan.hpp), from where rank
 // 0 stood. The learning rate is left as it was: each rank's gradients are averaged, so with fewer
@@ -117,10 +118,9 @@ ElasticPosition share_training_state(comm::Communicator& comm,
        {std::pair{"state", &snapshot.state}, std::pair{"masters", &snapshot.masters}}) {
     for (const Json& entry : header[key]) {
       const auto size = entry[1].template get<std::size_t>();
-      tensors->push_back(
-          {entry[0].template get<std::string>(),
-           std::vector(values.begin() + static_cast<std::ptrdiff_t>(next),
-                       values.begin() + static_cast<std::ptrdiff_t>(next + size))});
+      tensors->push_back({entry[0].template get<std::string>(),
+                          std::vector(values.begin() + static_cast<std::ptrdiff_t>(next),
+                                      values.begin() + static_cast<std::ptrdiff_t>(next + size))});
       next += size;
     }
   }

@@ -28,7 +28,7 @@
 // regroup, take the lowest survivor's state from memory and share the rest of the epoch, and the
 // run goes on; processes that ask to join come in at an epoch start (docs/fault-tolerance.md).
 
-#include <coltrain/comm/elastic_group.hpp>
+#include <coltrain/comm/elastic/elastic_group.hpp>
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -311,7 +311,7 @@ class Trainer {
     check_options();
   }
 
-  // Elastic training over `group` (comm/elastic_group.hpp): the trainer keeps its own
+  // Elastic training over `group` (comm/elastic/elastic_group.hpp): the trainer keeps its own
   // DataParallel (built here, collectively, with `ddp_options`) on the group's communicator. When
   // ranks die, fit() regroups the survivors, hands rank 0's state to all (train/elastic.hpp),
   // shares the rest of the epoch among them and goes on; below the group's min_ranks it writes a
@@ -609,9 +609,8 @@ class Trainer {
       // Every rank takes the same decision on an overflowed fp16 step: by construction where the
       // averaged gradients are identical on every rank, else by a one-flag allreduce.
       const bool local_finite = optimizer_.unscale_and_check();
-      const bool finite = ddp_->gradients_identical_on_every_rank()
-                              ? local_finite
-                              : ddp_->all_finite(local_finite);
+      const bool finite =
+          ddp_->gradients_identical_on_every_rank() ? local_finite : ddp_->all_finite(local_finite);
       if (finite && options_.clip_grad_norm) clip_gradients();
       if (zero_)
         zero_->apply(finite, schedule_(global_step_));  // then every rank's shard to all

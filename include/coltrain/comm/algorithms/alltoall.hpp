@@ -11,8 +11,8 @@
 // alltoallv (blocks of any size, anywhere in the buffers) runs the pairwise exchange.
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/message_header.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 #include <array>
 #include <cstddef>

@@ -4,7 +4,7 @@
 // headers only.
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 namespace coltrain::comm {
 

@@ -3,9 +3,9 @@
 // byte ranges of buffers as a Transport moves them. The algorithms see bytes only: element counts
 // and sizes decide where chunks are cut, an ElementReduction (reduce_kernels.hpp) reduces them.
 
-#include <coltrain/comm/message_header.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 #include <coltrain/core/config.hpp>
 
 #include <algorithm>

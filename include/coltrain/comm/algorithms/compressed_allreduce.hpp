@@ -12,9 +12,9 @@
 
 #include <coltrain/comm/algorithms/alltoall.hpp>
 #include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 

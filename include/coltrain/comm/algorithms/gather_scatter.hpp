@@ -9,8 +9,8 @@
 // Buffers are bytes: the root's holds p blocks of `block_bytes` in rank order.
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/message_header.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 #include <algorithm>
 #include <bit>

@@ -10,8 +10,8 @@
 // ranks run the algorithm, then receives the result: 2 extra steps of n bytes on those ranks.
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 #include <bit>
 #include <cstddef>

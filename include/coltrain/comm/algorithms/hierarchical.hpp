@@ -19,10 +19,10 @@
 // order both sides post them, so they need no tags.
 
 #include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/host_layout.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 #include <algorithm>
 #include <cstddef>

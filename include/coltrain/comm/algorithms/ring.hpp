@@ -10,8 +10,8 @@
 // halving-doubling.
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 
 #include <array>
 #include <cstddef>

@@ -13,8 +13,8 @@
 
 #include <array>
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 #include <cstddef>
 #include <vector>
 

@@ -13,7 +13,7 @@
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_MPI
-#error "coltrain/comm/tcp_over_mpi.hpp needs MPI: compile with mpicxx or link MPI::MPI_CXX"
+#error "coltrain/comm/rendezvous/tcp_over_mpi.hpp needs MPI: compile with mpicxx or link MPI"
 #endif
 
 #include <coltrain/comm/communicator.hpp>
@@ -55,10 +55,10 @@ inline Communicator tcp_over_mpi(MPI_Comm comm, CommOptions options = comm_optio
     const int serial = made++;
     std::array<char, 512> name{};
     if (env.rank == 0) {
-      const std::string path = (std::filesystem::temp_directory_path() /
-                                ("coltrain-" + std::to_string(::getpid()) + "-" +
-                                 std::to_string(serial) + ".port"))
-                                   .string();
+      const std::string path =
+          (std::filesystem::temp_directory_path() /
+           ("coltrain-" + std::to_string(::getpid()) + "-" + std::to_string(serial) + ".port"))
+              .string();
       if (path.size() >= name.size()) {
         throw ConfigError("the temporary directory's path is too long for a port file: " + path,
                           context);

@@ -6,9 +6,9 @@
 //    COLTRAIN_SOCKET_IFNAME, else on the address this host uses to reach MASTER_ADDR.
 // 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT (with MASTER_PORT=0 on a port the kernel picks,
 //    published in COLTRAIN_PORT_FILE: port_file.hpp); ranks 1..n-1 connect (retrying, so ranks may
-//    start in any order) and send a RendezvousHello with their data address. Rank 0 checks each hello and
-//    drops, with a warning, any connection that is not a rank of this job: a port scanner or a
-//    process of another job must not disturb this one.
+//    start in any order) and send a RendezvousHello with their data address. Rank 0 checks each
+//    hello and drops, with a warning, any connection that is not a rank of this job: a port scanner
+//    or a process of another job must not disturb this one.
 // 3. Rank 0 sends every rank the address table and a nonce it drew for this job, then closes the
 //    rendezvous port, so that the next job or communicator can bind it. If ranks are missing at the
 //    deadline, the table it sends instead names them, so every rank's TimeoutError says who never
@@ -24,9 +24,9 @@
 // architecture. Every step is bounded by CommOptions::timeout (COLTRAIN_TIMEOUT).
 
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/port_file.hpp>
-#include <coltrain/comm/socket.hpp>
-#include <coltrain/comm/tcp_handshake.hpp>
+#include <coltrain/comm/rendezvous/port_file.hpp>
+#include <coltrain/comm/rendezvous/tcp_handshake.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -553,8 +553,8 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
       master.port = static_cast<std::uint16_t>(
           await_published_port(options.port_file, job_hash, deadline, options.timeout, context));
     }
-    table = join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options,
-                            deadline, context);
+    table = join_rendezvous(master, own_data, env.rank, env.world_size, job_hash, options, deadline,
+                            context);
   }
   std::vector<FileDescriptor> peers = connect_full_mesh(
       env.rank, env.world_size, table, data_listener, job_hash, options, logger, context);

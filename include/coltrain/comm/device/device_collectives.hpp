@@ -3,18 +3,18 @@
 // that include the communicator: its cuda_fp16.h declares a global `half`, which clashes with
 // coltrain::half wherever code says `using namespace coltrain`. So Communicator holds an NCCL
 // backend through this interface, and makes one with the factory that
-// <coltrain/comm/nccl_backend.hpp> registers when a translation unit includes it (communicator.hpp
-// includes it where nvcc compiles it).
+// <coltrain/comm/device/nccl/nccl_backend.hpp> registers when a translation unit includes it
+// (communicator.hpp includes it where nvcc compiles it).
 
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_CUDA
-#error "coltrain/comm/device_collectives.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
+#error "coltrain/comm/device/device_collectives.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
 #endif
 
-#include <coltrain/comm/device_reduction.hpp>
+#include <coltrain/comm/algorithms/peer_transfers.hpp>
+#include <coltrain/comm/device/nccl/device_reduction.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/peer_transfers.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 
@@ -66,7 +66,8 @@ using NcclFactory = std::unique_ptr<DeviceCollectives> (*)(int rank, int size,
                                                            const BroadcastWords& broadcast,
                                                            const CommOptions& options);
 
-// Null until a translation unit that includes <coltrain/comm/nccl_backend.hpp> is initialised.
+// Null until a translation unit that includes <coltrain/comm/device/nccl/nccl_backend.hpp> is
+// initialised.
 inline NcclFactory& registered_nccl_factory() {
   static NcclFactory factory = nullptr;
   return factory;

@@ -17,18 +17,18 @@
 //   handed to the first receive posted for its tag (one copy), so that messages and collectives
 //   never wait for each other's receives.
 // - Peers on this host: the same stream runs through a pair of shared-memory rings
-//   (comm/shm_channel.hpp) in place of the socket, which then carries only doorbells and the end of
-//   the stream; everything above (headers, inbox, notices, deadlines) is the same for both. Large
-//   payloads go by reference where the host allows it (single copy: the peer reads them from this
-//   process's memory), so a send whose bytes are all handed over completes only once the peer has
-//   copied them (`unsettled`).
+//   (comm/transport/shm/shm_channel.hpp) in place of the socket, which then carries only doorbells
+//   and the end of the stream; everything above (headers, inbox, notices, deadlines) is the same
+//   for both. Large payloads go by reference where the host allows it (single copy: the peer reads
+//   them from this process's memory), so a send whose bytes are all handed over completes only once
+//   the peer has copied them (`unsettled`).
 // - Waiting: non-blocking attempts catch a reply that is about to arrive (a loopback round trip is
 //   ~8 us when polled, ~100 us through a sleep and wake-up); after a while (spin_before_sleep) the
 //   rank sleeps in poll(), so that ranks outnumbering cores do not starve each other.
 // - Errors: a lost peer is a PeerLostError naming it, a wrong header a MismatchError. No progress
-//   for CommOptions::timeout starts an inquiry (comm/failure_detector.hpp): every rank is asked
-//   whether it is alive and whom it waits on, and the rank at the end of that chain that does not
-//   answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError; an answering
+//   for CommOptions::timeout starts an inquiry (comm/protocol/failure_detector.hpp): every rank is
+//   asked whether it is alive and whom it waits on, and the rank at the end of that chain that does
+//   not answer is named (a stopped rank, not its blocked neighbour) in a TimeoutError; an answering
 //   rank in the same collective with another algorithm, root or op is named in a MismatchError.
 //   Any error breaks the transport: it sends its root cause as a failure notice to every rank it
 //   can still reach, then shuts all its connections, so peers blocked on this rank fail fast, and
@@ -36,16 +36,16 @@
 //   throws CommError. A transport destroyed while an exception unwinds (an error in the caller's
 //   code between collectives) tells its peers the same way.
 
-#include <coltrain/comm/failure_detector.hpp>
-#include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
-#include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/shm_channel.hpp>
-#include <coltrain/comm/socket.hpp>
-#include <coltrain/comm/tcp_peer_channel.hpp>
-#include <coltrain/comm/tcp_rendezvous.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/protocol/failure_detector.hpp>
+#include <coltrain/comm/protocol/failure_notice.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
+#include <coltrain/comm/transport/shm/shm_channel.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
+#include <coltrain/comm/transport/tcp/tcp_peer_channel.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -121,7 +121,8 @@ class TcpTransport {
       : TcpTransport(env.rank, detail::bootstrap_tcp_mesh(env, options, logger), env, options) {}
 
   // Over sockets already connected to every other rank (one per rank, empty at `rank`), as an
-  // elastic regroup (comm/elastic_group.hpp) builds them; `env` sizes the spin before sleeping.
+  // elastic regroup (comm/elastic/elastic_group.hpp) builds them; `env` sizes the spin before
+  // sleeping.
   TcpTransport(int rank, std::vector<detail::FileDescriptor> sockets, const LaunchEnv& env,
                const CommOptions& options)
       : options_(options),
@@ -433,8 +434,8 @@ class TcpTransport {
   }
 
   // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`. The
-  // other peers' sockets are watched too: a notice (comm/failure_notice.hpp) may come from any
-  // rank, and is read here.
+  // other peers' sockets are watched too: a notice (comm/protocol/failure_notice.hpp) may come from
+  // any rank, and is read here.
   void sleep_until_ready(const Deadline& deadline) {
     // A notice may already sit in an idle peer's inbox, read there with the previous message.
     for (int peer = 0; peer < size_; ++peer) {

@@ -12,17 +12,17 @@
 // (collective kSendRecv) travel on MPI tags of their own, two per user tag, so MPI matches them by
 // tag and apart from the collectives' messages.
 
-#include <coltrain/comm/failure_notice.hpp>
 #include <coltrain/comm/host_layout.hpp>
-#include <coltrain/comm/message_header.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/transport.hpp>
+#include <coltrain/comm/protocol/failure_notice.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/transport.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
 
 #if !COLTRAIN_WITH_MPI
-#error "coltrain/comm/mpi_transport.hpp needs MPI: compile with mpicxx or link MPI::MPI_CXX"
+#error "coltrain/comm/transport/mpi/mpi_transport.hpp needs MPI: compile with mpicxx or link MPI"
 #endif
 
 #include <mpi.h>
@@ -261,10 +261,10 @@ class MpiTransport {
         std::min<std::size_t>(frame.size() - sizeof verdict, kMaxNoticeText);
     verdict_heard_ = true;
     if (op.header.collective != Collective::kSendRecv) compare_waiting(op, kAnnouncementTag);
-    throw_failure(verdict,
-                  std::string(reinterpret_cast<const char*>(frame.data()) + sizeof verdict,
-                              text_bytes),
-                  rank_);
+    throw_failure(
+        verdict,
+        std::string(reinterpret_cast<const char*>(frame.data()) + sizeof verdict, text_bytes),
+        rank_);
   }
 
   void retire_completed() {

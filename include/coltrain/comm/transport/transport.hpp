@@ -22,7 +22,7 @@
 //   call throws, and peers see this rank leave instead of waiting for it.
 // - Requests are cheap handles; waiting on a completed request returns at once.
 
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/core/config.hpp>
 
 #include <concepts>

@@ -17,7 +17,7 @@
 // that has a trace directory, each only where the program has none of its own; a thread of ours
 // does the writing, since a signal handler may not.
 
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/atomic_file.hpp>
 #include <coltrain/core/dtype.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 // One TCP connection's handshake, both sides, for every door a job keeps (the rendezvous, the data
 // listeners of the mesh, the elastic doors). The connecting side sends a hello; the accepting side
-// judges it. With the job's secret (comm/auth.hpp) the hello is followed by a mutual
+// judges it. With the job's secret (comm/rendezvous/auth.hpp) the hello is followed by a mutual
 // challenge-response:
 //
 //   connector -> acceptor   hello (auth = HMAC-SHA256), connector nonce Nc (32 random bytes)
@@ -14,9 +14,9 @@
 // replaying a recorded handshake fails on the fresh Na, and a stranger without the secret can
 // produce neither proof. Proofs are compared in constant time.
 
-#include <coltrain/comm/auth.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/rendezvous/auth.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>

@@ -7,11 +7,11 @@
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_MPI
-#error "coltrain/comm/mpi_native.hpp needs MPI: compile with mpicxx or link MPI::MPI_CXX"
+#error "coltrain/comm/transport/mpi/mpi_native.hpp needs MPI: compile with mpicxx or link MPI"
 #endif
 
-#include <coltrain/comm/mpi_transport.hpp>
-#include <coltrain/comm/reduce_kernels.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/transport/mpi/mpi_transport.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>

@@ -11,8 +11,8 @@
 // transfer on one never holds up, or interleaves with, the other's messages.
 
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/socket.hpp>
-#include <coltrain/comm/tcp_rendezvous.hpp>
+#include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>
 

@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA Stager behind Communicator's collectives on device buffers over MPI and TCP: pinned
-// host slots and copies in pipelined chunks (coltrain/comm/staged_collectives.hpp has the
+// host slots and copies in pipelined chunks (coltrain/comm/device/staged_collectives.hpp has the
 // pipeline).
 //
 //   auto comm = coltrain::comm::Communicator::from_env();
@@ -13,7 +13,7 @@
 // memory that CUDA can address works, though device memory is the point. Runtime API only: plain
 // g++ builds it. Without CUDA (COLTRAIN_WITH_CUDA=0) this header declares nothing.
 
-#include <coltrain/comm/staged_collectives.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/core/config.hpp>
 
 #if COLTRAIN_WITH_CUDA

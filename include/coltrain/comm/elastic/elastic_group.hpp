@@ -29,8 +29,8 @@
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/socket.hpp>
-#include <coltrain/comm/tcp_rendezvous.hpp>
+#include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
@@ -239,9 +239,10 @@ class ElasticGroup {
     }
     if (env_.master_port == 0) {
       // Joiners and later generations find the job at MASTER_PORT, long after the launch.
-      throw ConfigError("an elastic job needs a fixed MASTER_PORT, where joiners find it: 0 (a "
-                        "port the kernel picks, COLTRAIN_PORT_FILE) is for fixed-size jobs",
-                        context);
+      throw ConfigError(
+          "an elastic job needs a fixed MASTER_PORT, where joiners find it: 0 (a "
+          "port the kernel picks, COLTRAIN_PORT_FILE) is for fixed-size jobs",
+          context);
     }
     master_ = {detail::resolve_address(env_.master_addr, "MASTER_ADDR", context),
                static_cast<std::uint16_t>(env_.master_port)};

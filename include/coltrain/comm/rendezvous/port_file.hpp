@@ -18,7 +18,7 @@
 // killed between publishing and removing leaves its line behind: give each job a path of its own
 // (under a per-job directory, or with the job id in the name).
 
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
 
@@ -56,9 +56,9 @@ inline void replace_port_file(const std::filesystem::path& file, const std::stri
     out << line << '\n';
     out.close();
     if (!out) {
-      throw CommError("cannot write the rendezvous port file " + temporary.string() +
-                          " (COLTRAIN_PORT_FILE)",
-                      context);
+      throw CommError(
+          "cannot write the rendezvous port file " + temporary.string() + " (COLTRAIN_PORT_FILE)",
+          context);
     }
   }
   std::error_code error;
@@ -74,10 +74,10 @@ inline void replace_port_file(const std::filesystem::path& file, const std::stri
 // Rank 0: the port it listens on for the rendezvous.
 inline void publish_port(const std::filesystem::path& file, std::uint64_t job_hash, int port,
                          const ErrorContext& context) {
-  replace_port_file(file,
-                    std::string(kPortFileTag) + " " + port_file_job(job_hash) + " port " +
-                        std::to_string(port),
-                    context);
+  replace_port_file(
+      file,
+      std::string(kPortFileTag) + " " + port_file_job(job_hash) + " port " + std::to_string(port),
+      context);
 }
 
 // Rank 0: why it could not start the rendezvous (best effort: the caller is already failing).
@@ -85,10 +85,9 @@ inline void publish_rendezvous_failure(const std::filesystem::path& file, std::u
                                        std::string reason, const ErrorContext& context) {
   std::replace(reason.begin(), reason.end(), '\n', ' ');
   try {
-    replace_port_file(file,
-                      std::string(kPortFileTag) + " " + port_file_job(job_hash) + " error " +
-                          reason,
-                      context);
+    replace_port_file(
+        file, std::string(kPortFileTag) + " " + port_file_job(job_hash) + " error " + reason,
+        context);
   } catch (const CommError&) {
   }
 }
@@ -132,8 +131,8 @@ inline PublishedPort read_port_file(const std::filesystem::path& file, std::uint
       return {PublishedPort::State::kPort, port, {}};
     }
   }
-  throw ConfigError("COLTRAIN_PORT_FILE=" + file.string() + " holds a malformed line for this job: \"" +
-                        line.substr(0, 120) + "\"",
+  throw ConfigError("COLTRAIN_PORT_FILE=" + file.string() +
+                        " holds a malformed line for this job: \"" + line.substr(0, 120) + "\"",
                     context);
 }
 
@@ -156,14 +155,13 @@ inline int await_published_port(const std::filesystem::path& file, std::uint64_t
     if (deadline.expired()) {
       ErrorContext peer_context = context;
       peer_context.peer = 0;
-      throw TimeoutError("rank 0 never arrived: it published no rendezvous port in "
-                         "COLTRAIN_PORT_FILE=" +
-                             file.string() + " within " + format_seconds(timeout) +
-                             " (COLTRAIN_TIMEOUT)",
-                         peer_context);
+      throw TimeoutError(
+          "rank 0 never arrived: it published no rendezvous port in "
+          "COLTRAIN_PORT_FILE=" +
+              file.string() + " within " + format_seconds(timeout) + " (COLTRAIN_TIMEOUT)",
+          peer_context);
     }
-    std::this_thread::sleep_for(
-        std::min<Clock::duration>(pause, deadline.remaining()));
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline.remaining()));
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
 }

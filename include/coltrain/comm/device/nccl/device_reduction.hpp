@@ -9,7 +9,7 @@
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_CUDA
-#error "coltrain/comm/device_reduction.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
+#error "coltrain/comm/device/nccl/device_reduction.hpp needs CUDA: build with COLTRAIN_WITH_CUDA=1"
 #endif
 
 #include <coltrain/comm/types.hpp>

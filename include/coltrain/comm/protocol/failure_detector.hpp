@@ -12,8 +12,8 @@
 // match. An answer carries the call the rank is in, so that a rank in the same collective with
 // another algorithm, root or op is named in a MismatchError even when no message showed it.
 
-#include <coltrain/comm/failure_notice.hpp>
-#include <coltrain/comm/message_header.hpp>
+#include <coltrain/comm/protocol/failure_notice.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/error.hpp>
 

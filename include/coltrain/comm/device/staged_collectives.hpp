@@ -7,7 +7,7 @@
 // received data they already hold: a reduction on the device would cost another copy per received
 // chunk, and the host reduces faster than TCP or MPI deliver.
 //
-// The Stager moves the bytes; coltrain/comm/device_staging.hpp has the CUDA one, which
+// The Stager moves the bytes; coltrain/comm/device/device_staging.hpp has the CUDA one, which
 // Communicator uses for device buffers on MPI and TCP. Every rank must use the same
 // StagingOptions: each chunk is a collective call of its own, and a different chunking is a
 // MismatchError on the counts.
@@ -128,8 +128,7 @@ template <Stager S, class Host = Communicator>
 class StagedCommunicator {
  public:
   template <class... StagerArgs>
-  explicit StagedCommunicator(Host& host, StagingOptions options = {},
-                              StagerArgs&&... stager_args)
+  explicit StagedCommunicator(Host& host, StagingOptions options = {}, StagerArgs&&... stager_args)
       : host_(&host), options_(options), stager_(std::forward<StagerArgs>(stager_args)...) {
     plan_chunks(0, 1, 1, options_);  // rejects bad options now, not at the first call
   }

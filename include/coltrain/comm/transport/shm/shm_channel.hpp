@@ -43,7 +43,7 @@
 
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/log.hpp>
 #include <coltrain/core/timer.hpp>
@@ -112,7 +112,8 @@ struct ShmReference {
 // References a writer may have outstanding: enough that a pipelined collective's chunks are all
 // posted without waiting for the reader.
 inline constexpr std::size_t kShmReferences = 64;
-// Room for a failure notice outside the stream (comm/failure_notice.hpp: 40 bytes and its text).
+// Room for a failure notice outside the stream (comm/protocol/failure_notice.hpp: 40 bytes and its
+// text).
 inline constexpr std::size_t kShmLastWordsBytes = 1024;
 
 // One direction's counters, each on a cache line of its own so that writer and reader do not

@@ -3,7 +3,7 @@
 // as raw pointers with the stream each is enqueued on. Communicator::from_env(Backend::kNccl) (or
 // COLTRAIN_BACKEND=nccl, or Memory::kDevice in a build with NCCL) bootstraps one over MPI or TCP
 // and routes device spans here, through the DeviceCollectives interface; including this header
-// registers the factory it uses (comm/device_collectives.hpp). Communicator::nccl(), cast to
+// registers the factory it uses (comm/device/device_collectives.hpp). Communicator::nccl(), cast to
 // NcclBackend, reaches it for what the front door does not wrap (the ncclComm_t, per-call streams,
 // wait with a deadline of one's own). The front door is the one way to build a communicator.
 //
@@ -19,20 +19,20 @@
 // Algorithms: kNative is NCCL's own collective, tuned for the topology; allreduce also runs
 // coltrain's ring and pipelined double binary tree over ncclSend/ncclRecv, both cut into chunks
 // of about 1 MiB, whose reduction of each received chunk is a CUDA kernel
-// (comm/device_reduction.hpp says where it comes from; set_device_reduction overrides it). The
-// ring reduces on a second stream of its own, so that a chunk's reduction overlaps the next
-// chunk's transfer. (NCCL has no local-reduce primitive that could stand in for the kernel.)
+// (comm/device/nccl/device_reduction.hpp says where it comes from; set_device_reduction overrides
+// it). The ring reduces on a second stream of its own, so that a chunk's reduction overlaps the
+// next chunk's transfer. (NCCL has no local-reduce primitive that could stand in for the kernel.)
 
 #include <coltrain/core/config.hpp>
 
 #if !COLTRAIN_WITH_NCCL
-#error "coltrain/comm/nccl_backend.hpp needs NCCL: build with COLTRAIN_WITH_NCCL=1"
+#error "coltrain/comm/device/nccl/nccl_backend.hpp needs NCCL: build with COLTRAIN_WITH_NCCL=1"
 #endif
 
 #include <coltrain/comm/algorithms/common.hpp>
-#include <coltrain/comm/device_collectives.hpp>
-#include <coltrain/comm/device_reduction.hpp>
-#include <coltrain/comm/nccl_schedules.hpp>
+#include <coltrain/comm/device/device_collectives.hpp>
+#include <coltrain/comm/device/nccl/device_reduction.hpp>
+#include <coltrain/comm/device/nccl/nccl_schedules.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -333,7 +333,7 @@ class NcclBackend final : public DeviceCollectives {
   ncclComm_t nccl_comm() const { return comm_.get(); }
 
   // The kernel that reduces received chunks in Algorithm::kRing and kTree: the one set here, else
-  // the registered one (comm/device_reduction.hpp); null when there is neither.
+  // the registered one (comm/device/nccl/device_reduction.hpp); null when there is neither.
   void set_device_reduction(DeviceReduction reduction) { device_reduction_ = reduction; }
   DeviceReduction device_reduction() const override {
     return device_reduction_ != nullptr ? device_reduction_ : registered_device_reduction();
@@ -770,8 +770,7 @@ class NcclBackend final : public DeviceCollectives {
           COLTRAIN_CHECK_CUDA(cudaStreamWaitEvent(stream, lane.reduced(needed - 1), 0));
           waited = needed;
         }
-        void* const landing =
-            round.reduce ? slot(round.slot) : out + arriving.begin * element;
+        void* const landing = round.reduce ? slot(round.slot) : out + arriving.begin * element;
         finish_enqueue(ncclGroupStart());
         if (sent.size > 0) {
           const char* source = (round.send_from_input ? in : out) + sent.begin * element;

@@ -4,9 +4,9 @@
 // receives with their tickets, the inbox that holds a header until its receive is known, and the
 // messages read ahead of their receives (parked, and send/recv messages matched by tag).
 
-#include <coltrain/comm/message_header.hpp>
-#include <coltrain/comm/shm_channel.hpp>
-#include <coltrain/comm/socket.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/transport/shm/shm_channel.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -73,7 +73,7 @@ struct ParkedMessage {
 struct PeerChannel {
   FileDescriptor socket;
   // A peer on this host: the stream's bytes go through shared memory, and the socket carries
-  // doorbells and the end of the stream (comm/shm_channel.hpp).
+  // doorbells and the end of the stream (comm/transport/shm/shm_channel.hpp).
   std::unique_ptr<ShmStream> shm;
   std::deque<PendingSend> sends;
   std::deque<HandedOverSend> unsettled;  // after `sends`: handed over, not yet complete

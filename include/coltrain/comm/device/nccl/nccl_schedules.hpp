@@ -1,8 +1,9 @@
 #pragma once
-// The schedules of the NCCL backend's own allreduce algorithms (comm/nccl_backend.hpp), apart from
-// the data movement that runs them: the chunked ring and the pipelined double binary tree over
-// ncclSend/ncclRecv, as plain lists of rounds. They need neither NCCL nor a GPU, so the tests run
-// every rank's plan on host arrays for many world sizes (one GPU holds only one NCCL rank).
+// The schedules of the NCCL backend's own allreduce algorithms (comm/device/nccl/nccl_backend.hpp),
+// apart from the data movement that runs them: the chunked ring and the pipelined double binary
+// tree over ncclSend/ncclRecv, as plain lists of rounds. They need neither NCCL nor a GPU, so the
+// tests run every rank's plan on host arrays for many world sizes (one GPU holds only one NCCL
+// rank).
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
