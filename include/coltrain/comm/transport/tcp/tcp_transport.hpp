@@ -90,14 +90,6 @@ inline std::chrono::microseconds spin_before_sleep(const LaunchEnv& env) {
   return local_ranks <= cores ? kSpinWithOwnCore : kSpinWhenSharingCores;
 }
 
-// One sendmsg() gathers queued messages until it holds this many bytes, or the iovecs run out:
-// small messages share a system call (13x the message rate of one call each), while a large one
-// goes alone, so that this rank turns to its receives before the peer's sends stall on a full
-// buffer (64 MB ring allreduce, 2 ranks on loopback: 1.8 GB/s bus bandwidth, against 1.5-1.6 when
-// all queued 1 MB chunks went out in one call).
-inline constexpr std::size_t kGatherBytes = 64 << 10;
-inline constexpr std::size_t kMaxSendIovecs = 64;
-
 }  // namespace detail
 
 class TcpTransport {
@@ -370,7 +362,7 @@ class TcpTransport {
   bool progress_tagged(int peer, PeerChannel& channel) {
     bool progressed = false;
     if (channel.receives.empty() && watched_for_notices(channel)) progressed = read_idle_peer(peer);
-    progressed |= match_tagged(peer, channel);
+    progressed |= channel.match_tagged(rank_, peer);
     if (channel.tagged_pending > 0 && channel.gone) {
       for (const detail::PendingTaggedReceive& receive : channel.tagged_receives) {
         if (!receive.done)
@@ -378,59 +370,6 @@ class TcpTransport {
       }
     }
     return progressed;
-  }
-
-  // Hands each whole send/recv message to the first pending receive of its tag (per tag, messages
-  // and receives pair in order). Returns whether any was handed over.
-  bool match_tagged(int peer, PeerChannel& channel) {
-    bool matched = false;
-    for (auto message = channel.tagged.begin();
-         message != channel.tagged.end() && channel.tagged_pending > 0;) {
-      if (!message->complete()) break;  // the last one, still arriving
-      const auto receive =
-          std::find_if(channel.tagged_receives.begin(), channel.tagged_receives.end(),
-                       [&](const detail::PendingTaggedReceive& r) {
-                         return !r.done && r.expected.root == message->header.root;
-                       });
-      if (receive == channel.tagged_receives.end()) {
-        ++message;
-        continue;
-      }
-      check_header(receive->expected, message->header, rank_, peer);
-      if (!message->payload.empty())
-        std::memcpy(receive->payload.data(), message->payload.data(), message->payload.size());
-      receive->done = true;
-      --channel.tagged_pending;
-      message = channel.tagged.erase(message);
-      matched = true;
-    }
-    while (!channel.tagged_receives.empty() && channel.tagged_receives.front().done) {
-      channel.tagged_receives.pop_front();
-      ++channel.tagged_receives_begin;
-    }
-    return matched;
-  }
-
-  // A send/recv message's header was read from the inbox: it goes to a buffer of its own, with the
-  // payload bytes the inbox already holds; the rest is read from the socket into it.
-  void take_tagged(PeerChannel& channel, const MessageHeader& header) {
-    detail::ParkedMessage& message =
-        channel.tagged.emplace_back(detail::ParkedMessage{header, {}, 0});
-    message.payload.resize(header.bytes);
-    fill_from_inbox(channel, message);
-  }
-
-  static void fill_from_inbox(PeerChannel& channel, detail::ParkedMessage& message) {
-    message.received +=
-        take_from_inbox(channel, std::span(message.payload).subspan(message.received));
-  }
-
-  // Moves what the inbox holds, up to into.size() bytes, to the front of `into`; returns how many.
-  static std::size_t take_from_inbox(PeerChannel& channel, std::span<std::byte> into) {
-    const std::size_t take = std::min(channel.inbox_size(), into.size());
-    if (take > 0) std::memcpy(into.data(), channel.inbox.get() + channel.inbox_begin, take);
-    channel.inbox_begin += take;
-    return take;
   }
 
   // Blocks until a socket with pending work can move bytes (or has failed), or `deadline`. The
@@ -487,68 +426,12 @@ class TcpTransport {
   // completes the sends whose bytes the peer has all copied. Returns whether bytes moved or sends
   // completed.
   bool progress_sends(int peer, PeerChannel& channel) {
-    bool progressed = settle(channel);
-    if (channel.sends.empty()) return progressed;
-    const std::size_t by_reference = channel.shm && channel.shm->sends_by_reference()
-                                         ? channel.shm->reference_min_bytes()
-                                         : SIZE_MAX;
-    std::array<iovec, detail::kMaxSendIovecs> iov;
-    std::size_t count = 0;
-    std::size_t gathered = 0;
-    for (auto it = channel.sends.begin(); it != channel.sends.end(); ++it) {
-      if (count + 2 > iov.size() || gathered >= detail::kGatherBytes) break;
-      if (it->sent < detail::kHeaderBytes) {
-        iov[count++] = {reinterpret_cast<std::byte*>(&it->header) + it->sent,
-                        detail::kHeaderBytes - it->sent};
-        gathered += detail::kHeaderBytes - it->sent;
-      }
-      const std::size_t payload_sent =
-          it->sent > detail::kHeaderBytes ? it->sent - detail::kHeaderBytes : 0;
-      const std::size_t payload_left = it->payload.size() - payload_sent;
-      if (payload_left > 0) {
-        iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent, payload_left};
-        if (payload_left < by_reference) gathered += payload_left;
-      }
-    }
-    const ssize_t sent = channel.write(iov.data(), count);
-    if (sent < 0) {
-      const int error = errno;
-      if (error == EAGAIN || error == EWOULDBLOCK || error == EINTR) return progressed;
+    bool progressed = false;
+    if (const int error = channel.write_queued(progressed)) {
       throw_connection_error(peer, channel.sends.front().header, detail::errno_text(error),
                              is_connection_loss(error));
     }
-    auto left = static_cast<std::size_t>(sent);
-    while (left > 0) {
-      detail::PendingSend& front = channel.sends.front();
-      const std::size_t step = std::min(left, front.total() - front.sent);
-      front.sent += step;
-      left -= step;
-      if (front.sent == front.total()) {
-        if (channel.shm) {  // complete once the peer has copied what it references
-          channel.unsettled.push_back(
-              {front.header, front.total(), channel.shm->references_sent()});
-        } else {
-          ++channel.sends_completed;
-        }
-        channel.sends.pop_front();
-      }
-    }
-    settle(channel);
-    return true;
-  }
-
-  // Completes the handed-over sends whose referenced bytes the peer has copied (in order: a send
-  // with no reference of its own waits for the ones before it). Returns whether any completed.
-  static bool settle(PeerChannel& channel) {
-    if (channel.unsettled.empty()) return false;
-    const std::uint64_t done = channel.shm->references_done();
-    bool settled = false;
-    while (!channel.unsettled.empty() && channel.unsettled.front().reference <= done) {
-      channel.unsettled.pop_front();
-      ++channel.sends_completed;
-      settled = true;
-    }
-    return settled;
+    return progressed;
   }
 
   // Delivers what the inbox holds to the queued receives, then reads until the socket is drained
@@ -596,11 +479,11 @@ class TcpTransport {
   // Completes queued receives from the inbox: checks each header, copies payload bytes. Returns
   // whether any header or payload byte was consumed.
   bool drain_inbox(int peer, PeerChannel& channel) {
-    bool progressed = serve_parked(peer, channel);
+    bool progressed = channel.serve_parked(rank_, peer);
     if (!channel.parked.empty()) return progressed;  // the inbox holds what came after them
     if (detail::ParkedMessage* message = channel.arriving()) {  // a send/recv message, half read
       const std::size_t before = message->received;
-      fill_from_inbox(channel, *message);
+      channel.fill_from_inbox(*message);
       progressed |= message->received != before;
       if (!message->complete()) return progressed;
     }
@@ -608,7 +491,7 @@ class TcpTransport {
       detail::PendingReceive& front = channel.receives.front();
       if (!front.header_checked) {
         if (channel.inbox_size() < detail::kHeaderBytes) return progressed;
-        if (starts_with_notice(channel)) {
+        if (channel.starts_with_notice()) {
           // In place of the data awaited from this peer: it broke down, so this call cannot end.
           if (!take_notice(peer, channel, false)) return progressed;  // its text is on the way
           progressed = true;
@@ -619,7 +502,7 @@ class TcpTransport {
         channel.inbox_begin += detail::kHeaderBytes;
         progressed = true;
         if (header.magic == kMessageMagic && header.collective == Collective::kSendRecv) {
-          take_tagged(channel, header);  // a message between collective messages: set aside
+          channel.take_tagged(header);  // a message between collective messages: set aside
           if (!channel.tagged.back().complete()) return progressed;
           continue;
         }
@@ -627,7 +510,7 @@ class TcpTransport {
         front.header_checked = true;
         progressed = true;
       }
-      const std::size_t take = take_from_inbox(channel, front.payload.subspan(front.received));
+      const std::size_t take = channel.take_from_inbox(front.payload.subspan(front.received));
       front.received += take;
       progressed |= take > 0;
       if (front.received < front.payload.size()) return progressed;
@@ -660,47 +543,13 @@ class TcpTransport {
   }
 
   TimeoutError timeout_error(const Request& request) const {
-    const PeerChannel& channel = peers_[static_cast<std::size_t>(request.peer)];
-    const std::string peer = "rank " + std::to_string(request.peer);
-    std::string what;
-    MessageHeader header;
-    if (request.tagged) {
-      header = channel.tagged_receives[request.ticket - channel.tagged_receives_begin].expected;
-      what = "to receive " + detail::describe_call(header) + " from " + peer +
-             "; no message with its tag has arrived (" + peer +
-             " has not sent it, or sent a collective's message first)";
-    } else if (request.is_send) {
-      const auto index = static_cast<std::size_t>(request.ticket - channel.sends_completed);
-      if (index < channel.unsettled.size()) {
-        const detail::HandedOverSend& op = channel.unsettled[index];
-        header = op.header;
-        what = "to send " + detail::describe_call(header) + " to " + peer + "; all " +
-               std::to_string(op.bytes) + " of its bytes were handed over, and " + peer +
-               " has not copied them from this process's memory (it is not receiving)";
-      } else {
-        const detail::PendingSend& op = channel.sends[index - channel.unsettled.size()];
-        header = op.header;
-        what = "to send " + detail::describe_call(header) + " to " + peer + "; " +
-               std::to_string(op.sent) + " of its " + std::to_string(op.total()) +
-               " bytes went out (" + peer + " is not receiving)";
-      }
-    } else {
-      const detail::PendingReceive& op =
-          channel.receives[static_cast<std::size_t>(request.ticket - channel.receives_completed)];
-      header = op.expected;
-      what = "to receive " + detail::describe_call(header) + " from " + peer + "; " +
-             (op.header_checked ? std::to_string(op.received) + " of its " +
-                                      std::to_string(op.payload.size()) + " payload bytes arrived"
-                                : std::string("its header has not arrived"));
-    }
-    if (!request.tagged &&
-        request.ticket > (request.is_send ? channel.sends_completed : channel.receives_completed)) {
-      what += ", behind earlier messages that have not gone through either";
-    }
+    const detail::StalledOperation stalled =
+        peers_[static_cast<std::size_t>(request.peer)].describe_stalled(
+            request.peer, request.ticket, request.is_send, request.tagged);
     return TimeoutError("rank " + std::to_string(rank_) + " made no progress for " +
                             detail::format_seconds(options_.timeout) +
-                            " (COLTRAIN_TIMEOUT) waiting " + what,
-                        context(request.peer, header));
+                            " (COLTRAIN_TIMEOUT) waiting " + stalled.what,
+                        context(request.peer, stalled.header));
   }
 
   // Marks the transport unusable, tells every peer it can still reach the root cause, and shuts
@@ -770,12 +619,6 @@ class TcpTransport {
     activate(peer);
   }
 
-  bool starts_with_notice(const PeerChannel& channel) const {
-    std::uint32_t magic = 0;
-    std::memcpy(&magic, channel.inbox.get() + channel.inbox_begin, sizeof magic);
-    return magic == kNoticeMagic;
-  }
-
   // The inbox starts with a notice: acts on it once its text is there too (false until then).
   // A verdict becomes this rank's error: at once, or with `defer` (it came from a peer this call
   // does not wait on) once the call stops making progress or the next one begins, so that a call
@@ -818,18 +661,18 @@ class TcpTransport {
       detail::ParkedMessage* message = channel.arriving();
       if (message != nullptr) {
         // The rest of a parked payload: from the inbox first, then straight from the socket.
-        fill_from_inbox(channel, *message);
+        channel.fill_from_inbox(*message);
         if (message->complete()) continue;
         into = message->payload.data() + message->received;
         want = message->payload.size() - message->received;
       } else if (channel.inbox_size() >= detail::kHeaderBytes) {
-        if (!starts_with_notice(channel)) {
+        if (!channel.starts_with_notice()) {
           MessageHeader header;
           std::memcpy(&header, channel.inbox.get() + channel.inbox_begin, sizeof header);
           const bool ours = header.magic == kMessageMagic;
           if (ours && header.collective == Collective::kSendRecv) {
             channel.inbox_begin += sizeof header;
-            take_tagged(channel, header);
+            channel.take_tagged(header);
             progressed = true;
             continue;
           }
@@ -871,30 +714,6 @@ class TcpTransport {
       }
     }
     return progressed;
-  }
-
-  // Hands parked messages to the posted receives, in order: checks each header, copies the
-  // payload; a parked message still arriving becomes the receive's, which reads the rest from the
-  // socket. Returns whether any was handed over.
-  bool serve_parked(int peer, PeerChannel& channel) {
-    bool served = false;
-    while (!channel.parked.empty() && !channel.receives.empty()) {
-      detail::ParkedMessage& message = channel.parked.front();
-      detail::PendingReceive& receive = channel.receives.front();
-      check_header(receive.expected, message.header, rank_, peer);
-      // An empty message's buffers may be null, which memcpy must not get even for 0 bytes.
-      if (message.received > 0)
-        std::memcpy(receive.payload.data(), message.payload.data(), message.received);
-      receive.header_checked = true;
-      receive.received = message.received;
-      served = true;
-      const bool whole = message.complete();
-      channel.parked.pop_front();
-      if (!whole) break;
-      channel.receives.pop_front();
-      ++channel.receives_completed;
-    }
-    return served;
   }
 
   // Takes the first failure notice a peer on this host left outside its stream as it broke down
