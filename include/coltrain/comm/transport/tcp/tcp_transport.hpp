@@ -42,7 +42,7 @@
 #include <coltrain/comm/protocol/failure_notice.hpp>
 #include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
-#include <coltrain/comm/transport/shm/shm_channel.hpp>
+#include <coltrain/comm/transport/shm/shm_setup.hpp>
 #include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/comm/transport/tcp/tcp_peer_channel.hpp>
 #include <coltrain/comm/transport/transport.hpp>
