@@ -36,6 +36,7 @@
 #include <coltrain/comm/algorithms/peer_transfers.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
+#include <coltrain/comm/device/buffer_memory.hpp>
 #include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/options.hpp>
@@ -58,6 +59,7 @@
 #include <mpi.h>
 
 #include <coltrain/comm/transport/mpi/mpi_native.hpp>
+#include <coltrain/comm/transport/mpi/mpi_session.hpp>
 #include <coltrain/comm/transport/mpi/mpi_transport.hpp>
 #endif
 
@@ -112,62 +114,6 @@ class IssuedEvent {
   cudaEvent_t event_ = nullptr;
 };
 #endif
-
-#if COLTRAIN_WITH_MPI
-// Initialises MPI when nobody has, and then finalises it when the last communicator using it goes.
-// MULTIPLE: a communicator's non-blocking calls run on its progress thread while the caller's
-// thread may use another communicator (or MPI itself).
-class MpiSession {
- public:
-  MpiSession() {
-    int initialized = 0;
-    COLTRAIN_CHECK_MPI(MPI_Initialized(&initialized));
-    if (!initialized) {
-      int provided = 0;
-      COLTRAIN_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
-      owns_mpi_ = true;
-    }
-  }
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
-  ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns_mpi_ && !finalized) MPI_Finalize();
-  }
-
- private:
-  bool owns_mpi_ = false;
-};
-#endif
-
-// Device memory (device or managed allocations) as CUDA sees it; host memory otherwise, and
-// always in a build without CUDA or on a machine without a GPU. Asked afresh on every call:
-// memory is freed and reused, so an answer cannot be kept. Whether the machine has a GPU at all is
-// asked once per process, so that host collectives of a CUDA build on a machine without one (CI, a
-// CPU partition) pay nothing for the question.
-inline Memory memory_of(const void* pointer) {
-#if COLTRAIN_WITH_CUDA
-  static const bool any_device = [] {
-    int devices = 0;
-    const bool found = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-    cudaGetLastError();  // no driver or no device is an answer, not an error to keep
-    return found;
-  }();
-  if (pointer == nullptr || !any_device) return Memory::kHost;
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-    cudaGetLastError();  // no GPU or driver here: no device memory either
-    return Memory::kHost;
-  }
-  const bool device =
-      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-  return device ? Memory::kDevice : Memory::kHost;
-#else
-  static_cast<void>(pointer);
-  return Memory::kHost;
-#endif
-}
 
 }  // namespace detail
 
