@@ -21,6 +21,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "collectives/element_values.hpp"
+#include "collectives/options.hpp"
+
 #if !COLTRAIN_WITH_CUDA
 #error "device_allreduce_bench needs CUDA: it measures allreduce on device buffers"
 #endif
@@ -64,18 +67,8 @@ struct Options {
 
 // ---- inputs, exact by construction ----
 
-template <class T>
-constexpr bool kNarrowFloat =
-    std::is_same_v<T, coltrain::half> || std::is_same_v<T, coltrain::bfloat16>;
-
-template <class T>
-T element(std::int64_t value) {
-  if constexpr (kNarrowFloat<T>) {
-    return T(static_cast<float>(value));
-  } else {
-    return static_cast<T>(value);
-  }
-}
+using coltrain::bench::element;
+using coltrain::bench::kNarrowFloat;
 
 // 1..k on every rank, with k * ranks within the integers the dtype holds exactly (bf16: 256).
 class Inputs {
@@ -318,28 +311,12 @@ int run(int argc, char** argv) {
   Options options;
   std::string dtype = "f32";
   std::string algorithm = "automatic";
-  app.add_option("-b,--minbytes", options.min_bytes, "smallest size (suffixes K, M, G: x1024)")
-      ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("-e,--maxbytes", options.max_bytes, "largest size (suffixes K, M, G: x1024)")
-      ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("-f,--stepfactor", options.factor, "multiply the size by this at each step")
-      ->check(CLI::Range(2, 1 << 20))
-      ->capture_default_str();
-  app.add_option("-n,--iters", options.iterations, "operations per repeat")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
-  app.add_option("-w,--warmup_iters", options.warmup, "untimed operations first")
-      ->check(CLI::Range(0, 1 << 24))
-      ->capture_default_str();
+  coltrain::bench::add_sweep_options(app,
+                                     {options.min_bytes, options.max_bytes, options.factor,
+                                      options.iterations, options.warmup, options.check},
+                                     "operations per repeat");
   app.add_option("-r,--repeats", options.repeats, "timed repeats; the median is shown")
       ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("-c,--check", options.check, "check every element after the timed runs (0/1)")
-      ->check(CLI::Range(0, 1))
       ->capture_default_str();
   app.add_option("-d,--datatype", dtype, "element type: f32, f64, f16, bf16, i32, i64")
       ->check(CLI::IsMember({"f32", "f64", "f16", "bf16", "i32", "i64"}))

@@ -2,6 +2,7 @@
 // Inputs whose every reduction is exact, in any order and in every dtype (nccl-tests' principle),
 // and the results they must give, compared bit for bit.
 
+#include "element_values.hpp"
 #include "sizes.hpp"
 
 #include <coltrain/comm/types.hpp>
@@ -14,10 +15,6 @@
 #include <type_traits>
 
 namespace coltrain::bench {
-
-template <class T>
-inline constexpr bool kNarrowFloat =
-    std::is_same_v<T, coltrain::half> || std::is_same_v<T, coltrain::bfloat16>;
 
 // The type f16 and bf16 are reduced in, and the average divided in: the communicator's own choice.
 template <class T>
@@ -113,15 +110,6 @@ class Inputs {
   int sum_ranks_;
   std::int64_t sum_range_;
 };
-
-template <class T>
-T element(std::int64_t value) {
-  if constexpr (kNarrowFloat<T>) {
-    return T(static_cast<float>(value));
-  } else {
-    return static_cast<T>(value);
-  }
-}
 
 // The expected result from the exact reduction: avg divides once, in the accumulator type.
 template <class T>

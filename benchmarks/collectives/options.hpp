@@ -82,32 +82,50 @@ inline CLI::Validator memory_available() {
       "");
 }
 
+// The size sweep and check options both benchmarks take, nccl-tests' letters: -b, -e, -f, -n, -w,
+// -c. `iterations_help` says what -n counts in the benchmark at hand.
+struct SweepOptions {
+  std::size_t& min_bytes;
+  std::size_t& max_bytes;
+  std::size_t& factor;
+  int& iterations;
+  int& warmup;
+  int& check;
+};
+inline void add_sweep_options(CLI::App& app, const SweepOptions& sweep,
+                              const char* iterations_help) {
+  app.add_option("-b,--minbytes", sweep.min_bytes, "smallest size (suffixes K, M, G: x1024)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", sweep.max_bytes, "largest size (suffixes K, M, G: x1024)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("-f,--stepfactor", sweep.factor, "multiply the size by this at each step")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-n,--iters", sweep.iterations, iterations_help)
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("-w,--warmup_iters", sweep.warmup, "untimed operations first")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  app.add_option("-c,--check", sweep.check, "check every element after the timed runs (0/1)")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+}
+
 // Parses the command line into `options`; CLI11 throws its ParseError for bad or missing values.
 inline void parse_options(CLI::App& app, Options& options, int argc, char** argv) {
   std::string dtype = "f32";
   std::string op = "sum";
   std::string collective = "allreduce";
   std::string memory = "host";
-  app.add_option("-b,--minbytes", options.min_bytes, "smallest size (suffixes K, M, G: x1024)")
-      ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("-e,--maxbytes", options.max_bytes, "largest size (suffixes K, M, G: x1024)")
-      ->transform(CLI::AsSizeValue(false))
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("-f,--stepfactor", options.factor, "multiply the size by this at each step")
-      ->check(CLI::Range(2, 1 << 20))
-      ->capture_default_str();
-  app.add_option("-n,--iters", options.iterations, "timed operations per size")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
-  app.add_option("-w,--warmup_iters", options.warmup, "untimed operations first")
-      ->check(CLI::Range(0, 1 << 24))
-      ->capture_default_str();
-  app.add_option("-c,--check", options.check, "check every element after the timed runs (0/1)")
-      ->check(CLI::Range(0, 1))
-      ->capture_default_str();
+  add_sweep_options(app,
+                    {options.min_bytes, options.max_bytes, options.factor, options.iterations,
+                     options.warmup, options.check},
+                    "timed operations per size");
   app.add_option("-d,--datatype", dtype,
                  "element type: f32, f64, f16, bf16, i32, i64 (or float32, double...)")
       ->check(accepted_by(
