@@ -6,6 +6,10 @@
 #include <exception>
 #include <vector>
 
+#if COLTRAIN_SEPARATE_COMPILATION
+int rank_of(const coltrain::comm::Communicator& comm);  // second_file.cpp
+#endif
+
 int main() {
   try {
     const coltrain::LaunchEnv env = coltrain::detect_launch_env();
@@ -16,6 +20,13 @@ int main() {
                    comm.size(), env.rank, env.world_size);
       return 1;
     }
+#if COLTRAIN_SEPARATE_COMPILATION
+    if (rank_of(comm) != comm.rank()) {
+      std::fprintf(stderr, "the second file sees rank %d, main sees %d\n", rank_of(comm),
+                   comm.rank());
+      return 1;
+    }
+#endif
     // Every rank contributes rank + 1 in fp16; 1 + 2 + ... + n is exact in fp16 here.
     std::vector<coltrain::half> values{coltrain::half(static_cast<float>(env.rank + 1))};
     comm.allreduce(std::span(values));
@@ -31,7 +42,8 @@ int main() {
                       " rank(s), launcher ", coltrain::name_of(env.launcher), ", backend ",
                       coltrain::comm::name_of(comm.backend()), ", MPI ",
                       coltrain::BuildConfig::kWithMpi ? "on" : "off", ", CUDA ",
-                      coltrain::BuildConfig::kWithCuda ? "on" : "off");
+                      coltrain::BuildConfig::kWithCuda ? "on" : "off",
+                      COLTRAIN_SEPARATE_COMPILATION ? ", compiled separately" : "");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -27,24 +27,15 @@
 // communicator is not thread-safe: one thread calls it at a time. After a communication error it is
 // unusable.
 
-#include <coltrain/comm/algorithms/alltoall.hpp>
-#include <coltrain/comm/algorithms/barrier.hpp>
-#include <coltrain/comm/algorithms/compressed_allreduce.hpp>
-#include <coltrain/comm/algorithms/gather_scatter.hpp>
-#include <coltrain/comm/algorithms/halving_doubling.hpp>
-#include <coltrain/comm/algorithms/hierarchical.hpp>
+#include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/peer_transfers.hpp>
-#include <coltrain/comm/algorithms/ring.hpp>
-#include <coltrain/comm/algorithms/tree.hpp>
 #include <coltrain/comm/device/buffer_memory.hpp>
 #include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/elements.hpp>
+#include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
-#include <coltrain/comm/protocol/flight_recorder.hpp>
-#include <coltrain/comm/protocol/message_book.hpp>
-#include <coltrain/comm/rendezvous/split.hpp>
 #include <coltrain/comm/request.hpp>
-#include <coltrain/comm/transport/tcp/tcp_transport.hpp>
+#include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/comm/tuning/backend_choice.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
@@ -52,15 +43,9 @@
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
-#include <coltrain/core/timeline.hpp>
-#include <coltrain/core/timer.hpp>
 
 #if COLTRAIN_WITH_MPI
 #include <mpi.h>
-
-#include <coltrain/comm/transport/mpi/mpi_native.hpp>
-#include <coltrain/comm/transport/mpi/mpi_session.hpp>
-#include <coltrain/comm/transport/mpi/mpi_transport.hpp>
 #endif
 
 #if COLTRAIN_WITH_CUDA
@@ -82,7 +67,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -92,6 +76,10 @@
 #include <vector>
 
 namespace coltrain::comm {
+
+class FlightRecorder;
+class HostCollectives;
+
 namespace detail {
 
 #if COLTRAIN_WITH_CUDA
@@ -118,23 +106,6 @@ class IssuedEvent {
 }  // namespace detail
 
 class Communicator {
-  // Calls f with the transport of this communicator's backend. Defined first: the members below use
-  // its deduced return type.
-  template <class F>
-  decltype(auto) with_transport(F&& f) {
-#if COLTRAIN_WITH_MPI
-    if (mpi_) return f(*mpi_);
-#endif
-    return f(*tcp_);
-  }
-  template <class F>
-  decltype(auto) with_transport(F&& f) const {
-#if COLTRAIN_WITH_MPI
-    if (mpi_) return f(std::as_const(*mpi_));
-#endif
-    return f(std::as_const(*tcp_));
-  }
-
  public:
   // From the launcher's environment. The backend is `backend`, else COLTRAIN_BACKEND (mpi, tcp or
   // nccl), else NCCL when `memory` is kDevice and this build has NCCL, else MPI when this build
@@ -144,51 +115,20 @@ class Communicator {
   // buffers.
   static Communicator from_env(std::optional<Backend> backend = std::nullopt,
                                CommOptions options = comm_options_from_env(),
-                               Memory memory = Memory::kHost) {
-    const LaunchEnv env = detect_launch_env();
-    BackendEnvironment environment;
-    environment.mpi_launch = env.started_by_mpi();
-    const char* requested = std::getenv("COLTRAIN_BACKEND");
-    [[maybe_unused]] const BackendChoice choice =
-        choose_backend(backend, requested != nullptr ? requested : "", memory, environment);
-#if COLTRAIN_WITH_MPI
-    Communicator host = choice.host == Backend::kMpi ? mpi_world(options) : tcp(env, options);
-#else
-    Communicator host = tcp(env, options);
-#endif
-#if COLTRAIN_WITH_NCCL
-    if (choice.backend == Backend::kNccl) return nccl(std::move(host), std::move(options));
-#endif
-    return host;
-  }
+                               Memory memory = Memory::kHost);
 
   // Our TCP transport: rank 0 hosts the rendezvous on env.master_addr:env.master_port.
-  static Communicator tcp(const LaunchEnv& env, CommOptions options = comm_options_from_env()) {
-    Communicator communicator(Backend::kTcp);
-    communicator.tcp_ = std::make_unique<TcpTransport>(env, options);
-    communicator.start_recording(options);
-    return communicator;
-  }
+  static Communicator tcp(const LaunchEnv& env, CommOptions options = comm_options_from_env());
 
   // Over an established TCP mesh (one connected socket per other rank), as an elastic regroup
   // (comm/elastic/elastic_group.hpp) builds it.
   static Communicator tcp(int rank, std::vector<detail::FileDescriptor> sockets,
-                          const LaunchEnv& env, CommOptions options) {
-    Communicator communicator(Backend::kTcp);
-    communicator.tcp_ = std::make_unique<TcpTransport>(rank, std::move(sockets), env, options);
-    communicator.start_recording(options);
-    return communicator;
-  }
+                          const LaunchEnv& env, CommOptions options);
 
 #if COLTRAIN_WITH_MPI
   // An MPI code hands over its own communicator (MPI must be initialised); coltrain works on a
   // duplicate of it, so its messages never meet the application's.
-  static Communicator mpi(MPI_Comm comm, CommOptions options = comm_options_from_env()) {
-    Communicator communicator(Backend::kMpi);
-    communicator.mpi_ = std::make_unique<MpiTransport>(comm, options);
-    communicator.start_recording(options);
-    return communicator;
-  }
+  static Communicator mpi(MPI_Comm comm, CommOptions options = comm_options_from_env());
 #endif
 
 #if COLTRAIN_WITH_NCCL
@@ -231,21 +171,15 @@ class Communicator {
   }
 #endif
 
-  Communicator(Communicator&&) noexcept = default;
-  Communicator& operator=(Communicator&&) noexcept = default;
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
   // Finishes the requests still outstanding first (each bounded by the timeout).
-  ~Communicator() { progress_.drain(); }
+  ~Communicator();
 
-  int rank() const {
-    return with_transport([](const auto& t) { return t.rank(); });
-  }
-  int size() const {
-    return with_transport([](const auto& t) { return t.size(); });
-  }
+  int rank() const;
+  int size() const;
   // Which ranks share a host (comm/host_layout.hpp): where hierarchical allreduce reduces first.
-  const HostLayout& host_layout() const {
-    return with_transport([](const auto& t) -> const HostLayout& { return t.host_layout(); });
-  }
+  const HostLayout& host_layout() const;
   // What device buffers run on: kMpi, kTcp (both staged) or kNccl.
   Backend backend() const { return backend_; }
   // What host buffers run on: kMpi or kTcp (under NCCL, the communicator that bootstrapped it).
@@ -256,24 +190,18 @@ class Communicator {
 
   // The last calls on the host path (comm/protocol/flight_recorder.hpp), written to trace_dir()
   // when one fails and on SIGUSR1. NCCL's own device calls are not in it.
-  const FlightRecorder& flight_recorder() const { return *recorder_; }
+  const FlightRecorder& flight_recorder() const;
   // CommOptions::trace_dir (COLTRAIN_TRACE_DIR) unless changed here; the samples point it at their
   // run directory when the variable is unset.
-  std::filesystem::path trace_dir() const { return recorder_->trace_dir(); }
-  void set_trace_dir(std::filesystem::path dir) { recorder_->set_trace_dir(std::move(dir)); }
+  std::filesystem::path trace_dir() const;
+  void set_trace_dir(std::filesystem::path dir);
 
   // The model kAutomatic uses for `memory`'s buffers: the host backend's, and for device buffers
   // on NCCL the NCCL one (staged device buffers run host collectives per chunk).
-  const CostModel& cost_model(Memory memory = Memory::kHost) const {
-    return memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_
-                                                                   : cost_model_;
-  }
-  void set_cost_model(const CostModel& model, Memory memory = Memory::kHost) {
-    (memory == Memory::kDevice && backend_ == Backend::kNccl ? device_cost_model_ : cost_model_) =
-        model;
-  }
-  const AlgorithmTuning& tuning() const { return tuning_; }
-  void set_tuning(const AlgorithmTuning& tuning) { tuning_ = tuning; }
+  const CostModel& cost_model(Memory memory = Memory::kHost) const;
+  void set_cost_model(const CostModel& model, Memory memory = Memory::kHost);
+  const AlgorithmTuning& tuning() const;
+  void set_tuning(const AlgorithmTuning& tuning);
   // How device buffers are staged on MPI and TCP; the same on every rank.
   const StagingOptions& staging_options() const { return staging_options_; }
   void set_staging_options(const StagingOptions& options) {
@@ -287,17 +215,7 @@ class Communicator {
 
   // What kAutomatic runs for `collective` over an array of `bytes` bytes in `memory` on this
   // communicator (staged device buffers: what each chunk's host collective would run).
-  Algorithm choose(Collective collective, std::size_t bytes,
-                   [[maybe_unused]] Memory memory = Memory::kHost) const {
-#if COLTRAIN_WITH_NCCL
-    if (memory == Memory::kDevice && nccl_) {
-      return choose_nccl_algorithm(device_cost_model_, collective, size(), bytes,
-                                   nccl_->device_reduction() != nullptr);
-    }
-#endif
-    return choose_algorithm(cost_model_, collective, host_layout(), bytes,
-                            host_backend_ == Backend::kMpi);
-  }
+  Algorithm choose(Collective collective, std::size_t bytes, Memory memory = Memory::kHost) const;
 
   // Whether an allreduce of `bytes` host bytes with `algorithm` leaves bit-identical results on
   // every rank. coltrain's own algorithms (compressed ones too) reduce each element on one rank and
@@ -605,17 +523,8 @@ class Communicator {
                           transfers.receives, stream);
           });
     }
-    const MessageHeader call = start(Collective::kAllgatherv, data_type_v<T>, total, ReduceOp::kSum,
-                                     0, algorithm, output.size_bytes());
-    const auto* in = reinterpret_cast<const std::byte*>(input.data());
-    auto* out = reinterpret_cast<std::byte*>(output.data());
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kRing)
-          return ring_allgatherv(t, in, out, bytes, offsets, sizeof(T), call);
-        run_native(t, [&](auto& mpi) { native_allgatherv(mpi, in, out, bytes, offsets); });
-      });
-    });
+    host_allgatherv(std::as_bytes(input), std::as_writable_bytes(output), bytes, offsets,
+                    data_type_v<T>, algorithm);
   }
 
   // ---- alltoallv: rank i sends send_counts[j] elements from input[send_displacements[j]] to rank
@@ -654,36 +563,13 @@ class Communicator {
                           transfers.receives, stream);
           });
     }
-    const MessageHeader call = start(Collective::kAlltoallv, data_type_v<T>, input.size(),
-                                     ReduceOp::kSum, 0, algorithm, input.size_bytes());
-    const auto* in = reinterpret_cast<const std::byte*>(input.data());
-    auto* out = reinterpret_cast<std::byte*>(output.data());
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kPairwise) {
-          return pairwise_alltoallv(t, in, sent.bytes, sent.offsets, out, received.bytes,
-                                    received.offsets, sizeof(T), call);
-        }
-        run_native(t, [&](auto& mpi) {
-          native_alltoallv(mpi, in, sent.bytes, sent.offsets, out, received.bytes,
-                           received.offsets);
-        });
-      });
-    });
+    host_alltoallv(std::as_bytes(input), sent.bytes, sent.offsets, std::as_writable_bytes(output),
+                   received.bytes, received.offsets, data_type_v<T>, algorithm);
   }
 
   // ---- barrier: returns on every rank once all ranks have entered it (over the host backend;
   // it does not wait for device work: synchronize() does) ----
-  void barrier(Algorithm algorithm = Algorithm::kAutomatic) {
-    const MessageHeader call =
-        start(Collective::kBarrier, DataType::kUInt8, 0, ReduceOp::kSum, 0, algorithm, 0);
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kHalvingDoubling) return dissemination_barrier(t, call);
-        run_native(t, [](auto& mpi) { native_barrier(mpi); });
-      });
-    });
-  }
+  void barrier(Algorithm algorithm = Algorithm::kAutomatic);
 
   // ---- Non-blocking calls: each takes the blocking call's arguments and returns a Request
   // (comm/request.hpp) at once; the call runs on this communicator's progress thread, after the
@@ -814,27 +700,7 @@ class Communicator {
   // its own, made without a rendezvous: comm/rendezvous/split.hpp; ncclCommSplit), options, cost
   // model and tuning. The two may be used one after another or each from its own thread, and their
   // messages never meet.
-  std::optional<Communicator> split(int color, int key = 0) {
-    std::optional<Communicator> child = host_split(color, key);
-#if COLTRAIN_WITH_NCCL
-    if (nccl_) {
-      std::unique_ptr<DeviceCollectives> device = nccl_->split(color, key);
-      if (child) {
-        child->nccl_ = std::move(device);
-        child->backend_ = Backend::kNccl;
-        child->start_recording(options_, false);
-      }
-    }
-#endif
-    if (!child) return child;
-    child->cost_model_ = cost_model_;
-    child->device_cost_model_ = device_cost_model_;
-    child->tuning_ = tuning_;
-    child->compression_ = compression_;
-    child->staging_options_ = staging_options_;
-    child->set_trace_dir(trace_dir());
-    return child;
-  }
+  std::optional<Communicator> split(int color, int key = 0);
 
  private:
   // Queues `call` on the progress thread; device buffers on NCCL are enqueued on stream() at once
@@ -878,147 +744,20 @@ class Communicator {
   // isend/irecv: checks the arguments, numbers the message within its rank pair and tag, and posts
   // it to the transport once the progress thread has finished the calls issued before it.
   Request post_message(bool sending, int peer, int tag, DataType dtype, std::size_t count,
-                       std::span<const std::byte> outgoing, std::span<std::byte> incoming) {
-    ErrorContext context = call_context(Collective::kSendRecv);
-    context.peer = peer;
-    const char* call = sending ? "send" : "recv";
-    if (peer < 0 || peer >= size() || peer == rank()) {
-      throw InvalidArgument(
-          std::string(call) + ": rank " + std::to_string(peer) +
-              (peer == rank()
-                   ? " is this rank; a rank does not send to itself"
-                   : " is not a rank of this " + std::to_string(size()) + "-rank communicator"),
-          context);
-    }
-    if (tag < 0 || tag > kMaxTag) {
-      throw InvalidArgument(std::string(call) + ": tag " + std::to_string(tag) + " is outside 0.." +
-                                std::to_string(kMaxTag),
-                            context);
-    }
-    const std::span<const std::byte> buffer = sending ? outgoing : incoming;
-    // Device buffers over MPI and TCP travel through host memory of the message's own: a send's
-    // is filled now, a receive's copied into device memory once the message is in.
-    std::shared_ptr<std::vector<std::byte>> bounce;
-    std::function<void()> on_arrival;
-#if COLTRAIN_WITH_CUDA
-    if (memory_of_call(Collective::kSendRecv, buffer, buffer) == Memory::kDevice) {
-#if COLTRAIN_WITH_NCCL
-      if (nccl_) return post_nccl_message(sending, peer, tag, outgoing, incoming, context);
-#endif
-      bounce = std::make_shared<std::vector<std::byte>>(buffer.size());
-      if (sending) {
-        copy_after_stream(bounce->data(), outgoing.data(), outgoing.size(), stream_);
-        outgoing = *bounce;
-      } else {
-        on_arrival = [bounce, target = incoming.data(), stream = stream_] {
-          copy_after_stream(target, bounce->data(), bounce->size(), stream);
-        };
-        incoming = *bounce;
-      }
-    }
-#endif
-    MessageHeader header;
-    header.collective = Collective::kSendRecv;
-    header.algorithm = Algorithm::kNative;
-    header.dtype = dtype;
-    header.root = tag;
-    header.count = count;
-    header.bytes = buffer.size();
-    header.sequence = (sending ? sent_ : received_)[{peer, tag}]++;
-    progress_.drain();  // the transport is this thread's once the queued calls are done
-    if (!messages_.book)
-      messages_.book = std::make_shared<detail::MessageBook>(progress_.drainer());
-    return with_transport([&](auto& t) {
-      const auto request =
-          sending ? t.isend(peer, header, outgoing) : t.irecv(peer, header, incoming);
-      return messages_.book->add([transport = &t, request, bounce, on_arrival](bool block) {
-        if (!block && !transport->test(request)) return false;
-        if (block) transport->wait(request);
-        if (on_arrival) on_arrival();
-        return true;
-      });
-    });
-  }
+                       std::span<const std::byte> outgoing, std::span<std::byte> incoming);
 
-  // Owns the message book; closes it (failing what is pending) before the transport it drives
-  // goes, which is why it is declared after the transports.
-  struct MessageBookHandle {
-    std::shared_ptr<detail::MessageBook> book;
-    MessageBookHandle() = default;
-    MessageBookHandle(MessageBookHandle&&) noexcept = default;
-    MessageBookHandle& operator=(MessageBookHandle&& other) noexcept {
-      if (this != &other) {
-        if (book) book->close();
-        book = std::move(other.book);
-      }
-      return *this;
-    }
-    ~MessageBookHandle() {
-      if (book) book->close();
-    }
-  };
+  // A message's request, driven by `advance` (comm/protocol/message_book.hpp).
+  Request book_message(std::function<bool(bool block)> advance);
 
-  // The host side of split(): the new MPI or TCP communicator.
-  std::optional<Communicator> host_split(int color, int key) {
-    ErrorContext context;
-    context.rank = rank();
-    context.operation = "split";
-#if COLTRAIN_WITH_MPI
-    if (mpi_) {
-      progress_.drain();
-      MPI_Comm raw = MPI_COMM_NULL;
-      COLTRAIN_CHECK_MPI(
-          MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
-      if (raw == MPI_COMM_NULL) return std::nullopt;
-      auto child = std::optional<Communicator>(Communicator(Backend::kMpi));
-      child->mpi_ = std::make_unique<MpiTransport>(raw, options_);  // a duplicate of raw
-      MPI_Comm_free(&raw);
-      child->mpi_session_ = mpi_session_;
-      child->start_recording(options_, false);
-      return child;
-    }
-#endif
-    detail::SplitEntry mine;
-    mine.color = color < 0 ? -1 : color;
-    mine.key = key;
-    mine.nonce = detail::make_nonce();
-    detail::FileDescriptor listener;
-    if (color >= 0) {
-      listener = detail::listen_tcp({tcp_->local_address(), 0}, detail::kSocketBufferBytes,
-                                    "connections of a split communicator", context);
-      mine.address = detail::PeerAddress::of(detail::local_endpoint(listener.get()));
-    }
-    std::vector<detail::SplitEntry> entries(group_size());
-    host_allgather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(entries)),
-                   DataType::kUInt8, Algorithm::kAutomatic);
-    if (color < 0) return std::nullopt;
-    const std::vector<int> members = detail::split_members(entries, mine.color);
-    const auto position = std::find(members.begin(), members.end(), rank()) - members.begin();
-    const int new_rank = static_cast<int>(position);
-    std::vector<detail::FileDescriptor> sockets =
-        detail::connect_split_mesh(entries, members, new_rank, listener, options_, context);
-    auto child = std::optional<Communicator>(Communicator(Backend::kTcp));
-    child->tcp_ =
-        std::make_unique<TcpTransport>(new_rank, std::move(sockets), tcp_->launch_env(), options_);
-    child->start_recording(options_, false);
-    return child;
-  }
-
-  explicit Communicator(Backend backend)
-      : backend_(backend),
-        host_backend_(backend),
-        cost_model_(default_cost_model(backend)),
-        device_cost_model_(default_cost_model(Backend::kNccl)) {}
-
+  Communicator(Backend backend, std::unique_ptr<HostCollectives> host);
 #if COLTRAIN_WITH_MPI
   // MPI_COMM_WORLD, initialising MPI when nobody has, and finalising it with the communicator.
-  static Communicator mpi_world(CommOptions options) {
-    auto session = std::make_shared<detail::MpiSession>();
-    Communicator communicator = mpi(MPI_COMM_WORLD, std::move(options));
-    communicator.mpi_session_ = std::move(session);
-    return communicator;
-  }
+  static Communicator mpi_world(const CommOptions& options);
 #endif
+
+  // The host path, once the calls queued on the progress thread have run: from then on the host
+  // transport is this thread's.
+  HostCollectives& ready_host();
 
   // Where a call's buffers live: device when any non-empty one is device memory. Mixed memory is
   // refused: the host path would read device memory, the device path host memory. Empty buffers
@@ -1134,9 +873,7 @@ class Communicator {
     }
     group.bytes += sending ? outgoing.size() : incoming.size();
     progress_.drain();
-    if (!messages_.book)
-      messages_.book = std::make_shared<detail::MessageBook>(progress_.drainer());
-    return messages_.book->add([group = device_messages_](bool) {
+    return book_message([group = device_messages_](bool) {
       group->flush();
       return true;
     });
@@ -1209,175 +946,33 @@ class Communicator {
     throw InvalidArgument("input and output overlap; use the in-place form", context);
   }
 
+  // The host path of each collective, on bytes (comm/host/host_collectives.hpp).
+  void host_reduce(Collective collective, std::span<const std::byte> input,
+                   std::span<std::byte> output, DataType dtype, ReduceOp op, int root,
+                   Algorithm algorithm, WireCompression compression);
+  void host_broadcast(std::span<std::byte> data, DataType dtype, int root, Algorithm algorithm);
+  void host_allgather(std::span<const std::byte> input, std::span<std::byte> output, DataType dtype,
+                      Algorithm algorithm);
+  void host_allgatherv(std::span<const std::byte> input, std::span<std::byte> output,
+                       std::span<const std::size_t> bytes, std::span<const std::size_t> offsets,
+                       DataType dtype, Algorithm algorithm);
   void host_alltoall(std::span<const std::byte> input, std::span<std::byte> output, DataType dtype,
-                     Algorithm algorithm) {
-    const std::size_t block_bytes = input.size() / group_size();
-    const MessageHeader call = start(Collective::kAlltoall, dtype, block_bytes / size_of(dtype),
-                                     ReduceOp::kSum, 0, algorithm, input.size());
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.algorithm) {
-          case Algorithm::kPairwise:
-            return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
-          case Algorithm::kBruck:
-            return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
-          default:
-            return run_native(t, [&](auto& mpi) {
-              native_alltoall(mpi, input.data(), output.data(), block_bytes);
-            });
-        }
-      });
-    });
-  }
-
+                     Algorithm algorithm);
+  void host_alltoallv(std::span<const std::byte> input, std::span<const std::size_t> sent_bytes,
+                      std::span<const std::size_t> sent_offsets, std::span<std::byte> output,
+                      std::span<const std::size_t> received_bytes,
+                      std::span<const std::size_t> received_offsets, DataType dtype,
+                      Algorithm algorithm);
   // Gather and scatter: `block_bytes` per rank; the root's side holds size() blocks.
   void host_rooted_blocks(Collective collective, std::span<const std::byte> input,
                           std::span<std::byte> output, std::size_t block_bytes, DataType dtype,
-                          int root, Algorithm algorithm) {
-    const MessageHeader call =
-        start(collective, dtype, block_bytes / size_of(dtype), ReduceOp::kSum, root, algorithm,
-              block_bytes * static_cast<std::size_t>(group_size()));
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        const bool gather = collective == Collective::kGather;
-        if (call.algorithm == Algorithm::kTree) {
-          return gather ? binomial_gather(t, input.data(), output.data(), block_bytes, root, call)
-                        : binomial_scatter(t, input.data(), output.data(), block_bytes, root, call);
-        }
-        run_native(t, [&](auto& mpi) {
-          if (gather)
-            native_gather(mpi, input.data(), output.data(), block_bytes, root);
-          else
-            native_scatter(mpi, input.data(), output.data(), block_bytes, root);
-        });
-      });
-    });
-  }
-
-  // Host broadcast and allgather move bytes of any element type, so they take `data` as bytes.
-  void host_broadcast(std::span<std::byte> data, DataType dtype, int root, Algorithm algorithm) {
-    const std::size_t element_bytes = size_of(dtype);
-    const std::size_t count = data.size() / element_bytes;
-    const MessageHeader call =
-        start(Collective::kBroadcast, dtype, count, ReduceOp::kSum, root, algorithm, data.size());
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.algorithm) {
-          case Algorithm::kRing:
-            return ring_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
-          case Algorithm::kTree:
-            return tree_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
-          default:
-            return run_native(
-                t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
-        }
-      });
-    });
-  }
-
-  void host_allgather(std::span<const std::byte> input, std::span<std::byte> output, DataType dtype,
-                      Algorithm algorithm) {
-    const std::size_t element_bytes = size_of(dtype);
-    const std::size_t count = input.size() / element_bytes;
-    const MessageHeader call =
-        start(Collective::kAllgather, dtype, count, ReduceOp::kSum, 0, algorithm, output.size());
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kRing) {
-          return ring_allgather(t, input.data(), output.data(), count, element_bytes, call,
-                                tuning_);
-        }
-        run_native(t, [&](auto& mpi) {
-          native_allgather(mpi, input.data(), output.data(), input.size());
-        });
-      });
-    });
-  }
+                          int root, Algorithm algorithm);
 
   std::size_t group_size() const { return static_cast<std::size_t>(size()); }
 
-  // Runs `f` with the MPI transport; only reachable when the algorithm resolved to kNative, which
-  // start() allows on the MPI backend only.
-  template <class Tr, class F>
-  static void run_native([[maybe_unused]] Tr& transport, [[maybe_unused]] F&& f) {
-#if COLTRAIN_WITH_MPI
-    if constexpr (std::is_same_v<Tr, MpiTransport>) f(transport);
-#endif
-  }
-
   // `names_process`: this communicator's ranks are the process's ranks on the timeline (not a
   // split's, whose ranks are numbered within their group).
-  void start_recording(const CommOptions& options, bool names_process = true) {
-    options_ = options;
-    if (names_process) Timeline::instance().set_process(rank(), size());
-    recorder_->set_identity(rank(), size(), name_of(backend_));
-    if (!options.trace_dir.empty()) recorder_->set_trace_dir(options.trace_dir);
-  }
-
-  // Runs a numbered call's communication, recorded in the flight recorder; a failure is recorded
-  // with its message and the recorder written out before the error goes on to the caller.
-  // With the timeline on (core/timeline.hpp), the call is also a span of it.
-  template <class F>
-  void recorded(const MessageHeader& call, F&& communicate) {
-    Timeline& timeline = Timeline::instance();
-    const bool timed = timeline.enabled();
-    const Clock::time_point begin = timed ? Clock::now() : Clock::time_point{};
-    const auto span = [&] {
-      timeline.complete(name_of(call.collective), "collective", begin, Clock::now(),
-                        "\"sequence\": " + std::to_string(call.sequence) + ", \"algorithm\": \"" +
-                            std::string(name_of(call.algorithm)) + "\", \"dtype\": \"" +
-                            std::string(name_of(call.dtype)) +
-                            "\", \"count\": " + std::to_string(call.count),
-                        rank());
-    };
-    recorder_->started(call);
-    try {
-      std::forward<F>(communicate)();
-    } catch (const std::exception& error) {
-      recorder_->failed(call.sequence, error.what());
-      recorder_->dump("error in " + detail::describe_call(call));
-      if (timed) span();
-      throw;
-    }
-    recorder_->done(call.sequence);
-    if (timed) span();
-  }
-
-  // Validates the algorithm, resolves kAutomatic, and numbers the call; a blocking call first
-  // waits for the requests issued before it.
-  MessageHeader start(Collective collective, DataType dtype, std::size_t count, ReduceOp op,
-                      int root, Algorithm algorithm, std::size_t bytes) {
-    progress_.drain();
-    if (algorithm == Algorithm::kAutomatic) algorithm = choose(collective, bytes);
-    const auto supported = algorithms_for(collective);
-    if (std::find(supported.begin(), supported.end(), algorithm) == supported.end()) {
-      std::string names;
-      for (Algorithm a : supported)
-        names += std::string(names.empty() ? "" : ", ") + std::string(name_of(a));
-      throw InvalidArgument(std::string(name_of(collective)) + " has no algorithm '" +
-                            std::string(name_of(algorithm)) + "' (it has: " + names +
-                            ", automatic)");
-    }
-    if (algorithm == Algorithm::kNative && host_backend_ != Backend::kMpi) {
-      std::string others;
-      for (Algorithm a : supported) {
-        if (a != Algorithm::kNative)
-          others += std::string(others.empty() ? "" : ", ") + std::string(name_of(a));
-      }
-      throw InvalidArgument("algorithm 'native' needs the MPI backend; on the " +
-                            std::string(name_of(host_backend_)) + " backend " +
-                            std::string(name_of(collective)) + " has " + others);
-    }
-    MessageHeader call;
-    call.collective = collective;
-    call.algorithm = algorithm;
-    call.dtype = dtype;
-    call.op = op;
-    call.root = root;
-    call.sequence = sequence_++;
-    call.count = count;
-    return call;
-  }
+  void start_recording(const CommOptions& options, bool names_process = true);
 
   void require_size(Collective collective, const char* what, std::size_t actual,
                     std::size_t expected) const {
@@ -1430,98 +1025,13 @@ class Communicator {
     return *requested;
   }
 
-  // allreduce, reduce_scatter and reduce. f16/bf16 are widened to f32 around the reduction.
+  // allreduce, reduce_scatter and reduce on host buffers.
   template <detail::CollectiveElement T>
   void reduce_collective(Collective collective, std::span<const T> input, std::span<T> output,
                          ReduceOp op, int root, Algorithm algorithm,
                          WireCompression compression = WireCompression::kNone) {
-    const std::size_t count =
-        collective == Collective::kReduceScatter ? output.size() : input.size();
-    if constexpr (detail::kNarrowFloat<T>) {
-      std::vector<float>& wide_input = widened_input_;
-      std::vector<float>& wide_output = widened_output_;
-      wide_input.resize(input.size());
-      wide_output.resize(output.size());
-      for (std::size_t i = 0; i < input.size(); ++i) wide_input[i] = static_cast<float>(input[i]);
-      const MessageHeader call = start(collective, data_type_v<T>, count, op, root, algorithm,
-                                       input.size() * sizeof(float));
-      run_reduction(call, element_reduction<float>(op), std::as_bytes(std::span(wide_input)),
-                    std::as_writable_bytes(std::span(wide_output)));
-      if (collective != Collective::kReduce || rank() == root) {
-        for (std::size_t i = 0; i < output.size(); ++i) output[i] = T(wide_output[i]);
-      }
-    } else {
-      MessageHeader call =
-          start(collective, data_type_v<T>, count, op, root, algorithm, input.size_bytes());
-      if (compression != WireCompression::kNone) {
-        call.algorithm = Algorithm::kPairwise;  // the schedule compressed_allreduce runs
-        call.compression = compression;
-      }
-      run_reduction(call, element_reduction<T>(op), std::as_bytes(input),
-                    std::as_writable_bytes(output));
-    }
-  }
-
-  // The element type travels in `reduction`, not in a template parameter: each algorithm is
-  // compiled once per transport, not once per element type too.
-  void run_reduction(const MessageHeader& call, const ElementReduction& reduction,
-                     std::span<const std::byte> input_bytes, std::span<std::byte> output_bytes) {
-    const int root = call.root;
-    const std::byte* input = input_bytes.data();
-    std::byte* output = output_bytes.data();
-    const std::size_t input_count = input_bytes.size() / reduction.element_bytes();
-    const std::size_t output_count = output_bytes.size() / reduction.element_bytes();
-    recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.collective) {
-          case Collective::kAllreduce:
-            if (call.compression != WireCompression::kNone) {
-              return compressed_allreduce(t, reinterpret_cast<const float*>(input),
-                                          reinterpret_cast<float*>(output), input_count, call.op,
-                                          call, tuning_, scratch_);
-            }
-            switch (call.algorithm) {
-              case Algorithm::kRing:
-                return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
-              case Algorithm::kTree:
-                return tree_allreduce(t, input, output, input_count, reduction, call, tuning_);
-              case Algorithm::kHalvingDoubling:
-                return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
-                                                  scratch_);
-              case Algorithm::kHierarchical:
-                return hierarchical_allreduce(t, t.host_layout(), input, output, input_count,
-                                              reduction, call, tuning_, scratch_);
-              default:
-                return run_native(t, [&](auto& mpi) {
-                  native_allreduce(mpi, input, output, input_count, reduction);
-                });
-            }
-          case Collective::kReduceScatter:
-            if (call.algorithm == Algorithm::kRing) {
-              return ring_reduce_scatter(t, input, output, output_count, reduction, call, tuning_,
-                                         scratch_);
-            }
-            return run_native(t, [&](auto& mpi) {
-              native_reduce_scatter(mpi, input, output, output_count, reduction);
-            });
-          case Collective::kReduce:
-            switch (call.algorithm) {
-              case Algorithm::kRing:
-                return ring_reduce(t, input, output, input_count, root, reduction, call, tuning_,
-                                   scratch_);
-              case Algorithm::kTree:
-                return tree_reduce(t, input, output, input_count, root, reduction, call, tuning_,
-                                   scratch_);
-              default:
-                return run_native(t, [&](auto& mpi) {
-                  native_reduce(mpi, input, output, input_count, root, reduction);
-                });
-            }
-          default:
-            throw InvalidArgument(std::string(name_of(call.collective)) + " does not reduce");
-        }
-      });
-    });
+    host_reduce(collective, std::as_bytes(input), std::as_writable_bytes(output), data_type_v<T>,
+                op, root, algorithm, compression);
   }
 
   // First: moving a communicator waits for its requests, whose calls hold its address, before any
@@ -1529,27 +1039,12 @@ class Communicator {
   detail::ProgressThread progress_;
   Backend backend_;
   Backend host_backend_;
-  CommOptions options_;
-  CostModel cost_model_;
+  // On the heap: it never moves (SIGUSR1's thread holds its flight recorder's address).
+  std::unique_ptr<HostCollectives> host_;
   CostModel device_cost_model_;  // NCCL's, for device buffers
-  AlgorithmTuning tuning_;
   WireCompression compression_ = WireCompression::kNone;
   StagingOptions staging_options_;
-  std::uint64_t sequence_ = 0;
-  // On the heap: SIGUSR1's thread holds its address while the communicator moves.
-  std::unique_ptr<FlightRecorder> recorder_ = std::make_unique<FlightRecorder>();
-#if COLTRAIN_WITH_MPI
-  std::shared_ptr<detail::MpiSession> mpi_session_;  // declared first: outlives mpi_
-  std::unique_ptr<MpiTransport> mpi_;
-#endif
-  std::unique_ptr<TcpTransport> tcp_;
-  MessageBookHandle messages_;                         // after the transports: goes before them
-  std::map<std::pair<int, int>, std::uint64_t> sent_;  // messages per (peer, tag), both ways
-  std::map<std::pair<int, int>, std::uint64_t> received_;
-  std::vector<std::byte> scratch_;         // the algorithms' partial results, reused across calls
   std::vector<std::byte> alltoall_input_;  // the in-place alltoall's copy of its input
-  std::vector<float> widened_input_;
-  std::vector<float> widened_output_;
 #if COLTRAIN_WITH_CUDA
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<DeviceStaging> staged_;
@@ -1562,3 +1057,7 @@ class Communicator {
 };
 
 }  // namespace coltrain::comm
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#include <coltrain/comm/impl/communicator.ipp>
+#endif

@@ -32,6 +32,20 @@
 #define COLTRAIN_RESTRICT
 #endif
 
+// Separate compilation (as Boost.Asio offers it): compile every file of a program with
+// -DCOLTRAIN_SEPARATE_COMPILATION and include <coltrain/src.hpp> in exactly one of them. The others
+// then see the Communicator's declarations only, and the transports and algorithms behind it are
+// compiled once. COLTRAIN_DECL marks the definitions that move to that one file; header-only
+// builds keep them inline.
+#ifndef COLTRAIN_SEPARATE_COMPILATION
+#define COLTRAIN_SEPARATE_COMPILATION 0
+#endif
+#if COLTRAIN_SEPARATE_COMPILATION
+#define COLTRAIN_DECL
+#else
+#define COLTRAIN_DECL inline
+#endif
+
 // Optional backends. Each is detected by the presence of its header, which is what `mpicxx` or
 // `-I/usr/local/cuda/include` provide, and can be forced with -DCOLTRAIN_WITH_X=0 or =1. The CMake
 // target always defines them explicitly, so that an mpi.h that happens to be on the include path is

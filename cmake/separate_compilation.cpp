@@ -1,0 +1,2 @@
+// The one translation unit of coltrain::separate (cmake/coltrainSeparate.cmake).
+#include <coltrain/src.hpp>

@@ -1,0 +1,12 @@
+#pragma once
+// The one translation unit of a program built with COLTRAIN_SEPARATE_COMPILATION that compiles
+// coltrain's out-of-line definitions (core/config.hpp says how): include this file there, and
+// only there. CMake users get it from the coltrain::separate target instead.
+
+#include <coltrain/core/config.hpp>
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#error "<coltrain/src.hpp> needs -DCOLTRAIN_SEPARATE_COMPILATION; header-only builds need no source"
+#endif
+
+#include <coltrain/comm/impl/communicator.ipp>
