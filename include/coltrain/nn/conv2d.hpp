@@ -507,8 +507,8 @@ class Conv2dLayer {
     tensor::Tensor<S, Device> out_grad_t;               // dY^T for the windowed weight gradient
     tensor::Tensor<S, Device> masked_grad;              // a group's dY through the fused ReLU
     tensor::Tensor<S, Device> split, gradient_split;    // Winograd's split padded x, dY
-    tensor::Tensor<S, Device> transformed, gradient_transformed;  // Winograd's V of x and of dY
-    tensor::Tensor<S, Device> transformed_weight_grad;            // Winograd's dU
+    tensor::Tensor<S, Device> transformed;  // Winograd's V of x (in backward, then of dY)
+    tensor::Tensor<S, Device> transformed_weight_grad;  // Winograd's dU
   };
 
   // Winograd: per group of images, V = the input tiles transformed, the 16 or 36 products with U =
@@ -578,16 +578,15 @@ class Conv2dLayer {
         if (!dx) continue;
         for (std::int64_t g = 0; g < count; ++g) {
           GradientWinograd::split_image(dy_images + g * kCout * kHw, ws.gradient_split.data());
-          GradientWinograd::transform_input(ws.gradient_split.data(),
-                                            ws.gradient_transformed.data(), kGradientWinogradLd,
-                                            g * kGradientTiles);
+          GradientWinograd::transform_input(ws.gradient_split.data(), ws.transformed.data(),
+                                            kGradientWinogradLd, g * kGradientTiles);
         }
         detail::winograd_multiply(kPositions, kCin, kCout, count * kGradientTiles,
-                                  winograd_flipped_.data(), ws.gradient_transformed.data(),
-                                  ws.gradient_product.data(), kGradientWinogradLd);
+                                  winograd_flipped_.data(), ws.transformed.data(),
+                                  ws.product.data(), kGradientWinogradLd);
         for (std::int64_t g = 0; g < count; ++g)
           GradientWinograd::template transform_output<false>(
-              kCin, ws.gradient_product.data(), kGradientWinogradLd, g * kGradientTiles,
+              kCin, ws.product.data(), kGradientWinogradLd, g * kGradientTiles,
               dx + (first + g) * kCin * kInHw, static_cast<const S*>(nullptr));
       }
       // Folded back to 3x3 by each thread (the fold is linear), so that the calling thread sums
@@ -653,12 +652,14 @@ class Conv2dLayer {
         // The split images' zero borders (storage comes zeroed) are never written.
         ws.split.resize({ForwardWinograd::kSplitSize});
         ws.gradient_split.resize({GradientWinograd::kSplitSize});
-        ws.transformed.resize({kPositions * detail::winograd_position_stride(kCin, kWinogradLd)});
-        ws.product.resize({kPositions * detail::winograd_position_stride(kCout, kWinogradLd)});
-        ws.gradient_transformed.resize(
-            {kPositions * detail::winograd_position_stride(kCout, kGradientWinogradLd)});
-        ws.gradient_product.resize(
-            {kPositions * detail::winograd_position_stride(kCin, kGradientWinogradLd)});
+        // Backward's input-gradient products reuse the weight gradient's buffers, done with by
+        // then: four buffers per image would not stay in L2 together.
+        ws.transformed.resize(
+            {kPositions * std::max(detail::winograd_position_stride(kCin, kWinogradLd),
+                                   detail::winograd_position_stride(kCout, kGradientWinogradLd))});
+        ws.product.resize(
+            {kPositions * std::max(detail::winograd_position_stride(kCout, kWinogradLd),
+                                   detail::winograd_position_stride(kCin, kGradientWinogradLd))});
         ws.transformed_weight_grad.resize({kPositions * kCout * kCin});
         ws.weight_grad.resize({kCout, kK});
         if constexpr (FusedRelu) ws.masked_grad.resize({kWinogradGroup * kCout * kHw});

@@ -34,18 +34,39 @@
 
 namespace coltrain::nn::detail {
 
-// parts[0] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N. Past R = 1 the
-// transforms' only case is two rows of 2 lanes (rows_per_pack), one shuffle with literal indices:
-// nvcc's host code rejects __builtin_shufflevector's indices from a pack expansion, building the
-// pack lane by lane measured 5% slower, and a memcpy through memory 35% (store forwarding).
+// parts[0] ++ ... ++ parts[R - 1]: R packs of N lanes as one pack of R * N, R a power of two.
+// One shuffle per pair of parts; nvcc's host code rejects __builtin_shufflevector's indices from a
+// pack expansion, so there the pack is built lane by lane (5% slower where measured; only CPU code
+// compiled into a .cu file takes that path).
 template <class S, int N, int R, class P = tensor::pack_t<S, N>>
-COLTRAIN_FORCE_INLINE tensor::pack_t<S, N * R> concatenate(const P (&parts)[R]) {
+COLTRAIN_FORCE_INLINE tensor::pack_t<S, N * R> concatenate(const P* parts) {
   if constexpr (R == 1) {
     return parts[0];
   } else {
-    static_assert(N == 2 && R == 2, "concatenate: only two packs of 2 lanes are joined");
-    return __builtin_shufflevector(parts[0], parts[1], 0, 1, 2, 3);
+    const auto low = concatenate<S, N, R / 2>(parts),
+               high = concatenate<S, N, R / 2>(parts + R / 2);
+    return [&]<int... L>(std::integer_sequence<int, L...>) {
+#if defined(__CUDACC__)
+      return tensor::pack_t<S, N * R>{(L < N * R / 2 ? low[L] : high[L - N * R / 2])...};
+#else
+      return __builtin_shufflevector(low, high, L...);
+#endif
+    }
+    (std::make_integer_sequence<int, N * R>{});
   }
+}
+
+// Lanes [First, First + N) of wide.
+template <class S, int N, int First, class Wide>
+COLTRAIN_FORCE_INLINE tensor::pack_t<S, N> extract_lanes(Wide wide) {
+  return [&]<int... L>(std::integer_sequence<int, L...>) {
+#if defined(__CUDACC__)
+    return tensor::pack_t<S, N>{wide[First + L]...};
+#else
+    return __builtin_shufflevector(wide, wide, (First + L)...);
+#endif
+  }
+  (std::make_integer_sequence<int, N>{});
 }
 
 // The inverse of concatenate: parts[q] = lanes [q * N, q * N + N) of wide.
@@ -54,10 +75,10 @@ COLTRAIN_FORCE_INLINE void split_pack(tensor::pack_t<S, N * R> wide, P (&parts)[
   if constexpr (R == 1) {
     parts[0] = wide;
   } else {
-    [&]<int... L>(std::integer_sequence<int, L...>) {
-      for (int q = 0; q < R; ++q) parts[q] = P{wide[q * N + L]...};
+    [&]<int... Q>(std::integer_sequence<int, Q...>) {
+      ((parts[Q] = extract_lanes<S, N, Q * N>(wide)), ...);
     }
-    (std::make_integer_sequence<int, N>{});
+    (std::make_integer_sequence<int, R>{});
   }
 }
 
@@ -244,14 +265,25 @@ struct WinogradConvolution {
   // Elements of a split padded image.
   static constexpr std::int64_t kSplitSize = Channels * kPaddedHeight * kSplitRow;
 
-  // Rows of tiles the transforms handle in one pack. Where a pack holds a whole row of tiles
-  // (kTileCols of 2, as for 8 x 8 maps under F(4x4)), the transformed columns of consecutive rows
-  // are contiguous, so two rows fill a pack of 4 lanes instead of leaving half of every operation
-  // idle: ResNet-20's step went from 627 to 671 images/s (medians of 10 rounds, 2026-11-28). Not
-  // 8 lanes: the 36 packs of a tile then spill, so two rows of 2 lanes is the only case.
+  // Rows of tiles the transforms handle in one pack. Where a pack holds a whole row of tiles, the
+  // transformed columns of consecutive rows are contiguous, so R rows fill the target's widest pack
+  // instead of leaving part of every operation idle: two rows of 2 lanes took ResNet-20's step
+  // from 627 to 671 images/s (medians of 10 rounds, 2026-11-28), and filling 16 lanes on the
+  // input side (the input and output-gradient transforms) another 2.5% (2026-12-03). The output
+  // transform writes rows of the image, which must be split again into packs of kTileCols
+  // lanes: there only the 2-lane case gains.
   template <class S>
   static constexpr int rows_per_pack() {
-    return kTileCols == 2 && tensor::pack_lanes<S>(kTileCols) == 2 && kTileRows % 2 == 0 ? 2 : 1;
+    constexpr int n = tensor::pack_lanes<S>(kTileCols);
+    int rows = 1;
+    if (n > 1 && n == kTileCols)
+      while (2 * rows * n <= tensor::widest_pack_lanes<S>() && kTileRows % (2 * rows) == 0)
+        rows *= 2;
+    return rows;
+  }
+  template <class S>
+  static constexpr int output_rows_per_pack() {
+    return kTileCols == 2 ? rows_per_pack<S>() : 1;
   }
 
   // The padded image (a zero border of `Padding`) with its columns split into phases. The border
@@ -317,7 +349,7 @@ struct WinogradConvolution {
   static void transform_output(std::int64_t out_channels, const S* COLTRAIN_RESTRICT m,
                                std::int64_t ld, std::int64_t first, S* COLTRAIN_RESTRICT out,
                                const S* bias) {
-    constexpr int N = tensor::pack_lanes<S>(kTileCols), R = rows_per_pack<S>();
+    constexpr int N = tensor::pack_lanes<S>(kTileCols), R = output_rows_per_pack<S>();
     using P = tensor::pack_t<S, N>;
     using Wide = tensor::pack_t<S, N * R>;  // R rows of tiles, contiguous in m
     const std::int64_t position_stride = winograd_position_stride(out_channels, ld);
@@ -327,29 +359,30 @@ struct WinogradConvolution {
         const S* in = m + k * ld + first + ty * kTileCols;
         S* top = out + (k * kOutHeight + Tile * ty) * kOutWidth;
         for (std::int64_t tx = 0; tx < kTileCols; tx += N) {
-          Wide s[kAlpha][Tile];  // m A, row by row
-          for (int r = 0; r < kAlpha; ++r) {
-            Wide row[kAlpha];
-            for (int j = 0; j < kAlpha; ++j)
-              row[j] = tensor::load_pack<Wide>(in + (r * kAlpha + j) * position_stride + tx);
-            Matrices::template output<S>(row, s[r]);
-          }
-          P y[R][Tile][Tile];  // y[q][i][j]: output row i of tile row ty + q, column j
-          for (int j = 0; j < Tile; ++j) {
+          // A^T m column by column, then each output row from it, stored at once: R rows of
+          // tiles held as 16 R packs at the end would spill.
+          Wide t[Tile][kAlpha];
+          for (int j = 0; j < kAlpha; ++j) {
             Wide column[kAlpha], o[Tile];
-            for (int r = 0; r < kAlpha; ++r) column[r] = s[r][j];
+            for (int r = 0; r < kAlpha; ++r)
+              column[r] = tensor::load_pack<Wide>(in + (r * kAlpha + j) * position_stride + tx);
             Matrices::template output<S>(column, o);
-            for (int i = 0; i < Tile; ++i) {
-              Wide value = o[i] + shift;
+            for (int i = 0; i < Tile; ++i) t[i][j] = o[i];
+          }
+          for (int i = 0; i < Tile; ++i) {
+            Wide o[Tile];
+            Matrices::template output<S>(t[i], o);
+            P y[R][Tile];  // y[q][j]: output row i of tile row ty + q, column j
+            for (int j = 0; j < Tile; ++j) {
+              Wide value = o[j] + shift;
               if constexpr (Relu) value = tensor::relu_pack(value);
               P parts[R];
               split_pack<S, N, R>(value, parts);
-              for (int q = 0; q < R; ++q) y[q][i][j] = parts[q];
+              for (int q = 0; q < R; ++q) y[q][j] = parts[q];
             }
+            for (int q = 0; q < R; ++q)
+              store_phases<Tile, S, N>(top + (Tile * q + i) * kOutWidth + Tile * tx, y[q]);
           }
-          for (int q = 0; q < R; ++q)
-            for (int i = 0; i < Tile; ++i)
-              store_phases<Tile, S, N>(top + (Tile * q + i) * kOutWidth + Tile * tx, y[q][i]);
         }
       }
     }
@@ -370,29 +403,26 @@ struct WinogradConvolution {
         const S* top = dy + (k * kOutHeight + Tile * ty) * kOutWidth;
         S* out = d + k * ld + first + ty * kTileCols;
         for (std::int64_t tx = 0; tx < kTileCols; tx += N) {
-          P rows[R][Tile][Tile];  // rows[q][i][j]: row i of tile row ty + q, column j
-          for (int q = 0; q < R; ++q)
-            for (int i = 0; i < Tile; ++i)
-              load_phases<Tile, S, N>(top + (Tile * q + i) * kOutWidth + Tile * tx, rows[q][i]);
-          Wide g[Tile][Tile];
-          for (int i = 0; i < Tile; ++i)
+          // dy A^T row by row as the rows are loaded, then A times each of its columns.
+          Wide e[Tile][kAlpha];
+          for (int i = 0; i < Tile; ++i) {
+            P rows[R][Tile];  // rows[q][j]: row i of tile row ty + q, column j
+            for (int q = 0; q < R; ++q)
+              load_phases<Tile, S, N>(top + (Tile * q + i) * kOutWidth + Tile * tx, rows[q]);
+            Wide g[Tile];
             for (int j = 0; j < Tile; ++j) {
               P parts[R];
-              for (int q = 0; q < R; ++q) parts[q] = rows[q][i][j];
-              g[i][j] = concatenate<S, N, R>(parts);
+              for (int q = 0; q < R; ++q) parts[q] = rows[q][j];
+              g[j] = concatenate<S, N, R>(parts);
             }
-          Wide e[kAlpha][Tile];  // A g, column by column
-          for (int j = 0; j < Tile; ++j) {
-            Wide column[Tile], o[kAlpha];
-            for (int i = 0; i < Tile; ++i) column[i] = g[i][j];
-            Matrices::template output_adjoint<S>(column, o);
-            for (int r = 0; r < kAlpha; ++r) e[r][j] = o[r];
+            Matrices::template output_adjoint<S>(g, e[i]);
           }
-          for (int r = 0; r < kAlpha; ++r) {
-            Wide o[kAlpha];
-            Matrices::template output_adjoint<S>(e[r], o);
-            for (int j = 0; j < kAlpha; ++j)
-              tensor::store_pack(out + (r * kAlpha + j) * position_stride + tx, o[j]);
+          for (int j = 0; j < kAlpha; ++j) {
+            Wide column[Tile], o[kAlpha];
+            for (int i = 0; i < Tile; ++i) column[i] = e[i][j];
+            Matrices::template output_adjoint<S>(column, o);
+            for (int r = 0; r < kAlpha; ++r)
+              tensor::store_pack(out + (r * kAlpha + j) * position_stride + tx, o[r]);
           }
         }
       }
