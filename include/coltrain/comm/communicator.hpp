@@ -27,7 +27,6 @@
 // communicator is not thread-safe: one thread calls it at a time. After a communication error it is
 // unusable.
 
-#include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/peer_transfers.hpp>
 #include <coltrain/comm/device/buffer_memory.hpp>
 #include <coltrain/comm/device/staged_collectives.hpp>
@@ -35,7 +34,8 @@
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/request.hpp>
-#include <coltrain/comm/transport/tcp/socket.hpp>
+#include <coltrain/comm/transport/tcp/file_descriptor.hpp>
+#include <coltrain/comm/tuning/algorithm_tuning.hpp>
 #include <coltrain/comm/tuning/backend_choice.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
@@ -749,7 +749,9 @@ class Communicator {
   // A message's request, driven by `advance` (comm/protocol/message_book.hpp).
   Request book_message(std::function<bool(bool block)> advance);
 
-  Communicator(Backend backend, std::unique_ptr<HostCollectives> host);
+  // Records the new communicator's identity (and names the process in the timeline unless
+  // names_process is false).
+  Communicator(Backend backend, std::unique_ptr<HostCollectives> host, bool names_process = true);
 #if COLTRAIN_WITH_MPI
   // MPI_COMM_WORLD, initialising MPI when nobody has, and finalising it with the communicator.
   static Communicator mpi_world(const CommOptions& options);

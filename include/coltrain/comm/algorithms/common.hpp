@@ -1,11 +1,12 @@
 #pragma once
-// What the algorithms share: how an array is cut into blocks and chunks, the tuning knobs, and
+// What the algorithms share: how an array is cut into blocks and chunks by the tuning knobs, and
 // byte ranges of buffers as a Transport moves them. The algorithms see bytes only: element counts
 // and sizes decide where chunks are cut, an ElementReduction (reduce_kernels.hpp) reduces them.
 
 #include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/transport/transport.hpp>
+#include <coltrain/comm/tuning/algorithm_tuning.hpp>
 #include <coltrain/core/config.hpp>
 
 #include <algorithm>
@@ -16,17 +17,6 @@
 #include <vector>
 
 namespace coltrain::comm {
-
-struct AlgorithmTuning {
-  // Largest pipelining unit of ring and tree: large enough that per-message costs vanish, small
-  // enough that transfers, reductions and forwarding overlap.
-  // 256 KB measured best for ring on the development machine over TCP and MPI (docs/benchmarks.md).
-  std::size_t chunk_bytes = std::size_t{256} << 10;
-  // Blocks are cut into at least this many chunks, down to min_chunk_bytes, so that mid-sized
-  // vectors pipeline too.
-  std::size_t min_chunks_per_block = 4;
-  std::size_t min_chunk_bytes = std::size_t{64} << 10;
-};
 
 namespace detail {
 

@@ -127,13 +127,6 @@ class HostCollectives {
                             backend_ == Backend::kMpi);
   }
 
-  ErrorContext call_context(Collective collective) const {
-    ErrorContext context;
-    context.rank = rank();
-    context.operation = std::string(name_of(collective));
-    return context;
-  }
-
   // allreduce, reduce_scatter and reduce of `dtype` elements; f16 and bf16 are widened to f32
   // around the reduction and rounded once, at the end. `compression` (f32 allreduce only) sends
   // the data in 16 bits over the pairwise schedule.

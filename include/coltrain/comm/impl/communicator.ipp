@@ -46,42 +46,36 @@ COLTRAIN_DECL Communicator Communicator::from_env(std::optional<Backend> backend
 }
 
 COLTRAIN_DECL Communicator Communicator::tcp(const LaunchEnv& env, CommOptions options) {
-  Communicator communicator(Backend::kTcp, HostCollectives::tcp(env, options));
-  communicator.start_recording(options);
-  return communicator;
+  return Communicator(Backend::kTcp, HostCollectives::tcp(env, options));
 }
 
 COLTRAIN_DECL Communicator Communicator::tcp(int rank, std::vector<detail::FileDescriptor> sockets,
                                              const LaunchEnv& env, CommOptions options) {
-  Communicator communicator(Backend::kTcp,
-                            HostCollectives::tcp(rank, std::move(sockets), env, options));
-  communicator.start_recording(options);
-  return communicator;
+  return Communicator(Backend::kTcp, HostCollectives::tcp(rank, std::move(sockets), env, options));
 }
 
 #if COLTRAIN_WITH_MPI
 COLTRAIN_DECL Communicator Communicator::mpi(MPI_Comm comm, CommOptions options) {
-  Communicator communicator(Backend::kMpi, HostCollectives::mpi(comm, options));
-  communicator.start_recording(options);
-  return communicator;
+  return Communicator(Backend::kMpi, HostCollectives::mpi(comm, options));
 }
 
 COLTRAIN_DECL Communicator Communicator::mpi_world(const CommOptions& options) {
   // The session first: it initialises MPI when nobody has, and finalises it with the last
   // communicator that shares it.
   auto session = std::make_shared<detail::MpiSession>();
-  Communicator communicator(Backend::kMpi,
-                            HostCollectives::mpi(MPI_COMM_WORLD, options, std::move(session)));
-  communicator.start_recording(options);
-  return communicator;
+  return Communicator(Backend::kMpi,
+                      HostCollectives::mpi(MPI_COMM_WORLD, options, std::move(session)));
 }
 #endif
 
-COLTRAIN_DECL Communicator::Communicator(Backend backend, std::unique_ptr<HostCollectives> host)
+COLTRAIN_DECL Communicator::Communicator(Backend backend, std::unique_ptr<HostCollectives> host,
+                                         bool names_process)
     : backend_(backend),
       host_backend_(backend),
       host_(std::move(host)),
-      device_cost_model_(default_cost_model(Backend::kNccl)) {}
+      device_cost_model_(default_cost_model(Backend::kNccl)) {
+  start_recording(host_->options(), names_process);
+}
 
 COLTRAIN_DECL Communicator::Communicator(Communicator&&) noexcept = default;
 COLTRAIN_DECL Communicator& Communicator::operator=(Communicator&&) noexcept = default;
@@ -130,18 +124,19 @@ COLTRAIN_DECL void Communicator::barrier(Algorithm algorithm) { ready_host().bar
 COLTRAIN_DECL std::optional<Communicator> Communicator::split(int color, int key) {
   std::unique_ptr<HostCollectives> host = ready_host().split(color, key);
   std::optional<Communicator> child;
-  if (host) child = Communicator(host_backend_, std::move(host));
+  // A split names no process in the timeline: the parent already did.
+  if (host) child = Communicator(host_backend_, std::move(host), false);
 #if COLTRAIN_WITH_NCCL
   if (nccl_) {
     std::unique_ptr<DeviceCollectives> device = nccl_->split(color, key);
     if (child) {
       child->nccl_ = std::move(device);
       child->backend_ = Backend::kNccl;
+      child->start_recording(child->host_->options(), false);  // recorded as NCCL
     }
   }
 #endif
   if (!child) return child;
-  child->start_recording(child->host_->options(), false);
   child->device_cost_model_ = device_cost_model_;
   child->compression_ = compression_;
   child->staging_options_ = staging_options_;

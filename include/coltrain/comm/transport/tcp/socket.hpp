@@ -1,13 +1,13 @@
 #pragma once
-// The thin layer between the TCP transport and the POSIX socket API: an owning file descriptor,
-// IPv4 and IPv6 endpoints, and the few socket operations bootstrap and transport need, each turning
-// a failed system call into a coltrain exception that says what was attempted, with whom, and why
-// it failed.
+// The thin layer between the TCP transport and the POSIX socket API: IPv4 and IPv6 endpoints, and
+// the few socket operations bootstrap and transport need, each turning a failed system call into a
+// coltrain exception that says what was attempted, with whom, and why it failed.
 //
 // Every socket is created non-blocking and close-on-exec: bootstrap waits with poll() against a
 // Deadline, and the transport's progress engine never blocks in a read or write. Writes pass
 // MSG_NOSIGNAL, so a vanished peer is an EPIPE error here instead of a process-wide SIGPIPE.
 
+#include <coltrain/comm/transport/tcp/file_descriptor.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/timer.hpp>
@@ -66,35 +66,6 @@ inline int poll_timeout_ms(const Deadline& deadline) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.remaining()).count();
   return static_cast<int>(std::min<long long>(left, 1 << 30));
 }
-
-// Owns one file descriptor; closes it on destruction.
-class FileDescriptor {
- public:
-  FileDescriptor() noexcept = default;
-  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
-  FileDescriptor(FileDescriptor&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() { reset(); }
-
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // An IPv4 or IPv6 address in network byte order (IPv4 in the first 4 bytes), with the interface
 // index that an IPv6 link-local address needs to be usable.
