@@ -26,7 +26,8 @@ using tensor::Cpu;
 // Winograd's rounding, measured where it matters: the GPU layer tests
 // (tests/gpu/layer_pair_checks.hpp) hold cuDNN's fp32 products to 1e-5 (relative L2) of this CPU
 // layer's, so the CPU's own error must stay well inside that. Each product in float against the
-// same layer in float64, at ResNet-20's three stages (F(4x4, 3x3)) and an F(2x2, 3x3) shape.
+// same layer in float64, at ResNet-20's three stages (F(4x4, 3x3)), a 4 x 4 map and an F(2x2, 3x3)
+// shape.
 template <std::size_t InChannels, std::size_t OutChannels, std::int64_t Size>
 void check_winograd_rounding(int expected_tile) {
   using In = Chw<InChannels, Size, Size>;
@@ -53,7 +54,9 @@ void check_winograd_rounding(int expected_tile) {
   single_parameters[0]->grad.fill(0.0f);
   reference_parameters[0]->grad.fill(0.0);
 
-  constexpr std::int64_t kBatch = 6;
+  // 6 and 5 images on the two threads: runs of 4 joined images and single ones (8 x 8 maps and
+  // smaller join whole images into one vector).
+  constexpr std::int64_t kBatch = 11;
   const tensor::Shape in_shape{kBatch, static_cast<std::int64_t>(InChannels), Size, Size};
   const tensor::Shape out_shape{kBatch, static_cast<std::int64_t>(OutChannels), Size, Size};
   tensor::Tensor<float> x(in_shape), dx(in_shape), dy(out_shape), y(out_shape);
@@ -95,6 +98,7 @@ TEST_CASE("Conv2d: Winograd's float rounding stays within 3e-6 (relative L2) of 
   check_winograd_rounding<16, 16, 32>(4);
   check_winograd_rounding<32, 32, 16>(4);
   check_winograd_rounding<64, 64, 8>(4);
+  check_winograd_rounding<32, 32, 4>(4);  // one tile an image
   check_winograd_rounding<16, 16, 6>(2);
   // Unequal sides: backward's input-gradient products share buffers sized for the larger.
   check_winograd_rounding<16, 32, 16>(4);

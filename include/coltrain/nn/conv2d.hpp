@@ -306,6 +306,9 @@ class Conv2dLayer {
   static constexpr std::int64_t kWinogradGroup = detail::winograd_group_images(
       std::max(kCin, kCout), std::max(kTiles, kGradientTiles), kPositions);
   static constexpr std::int64_t kWinogradLd = (kWinogradGroup * kTiles + 15) / 16 * 16;
+  // Images whose input-side transforms share one vector (8 x 8 maps: winograd_convolution.hpp).
+  static constexpr int kJoinedImages = ForwardWinograd::template images_per_pack<S>();
+  static constexpr int kJoinedGradientImages = GradientWinograd::template images_per_pack<S>();
   static constexpr std::int64_t kGradientWinogradLd =
       (kWinogradGroup * kGradientTiles + 15) / 16 * 16;
   // The im2col matrix, for whichever of the three products still needs one.
@@ -511,6 +514,15 @@ class Conv2dLayer {
     tensor::Tensor<S, Device> transformed_weight_grad;  // Winograd's dU
   };
 
+  // f.template operator()<Images>(g) over [0, count): runs of Joined images, then single ones.
+  template <int Joined, class F>
+  static void for_image_runs(std::int64_t count, F&& f) {
+    std::int64_t g = 0;
+    if constexpr (Joined > 1)
+      for (; g + Joined <= count; g += Joined) f.template operator()<Joined>(g);
+    for (; g < count; ++g) f.template operator()<1>(g);
+  }
+
   // Winograd: per group of images, V = the input tiles transformed, the 16 or 36 products with U =
   // the transformed weights, and the output transform (with bias and ReLU) straight into y.
   void forward_winograd(const S* x, const S* w, const S* bias, S* y, std::int64_t batch,
@@ -524,11 +536,13 @@ class Conv2dLayer {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
       for (std::int64_t first = begin; first < end; first += kWinogradGroup) {
         const std::int64_t count = std::min(kWinogradGroup, end - first);
-        for (std::int64_t g = 0; g < count; ++g) {
-          ForwardWinograd::split_image(x + (first + g) * kCin * kInHw, ws.split.data());
-          ForwardWinograd::transform_input(ws.split.data(), ws.transformed.data(), kWinogradLd,
-                                           g * kTiles);
-        }
+        for_image_runs<kJoinedImages>(count, [&]<int Images>(std::int64_t g) {
+          for (int i = 0; i < Images; ++i)
+            ForwardWinograd::split_image(x + (first + g + i) * kCin * kInHw,
+                                         ws.split.data() + i * ForwardWinograd::kSplitSize);
+          ForwardWinograd::template transform_input<S, Images>(
+              ws.split.data(), ws.transformed.data(), kWinogradLd, g * kTiles);
+        });
         detail::winograd_multiply(kPositions, kCout, kCin, count * kTiles, winograd_weights_.data(),
                                   ws.transformed.data(), ws.product.data(), kWinogradLd);
         for (std::int64_t g = 0; g < count; ++g)
@@ -565,22 +579,28 @@ class Conv2dLayer {
         if constexpr (HasBias)
           for (std::int64_t i = 0; i < count * kCout; ++i)
             ws.bias_grad.data()[i % kCout] += detail::lane_sum<S>(dy_images + i * kHw, kHw);
-        for (std::int64_t g = 0; g < count; ++g) {
-          ForwardWinograd::split_image(x + (first + g) * kCin * kInHw, ws.split.data());
-          ForwardWinograd::transform_input(ws.split.data(), ws.transformed.data(), kWinogradLd,
-                                           g * kTiles);
-          ForwardWinograd::transform_output_gradient(kCout, dy_images + g * kCout * kHw,
-                                                     ws.product.data(), kWinogradLd, g * kTiles);
-        }
+        for_image_runs<kJoinedImages>(count, [&]<int Images>(std::int64_t g) {
+          for (int i = 0; i < Images; ++i)
+            ForwardWinograd::split_image(x + (first + g + i) * kCin * kInHw,
+                                         ws.split.data() + i * ForwardWinograd::kSplitSize);
+          ForwardWinograd::template transform_input<S, Images>(
+              ws.split.data(), ws.transformed.data(), kWinogradLd, g * kTiles);
+          ForwardWinograd::template transform_output_gradient<S, Images>(
+              kCout, dy_images + g * kCout * kHw, ws.product.data(), kWinogradLd, g * kTiles);
+        });
         detail::winograd_add_weight_gradient(kPositions, kCout, kCin, count * kTiles,
                                              ws.product.data(), ws.transformed.data(), kWinogradLd,
                                              ws.transformed_weight_grad.data());
         if (!dx) continue;
-        for (std::int64_t g = 0; g < count; ++g) {
-          GradientWinograd::split_image(dy_images + g * kCout * kHw, ws.gradient_split.data());
-          GradientWinograd::transform_input(ws.gradient_split.data(), ws.transformed.data(),
-                                            kGradientWinogradLd, g * kGradientTiles);
-        }
+        for_image_runs<kJoinedGradientImages>(count, [&]<int Images>(std::int64_t g) {
+          for (int i = 0; i < Images; ++i)
+            GradientWinograd::split_image(
+                dy_images + (g + i) * kCout * kHw,
+                ws.gradient_split.data() + i * GradientWinograd::kSplitSize);
+          GradientWinograd::template transform_input<S, Images>(
+              ws.gradient_split.data(), ws.transformed.data(), kGradientWinogradLd,
+              g * kGradientTiles);
+        });
         detail::winograd_multiply(kPositions, kCin, kCout, count * kGradientTiles,
                                   winograd_flipped_.data(), ws.transformed.data(),
                                   ws.product.data(), kGradientWinogradLd);
@@ -650,8 +670,8 @@ class Conv2dLayer {
       ws.bias_grad.resize({kCout});
       if constexpr (kWinograd) {
         // The split images' zero borders (storage comes zeroed) are never written.
-        ws.split.resize({ForwardWinograd::kSplitSize});
-        ws.gradient_split.resize({GradientWinograd::kSplitSize});
+        ws.split.resize({kJoinedImages * ForwardWinograd::kSplitSize});
+        ws.gradient_split.resize({kJoinedGradientImages * GradientWinograd::kSplitSize});
         // Backward's input-gradient products reuse the weight gradient's buffers, done with by
         // then: four buffers per image would not stay in L2 together.
         ws.transformed.resize(

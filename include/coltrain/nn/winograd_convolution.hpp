@@ -42,6 +42,11 @@ template <class S, int N, int R, class P = tensor::pack_t<S, N>>
 COLTRAIN_FORCE_INLINE tensor::pack_t<S, N * R> concatenate(const P* parts) {
   if constexpr (R == 1) {
     return parts[0];
+  } else if constexpr (N == 1) {  // scalars (images of one tile each)
+    return [&]<int... L>(std::integer_sequence<int, L...>) {
+      return tensor::pack_t<S, R>{parts[L]...};
+    }
+    (std::make_integer_sequence<int, R>{});
   } else {
     const auto low = concatenate<S, N, R / 2>(parts),
                high = concatenate<S, N, R / 2>(parts + R / 2);
@@ -285,6 +290,17 @@ struct WinogradConvolution {
   static constexpr int output_rows_per_pack() {
     return kTileCols == 2 ? rows_per_pack<S>() : 1;
   }
+  // Images the input-side transforms handle in one pack: where a pack holds all of an image's
+  // tiles (8 x 8 maps under F(4x4): 4 tiles), the next images' tiles follow in the group's columns,
+  // so up to the widest pack's worth of images are transformed together.
+  template <class S>
+  static constexpr int images_per_pack() {
+    constexpr int tiles = tensor::pack_lanes<S>(kTileCols) * rows_per_pack<S>();
+    int images = 1;
+    if (tiles == kTiles)
+      while (2 * images * tiles <= tensor::widest_pack_lanes<S>()) images *= 2;
+    return images;
+  }
 
   // The padded image (a zero border of `Padding`) with its columns split into phases. The border
   // is never written: the owner zeroes the buffer once.
@@ -307,13 +323,15 @@ struct WinogradConvolution {
       }
   }
 
-  // v[pos][c][first + tile] = (B^T d B)[pos] for every tile d of the split image.
-  template <class S>
+  // v[pos][c][first + tile] = (B^T d B)[pos] for every tile d of the split image, or of Images
+  // split images kSplitSize apart (placed one after another from column `first`).
+  template <class S, int Images = 1>
   static void transform_input(const S* COLTRAIN_RESTRICT split, S* COLTRAIN_RESTRICT v,
                               std::int64_t ld, std::int64_t first) {
     constexpr int N = tensor::pack_lanes<S>(kTileCols), R = rows_per_pack<S>();
+    static_assert(Images == 1 || N * R == kTiles, "transform_input: images join whole");
     using P = tensor::pack_t<S, N>;
-    using Wide = tensor::pack_t<S, N * R>;  // R rows of tiles, contiguous in v
+    using Wide = tensor::pack_t<S, N * R * Images>;  // R rows of tiles of each image, contiguous
     const std::int64_t position_stride = winograd_position_stride(Channels, ld);
     for (std::int64_t c = 0; c < Channels; ++c)
       for (std::int64_t ty = 0; ty < kTileRows; ty += R) {
@@ -324,11 +342,12 @@ struct WinogradConvolution {
           for (int r = 0; r < kAlpha; ++r) {
             Wide d[kAlpha];
             for (int col = 0; col < kAlpha; ++col) {
-              P parts[R];
-              for (int q = 0; q < R; ++q)
-                parts[q] = tensor::load_pack<P>(rows + (Tile * q + r) * kSplitRow +
+              P parts[Images * R];  // image by image, row of tiles by row
+              for (int q = 0; q < Images * R; ++q)
+                parts[q] = tensor::load_pack<P>(rows + q / R * kSplitSize +
+                                                (Tile * (q % R) + r) * kSplitRow +
                                                 col % Tile * kPhaseWidth + tx + col / Tile);
-              d[col] = concatenate<S, N, R>(parts);
+              d[col] = concatenate<S, N, Images * R>(parts);
             }
             Matrices::template input<S>(d, t[r]);
           }
@@ -389,15 +408,18 @@ struct WinogradConvolution {
   }
 
   // d[pos][k][first + tile] = (A dy A^T)[pos] for every Tile x Tile tile dy of the output gradient
-  // [out_channels][kOutHeight][kOutWidth]: the adjoint of transform_output.
-  template <class S>
+  // [out_channels][kOutHeight][kOutWidth], or of Images such gradients one after another: the
+  // adjoint of transform_output.
+  template <class S, int Images = 1>
   static void transform_output_gradient(std::int64_t out_channels, const S* COLTRAIN_RESTRICT dy,
                                         S* COLTRAIN_RESTRICT d, std::int64_t ld,
                                         std::int64_t first) {
     constexpr int N = tensor::pack_lanes<S>(kTileCols), R = rows_per_pack<S>();
+    static_assert(Images == 1 || N * R == kTiles, "transform_output_gradient: images join whole");
     using P = tensor::pack_t<S, N>;
-    using Wide = tensor::pack_t<S, N * R>;  // R rows of tiles, contiguous in d
+    using Wide = tensor::pack_t<S, N * R * Images>;  // R rows of tiles of each image, contiguous
     const std::int64_t position_stride = winograd_position_stride(out_channels, ld);
+    const std::int64_t image_stride = out_channels * kOutHeight * kOutWidth;
     for (std::int64_t k = 0; k < out_channels; ++k)
       for (std::int64_t ty = 0; ty < kTileRows; ty += R) {
         const S* top = dy + (k * kOutHeight + Tile * ty) * kOutWidth;
@@ -406,14 +428,16 @@ struct WinogradConvolution {
           // dy A^T row by row as the rows are loaded, then A times each of its columns.
           Wide e[Tile][kAlpha];
           for (int i = 0; i < Tile; ++i) {
-            P rows[R][Tile];  // rows[q][j]: row i of tile row ty + q, column j
-            for (int q = 0; q < R; ++q)
-              load_phases<Tile, S, N>(top + (Tile * q + i) * kOutWidth + Tile * tx, rows[q]);
+            P rows[Images * R][Tile];  // rows[q][j]: row i of image q / R's tile row ty + q % R
+            for (int q = 0; q < Images * R; ++q)
+              load_phases<Tile, S, N>(
+                  top + q / R * image_stride + (Tile * (q % R) + i) * kOutWidth + Tile * tx,
+                  rows[q]);
             Wide g[Tile];
             for (int j = 0; j < Tile; ++j) {
-              P parts[R];
-              for (int q = 0; q < R; ++q) parts[q] = rows[q][j];
-              g[j] = concatenate<S, N, R>(parts);
+              P parts[Images * R];
+              for (int q = 0; q < Images * R; ++q) parts[q] = rows[q][j];
+              g[j] = concatenate<S, N, Images * R>(parts);
             }
             Matrices::template output_adjoint<S>(g, e[i]);
           }
