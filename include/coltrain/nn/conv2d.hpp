@@ -537,11 +537,9 @@ class Conv2dLayer {
       for (std::int64_t first = begin; first < end; first += kWinogradGroup) {
         const std::int64_t count = std::min(kWinogradGroup, end - first);
         for_image_runs<kJoinedImages>(count, [&]<int Images>(std::int64_t g) {
-          for (int i = 0; i < Images; ++i)
-            ForwardWinograd::split_image(x + (first + g + i) * kCin * kInHw,
-                                         ws.split.data() + i * ForwardWinograd::kSplitSize);
-          ForwardWinograd::template transform_input<S, Images>(
-              ws.split.data(), ws.transformed.data(), kWinogradLd, g * kTiles);
+          ForwardWinograd::template transform_input_images<S, Images>(
+              x + (first + g) * kCin * kInHw, ws.split.data(), ws.transformed.data(), kWinogradLd,
+              g * kTiles);
         });
         detail::winograd_multiply(kPositions, kCout, kCin, count * kTiles, winograd_weights_.data(),
                                   ws.transformed.data(), ws.product.data(), kWinogradLd);
@@ -580,11 +578,9 @@ class Conv2dLayer {
           for (std::int64_t i = 0; i < count * kCout; ++i)
             ws.bias_grad.data()[i % kCout] += detail::lane_sum<S>(dy_images + i * kHw, kHw);
         for_image_runs<kJoinedImages>(count, [&]<int Images>(std::int64_t g) {
-          for (int i = 0; i < Images; ++i)
-            ForwardWinograd::split_image(x + (first + g + i) * kCin * kInHw,
-                                         ws.split.data() + i * ForwardWinograd::kSplitSize);
-          ForwardWinograd::template transform_input<S, Images>(
-              ws.split.data(), ws.transformed.data(), kWinogradLd, g * kTiles);
+          ForwardWinograd::template transform_input_images<S, Images>(
+              x + (first + g) * kCin * kInHw, ws.split.data(), ws.transformed.data(), kWinogradLd,
+              g * kTiles);
           ForwardWinograd::template transform_output_gradient<S, Images>(
               kCout, dy_images + g * kCout * kHw, ws.product.data(), kWinogradLd, g * kTiles);
         });
@@ -593,13 +589,9 @@ class Conv2dLayer {
                                              ws.transformed_weight_grad.data());
         if (!dx) continue;
         for_image_runs<kJoinedGradientImages>(count, [&]<int Images>(std::int64_t g) {
-          for (int i = 0; i < Images; ++i)
-            GradientWinograd::split_image(
-                dy_images + (g + i) * kCout * kHw,
-                ws.gradient_split.data() + i * GradientWinograd::kSplitSize);
-          GradientWinograd::template transform_input<S, Images>(
-              ws.gradient_split.data(), ws.transformed.data(), kGradientWinogradLd,
-              g * kGradientTiles);
+          GradientWinograd::template transform_input_images<S, Images>(
+              dy_images + g * kCout * kHw, ws.gradient_split.data(), ws.transformed.data(),
+              kGradientWinogradLd, g * kGradientTiles);
         });
         detail::winograd_multiply(kPositions, kCin, kCout, count * kGradientTiles,
                                   winograd_flipped_.data(), ws.transformed.data(),

@@ -323,6 +323,16 @@ struct WinogradConvolution {
       }
   }
 
+  // split_image, then transform_input, for Images images [Channels][Height][Width] one after
+  // another, through `split`, room for Images split images.
+  template <class S, int Images = 1>
+  static void transform_input_images(const S* images, S* split, S* v, std::int64_t ld,
+                                     std::int64_t first) {
+    for (int i = 0; i < Images; ++i)
+      split_image(images + i * Channels * Height * Width, split + i * kSplitSize);
+    transform_input<S, Images>(split, v, ld, first);
+  }
+
   // v[pos][c][first + tile] = (B^T d B)[pos] for every tile d of the split image, or of Images
   // split images kSplitSize apart (placed one after another from column `first`).
   template <class S, int Images = 1>
