@@ -567,7 +567,6 @@ class Conv2dLayer {
     const int parts = static_cast<int>(std::min<std::int64_t>(ctx.threads(), batch));
     ctx.pool().parallel_for(batch, [&](std::int64_t begin, std::int64_t end, int thread) {
       Workspace& ws = workspaces_[static_cast<std::size_t>(thread)];
-      std::fill_n(ws.transformed_weight_grad.data(), ws.transformed_weight_grad.numel(), S(0));
       std::fill_n(ws.bias_grad.data(), kCout, S(0));
       for (std::int64_t first = begin; first < end; first += kWinogradGroup) {
         const std::int64_t count = std::min(kWinogradGroup, end - first);
@@ -586,7 +585,8 @@ class Conv2dLayer {
         });
         detail::winograd_add_weight_gradient(kPositions, kCout, kCin, count * kTiles,
                                              ws.product.data(), ws.transformed.data(), kWinogradLd,
-                                             ws.transformed_weight_grad.data());
+                                             ws.transformed_weight_grad.data(),
+                                             /*accumulate=*/first != begin);
         if (!dx) continue;
         for_image_runs<kJoinedGradientImages>(count, [&]<int Images>(std::int64_t g) {
           GradientWinograd::template transform_input_images<S, Images>(

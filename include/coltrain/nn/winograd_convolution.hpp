@@ -521,18 +521,18 @@ void winograd_multiply(std::int64_t positions, std::int64_t out_channels, std::i
                             m + pos * winograd_position_stride(out_channels, ld), ld, false);
 }
 
-// The transformed weight gradient of a batch of tiles, added to du: du[pos] [out_channels x
-// in_channels] += d[pos] [out_channels x columns] * v[pos]^T, with d from transform_output_gradient
-// and v from transform_input.
+// The transformed weight gradient of a batch of tiles, into du (or added to it when accumulate):
+// du[pos] [out_channels x in_channels] (=|+=) d[pos] [out_channels x columns] * v[pos]^T, with d
+// from transform_output_gradient and v from transform_input.
 template <class S>
 void winograd_add_weight_gradient(std::int64_t positions, std::int64_t out_channels,
                                   std::int64_t in_channels, std::int64_t columns, const S* d,
-                                  const S* v, std::int64_t ld, S* du) {
+                                  const S* v, std::int64_t ld, S* du, bool accumulate) {
   for (std::int64_t pos = 0; pos < positions; ++pos)
     tensor::gemm_nt_long_k(out_channels, in_channels, columns,
                            d + pos * winograd_position_stride(out_channels, ld), ld,
                            v + pos * winograd_position_stride(in_channels, ld), ld,
-                           du + pos * out_channels * in_channels, in_channels, true);
+                           du + pos * out_channels * in_channels, in_channels, accumulate);
 }
 
 // grad[k][c] += G^T du[pos][k][c] G for every kernel (out_channels x in_channels x 3 x 3): the
