@@ -12,6 +12,7 @@
 // StagingOptions: each chunk is a collective call of its own, and a different chunking is a
 // MismatchError on the counts.
 
+#include <coltrain/comm/call_checks.hpp>
 #include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -145,7 +146,7 @@ class StagedCommunicator {
   template <detail::CollectiveElement T>
   void allreduce(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
                  Algorithm algorithm = Algorithm::kAutomatic) {
-    require_size(Collective::kAllreduce, "output", output.size(), input.size());
+    checks().require_size(Collective::kAllreduce, "output", output.size(), input.size());
     run<T>(
         Collective::kAllreduce, input.size(),
         [&](StagedChunk c, T* slot) { return contiguous(slot, input.data() + c.begin, c.size); },
@@ -162,7 +163,7 @@ class StagedCommunicator {
 
   template <detail::CollectiveElement T>
   void broadcast(std::span<T> data, int root = 0, Algorithm algorithm = Algorithm::kAutomatic) {
-    require_root(Collective::kBroadcast, root);
+    checks().require_root(Collective::kBroadcast, root);
     const bool is_root = host_->rank() == root;
     run<T>(
         Collective::kBroadcast, data.size(),
@@ -184,7 +185,7 @@ class StagedCommunicator {
   void allgather(std::span<const T> input, std::span<T> output,
                  Algorithm algorithm = Algorithm::kAutomatic) {
     const std::size_t ranks = group_size();
-    require_size(Collective::kAllgather, "output", output.size(), input.size() * ranks);
+    checks().require_size(Collective::kAllgather, "output", output.size(), input.size() * ranks);
     const std::size_t count = input.size();
     const std::size_t mine = static_cast<std::size_t>(host_->rank());
     run<T>(
@@ -203,7 +204,7 @@ class StagedCommunicator {
   template <detail::CollectiveElement T>
   void allgather(std::span<T> data, Algorithm algorithm = Algorithm::kAutomatic) {
     const std::size_t count = data.size() / group_size();
-    require_size(Collective::kAllgather, "data", data.size(), count * group_size());
+    checks().require_size(Collective::kAllgather, "data", data.size(), count * group_size());
     const std::size_t mine = static_cast<std::size_t>(host_->rank());
     allgather(std::span<const T>(data.subspan(count * mine, count)), data, algorithm);
   }
@@ -214,7 +215,7 @@ class StagedCommunicator {
   void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
                       Algorithm algorithm = Algorithm::kAutomatic) {
     const std::size_t ranks = group_size();
-    require_size(Collective::kReduceScatter, "input", input.size(), output.size() * ranks);
+    checks().require_size(Collective::kReduceScatter, "input", input.size(), output.size() * ranks);
     const std::size_t count = output.size();
     const std::size_t mine = static_cast<std::size_t>(host_->rank());
     run<T>(
@@ -234,7 +235,7 @@ class StagedCommunicator {
   void reduce_scatter(std::span<T> data, ReduceOp op = ReduceOp::kSum,
                       Algorithm algorithm = Algorithm::kAutomatic) {
     const std::size_t count = data.size() / group_size();
-    require_size(Collective::kReduceScatter, "data", data.size(), count * group_size());
+    checks().require_size(Collective::kReduceScatter, "data", data.size(), count * group_size());
     const std::size_t mine = static_cast<std::size_t>(host_->rank());
     reduce_scatter(std::span<const T>(data), data.subspan(count * mine, count), op, algorithm);
   }
@@ -243,9 +244,9 @@ class StagedCommunicator {
   template <detail::CollectiveElement T>
   void reduce(std::span<const T> input, std::span<T> output, int root = 0,
               ReduceOp op = ReduceOp::kSum, Algorithm algorithm = Algorithm::kAutomatic) {
-    require_root(Collective::kReduce, root);
+    checks().require_root(Collective::kReduce, root);
     const bool is_root = host_->rank() == root;
-    if (is_root) require_size(Collective::kReduce, "output", output.size(), input.size());
+    if (is_root) checks().require_size(Collective::kReduce, "output", output.size(), input.size());
     run<T>(
         Collective::kReduce, input.size(),
         [&](StagedChunk c, T* slot) { return contiguous(slot, input.data() + c.begin, c.size); },
@@ -303,7 +304,7 @@ class StagedCommunicator {
   template <detail::CollectiveElement T>
   void gather(std::span<const T> input, std::span<T> output, int root = 0,
               Algorithm algorithm = Algorithm::kAutomatic) {
-    require_root(Collective::kGather, root);
+    checks().require_root(Collective::kGather, root);
     const std::span<T> used = host_->rank() == root ? output : std::span<T>();
     run_whole(input, used, [&](std::span<const T> in, std::span<T> out) {
       host_->gather(in, out, root, algorithm);
@@ -314,7 +315,7 @@ class StagedCommunicator {
   template <detail::CollectiveElement T>
   void scatter(std::span<const T> input, std::span<T> output, int root = 0,
                Algorithm algorithm = Algorithm::kAutomatic) {
-    require_root(Collective::kScatter, root);
+    checks().require_root(Collective::kScatter, root);
     const std::span<const T> used = host_->rank() == root ? input : std::span<const T>();
     run_whole(used, output, [&](std::span<const T> in, std::span<T> out) {
       host_->scatter(in, out, root, algorithm);
@@ -419,25 +420,7 @@ class StagedCommunicator {
     }
   }
 
-  void require_size(Collective collective, const char* what, std::size_t actual,
-                    std::size_t expected) const {
-    if (actual == expected) return;
-    throw InvalidArgument(std::string(what) + " has " + std::to_string(actual) +
-                              " elements, expected " + std::to_string(expected),
-                          context(collective));
-  }
-  void require_root(Collective collective, int root) const {
-    if (root >= 0 && root < host_->size()) return;
-    throw InvalidArgument("root " + std::to_string(root) + " is not a rank of this " +
-                              std::to_string(host_->size()) + "-rank communicator",
-                          context(collective));
-  }
-  ErrorContext context(Collective collective) const {
-    ErrorContext context;
-    context.rank = host_->rank();
-    context.operation = "staged " + std::string(name_of(collective));
-    return context;
-  }
+  detail::CallChecks checks() const { return {host_->rank(), host_->size(), "staged "}; }
 
   Host* host_;
   StagingOptions options_;

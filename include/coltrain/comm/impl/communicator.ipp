@@ -7,6 +7,7 @@
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/host/host_collectives.hpp>
 #include <coltrain/comm/protocol/flight_recorder.hpp>
+#include <coltrain/comm/tuning/backend_choice.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/timeline.hpp>
 
@@ -68,6 +69,37 @@ COLTRAIN_DECL Communicator Communicator::mpi_world(const CommOptions& options) {
 }
 #endif
 
+#if COLTRAIN_WITH_NCCL
+COLTRAIN_DECL Communicator Communicator::nccl(Communicator host, CommOptions options) {
+  if (host.backend_ == Backend::kNccl) {
+    throw InvalidArgument("Communicator::nccl needs an MPI or TCP communicator to bootstrap over");
+  }
+  const NcclFactory factory = registered_nccl_factory();
+  if (factory == nullptr) {
+    throw ConfigError(
+        "the NCCL backend is not in this program: include "
+        "<coltrain/comm/device/nccl/nccl_backend.hpp> in one of its files (nvcc-compiled files "
+        "that include coltrain/comm/communicator.hpp have it), or set COLTRAIN_BACKEND=mpi or "
+        "tcp");
+  }
+  const BroadcastWords broadcast = [&host](std::span<std::int64_t> words) {
+    host.broadcast(words, 0);
+  };
+  host.device_.attach_nccl(factory(host.rank(), host.size(), broadcast, options));
+  host.backend_ = Backend::kNccl;
+  host.start_recording(options);
+  return host;
+}
+
+COLTRAIN_DECL DeviceCollectives& Communicator::nccl() {
+  if (!device_.nccl()) {
+    throw InvalidArgument("this communicator's backend is " + std::string(name_of(backend_)) +
+                          ", not nccl");
+  }
+  return *device_.nccl();
+}
+#endif
+
 COLTRAIN_DECL Communicator::Communicator(Backend backend, std::unique_ptr<HostCollectives> host,
                                          bool names_process)
     : backend_(backend),
@@ -110,10 +142,10 @@ COLTRAIN_DECL void Communicator::set_tuning(const AlgorithmTuning& tuning) {
 
 COLTRAIN_DECL Algorithm Communicator::choose(Collective collective, std::size_t bytes,
                                              [[maybe_unused]] Memory memory) const {
-#if COLTRAIN_WITH_NCCL
-  if (memory == Memory::kDevice && nccl_) {
+#if COLTRAIN_WITH_CUDA
+  if (memory == Memory::kDevice && device_.nccl()) {
     return choose_nccl_algorithm(device_cost_model_, collective, size(), bytes,
-                                 nccl_->device_reduction() != nullptr);
+                                 device_.nccl()->device_reduction() != nullptr);
   }
 #endif
   return host_->choose(collective, bytes);
@@ -126,11 +158,11 @@ COLTRAIN_DECL std::optional<Communicator> Communicator::split(int color, int key
   std::optional<Communicator> child;
   // A split names no process in the timeline: the parent already did.
   if (host) child = Communicator(host_backend_, std::move(host), false);
-#if COLTRAIN_WITH_NCCL
-  if (nccl_) {
-    std::unique_ptr<DeviceCollectives> device = nccl_->split(color, key);
+#if COLTRAIN_WITH_CUDA
+  if (device_.nccl()) {
+    std::unique_ptr<DeviceCollectives> device = device_.nccl()->split(color, key);
     if (child) {
-      child->nccl_ = std::move(device);
+      child->device_.attach_nccl(std::move(device));
       child->backend_ = Backend::kNccl;
       child->start_recording(child->host_->options(), false);  // recorded as NCCL
     }
@@ -148,7 +180,7 @@ COLTRAIN_DECL Request Communicator::post_message(bool sending, int peer, int tag
                                                  std::size_t count,
                                                  std::span<const std::byte> outgoing,
                                                  std::span<std::byte> incoming) {
-  ErrorContext context = call_context(Collective::kSendRecv);
+  ErrorContext context = checks().context(Collective::kSendRecv);
   context.peer = peer;
   const char* call = sending ? "send" : "recv";
   if (peer < 0 || peer >= size() || peer == rank()) {
@@ -163,26 +195,19 @@ COLTRAIN_DECL Request Communicator::post_message(bool sending, int peer, int tag
                               std::to_string(kMaxTag),
                           context);
   }
-  // Device buffers over MPI and TCP travel through host memory of the message's own: a send's is
-  // filled now, a receive's copied into device memory once the message is in.
+  // Device buffers wait in NCCL's message group, or travel through host memory of their own.
   std::function<void()> on_arrival;
 #if COLTRAIN_WITH_CUDA
   const std::span<const std::byte> buffer = sending ? outgoing : incoming;
   if (memory_of_call(Collective::kSendRecv, buffer, buffer) == Memory::kDevice) {
-#if COLTRAIN_WITH_NCCL
-    if (nccl_) return post_nccl_message(sending, peer, tag, outgoing, incoming, context);
-#endif
-    auto bounce = std::make_shared<std::vector<std::byte>>(buffer.size());
-    if (sending) {
-      copy_after_stream(bounce->data(), outgoing.data(), outgoing.size(), stream_);
-      outgoing = *bounce;
-      on_arrival = [bounce] {};  // keeps the copy until the message is out
-    } else {
-      on_arrival = [bounce, target = incoming.data(), stream = stream_] {
-        copy_after_stream(target, bounce->data(), bounce->size(), stream);
-      };
-      incoming = *bounce;
+    DevicePath<Communicator>& device = device_path();
+    if (device.nccl()) {
+      std::function<bool(bool)> flush =
+          device.queue_nccl_message(sending, peer, tag, outgoing, incoming, context);
+      progress_.drain();
+      return book_message(std::move(flush));
     }
+    on_arrival = device.bounce_message(sending, outgoing, incoming);
   }
 #endif
   return ready_host().post_message(sending, peer, tag, dtype, count, outgoing, incoming,
