@@ -10,3 +10,5 @@
 #endif
 
 #include <coltrain/comm/impl/communicator.ipp>
+#include <coltrain/comm/impl/options.ipp>
+#include <coltrain/comm/impl/elastic_group.ipp>

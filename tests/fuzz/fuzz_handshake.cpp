@@ -1,12 +1,12 @@
 // The doors of a TCP job (comm/rendezvous/tcp_handshake.hpp with the judges of tcp_rendezvous.hpp
-// and elastic_group.hpp): what a stranger sends to rank 0's rendezvous, a data listener or an
+// and elastic_membership.hpp): what a stranger sends to rank 0's rendezvous, a data listener or an
 // elastic door. The input's first byte picks the door and whether the job has a secret; the rest is
 // the stranger's byte stream, delivered in pieces whose sizes come from the input too. The acceptor
 // must end every stream by admitting or dropping it with a reason, never crash or wait on; without
 // the secret it must never admit a stream that claims to prove one, and it must never admit a hello
 // its judge refuses.
 
-#include <coltrain/comm/elastic/elastic_group.hpp>
+#include <coltrain/comm/elastic/elastic_membership.hpp>
 #include <coltrain/comm/rendezvous/auth.hpp>
 #include <coltrain/comm/rendezvous/tcp_handshake.hpp>
 #include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>

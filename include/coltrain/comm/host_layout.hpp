@@ -9,13 +9,15 @@
 // replaces that identity, as NCCL_HOSTID does: ranks that give the same value count as one host
 // (and still prove that their memory is shared before they use it).
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,8 +40,14 @@ inline HostIdentity host_identity(const std::string& host_id = {}) {
   HostIdentity identity;
   std::string id = "id:" + host_id;
   if (host_id.empty()) {
-    std::ifstream boot("/proc/sys/kernel/random/boot_id");
-    std::getline(boot, id);
+    // POSIX read rather than <fstream>: this header is on every collective user's include path.
+    if (const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC); fd >= 0) {
+      std::array<char, 64> boot{};
+      const ssize_t got = ::read(fd, boot.data(), boot.size());
+      ::close(fd);
+      if (got > 0) id.assign(boot.data(), static_cast<std::size_t>(got));
+      if (const auto newline = id.find('\n'); newline != std::string::npos) id.resize(newline);
+    }
     struct stat info {};
     if (::stat("/proc/self/ns/mnt", &info) == 0) identity.mount_namespace = info.st_ino;
     if (::stat("/proc/self/ns/net", &info) == 0) identity.network_namespace = info.st_ino;

@@ -4,12 +4,10 @@
 // COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, and the shared secret of
 // comm/rendezvous/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
-#include <coltrain/comm/rendezvous/auth.hpp>
+#include <coltrain/comm/rendezvous/auth_settings.hpp>
 #include <coltrain/core/config.hpp>
-#include <coltrain/core/error.hpp>
 
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <filesystem>
@@ -60,78 +58,14 @@ inline const char* nonempty_env(const char* name) {
   return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-inline std::chrono::milliseconds parse_timeout_seconds(const std::string& text) {
-  std::size_t used = 0;
-  double seconds = 0;
-  try {
-    seconds = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7) {
-    throw ConfigError("COLTRAIN_TIMEOUT=" + text +
-                      ": expected a positive number of seconds (at most 1e7)");
-  }
-  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
-}
-
-// COLTRAIN_SHM_SINGLE_COPY: 0 (off), 1 (on, the default size), or the smallest payload piece in
-// bytes that goes by single copy (4096 or more). Returns whether it is on.
-inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes) {
-  if (text == "0") return false;
-  if (text == "1") return true;
-  std::size_t used = 0;
-  unsigned long long bytes = 0;
-  try {
-    bytes = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.front() == '-' || bytes < 4096 || bytes > (1ull << 40)) {
-    throw ConfigError("COLTRAIN_SHM_SINGLE_COPY=" + text +
-                      ": expected 0, 1 (the default), or the smallest payload in bytes that goes "
-                      "by single copy (4096 to 2^40)");
-  }
-  min_bytes = static_cast<std::size_t>(bytes);
-  return true;
-}
-
 }  // namespace detail
 
-inline CommOptions comm_options_from_env() {
-  CommOptions options;
-  if (const char* timeout = detail::nonempty_env("COLTRAIN_TIMEOUT")) {
-    options.timeout = detail::parse_timeout_seconds(timeout);
-  }
-  if (const char* ifname = detail::nonempty_env("COLTRAIN_SOCKET_IFNAME")) {
-    options.socket_ifname = ifname;
-  }
-  if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
-  if (const char* file = detail::nonempty_env("COLTRAIN_PORT_FILE")) options.port_file = file;
-  if (const char* shm = detail::nonempty_env("COLTRAIN_SHM")) {
-    const std::string value = shm;
-    if (value != "0" && value != "1")
-      throw ConfigError("COLTRAIN_SHM=" + value + ": expected 1 (the default) or 0");
-    options.shared_memory = value == "1";
-  }
-  if (const char* single = detail::nonempty_env("COLTRAIN_SHM_SINGLE_COPY")) {
-    options.shared_memory_single_copy =
-        detail::parse_single_copy(single, options.single_copy_bytes);
-  }
-  if (const char* host = detail::nonempty_env("COLTRAIN_HOST_ID")) {
-    options.host_id = host;
-    if (options.host_id.size() > 60)
-      throw ConfigError("COLTRAIN_HOST_ID has " + std::to_string(options.host_id.size()) +
-                        " characters: at most 60");
-  }
-  options.auth = auth_settings_from_env();
-  for (const char* name : {"COLTRAIN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
-    if (const char* id = detail::nonempty_env(name)) {
-      options.job_id = id;
-      break;
-    }
-  }
-  return options;
-}
+// CommOptions from the environment variables above (defaults where unset); ConfigError for a value
+// it cannot take.
+COLTRAIN_DECL CommOptions comm_options_from_env();
 
 }  // namespace coltrain::comm
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#include <coltrain/comm/impl/options.ipp>
+#endif

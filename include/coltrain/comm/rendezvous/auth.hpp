@@ -12,6 +12,7 @@
 // (core/config.hpp says why). A build without it refuses a secret with a ConfigError instead of
 // running unauthenticated.
 
+#include <coltrain/comm/rendezvous/auth_settings.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
 
@@ -83,16 +84,6 @@ class AuthSecret {
   }
 
   std::string bytes_;
-};
-
-enum class AuthPolicy {
-  kOptional,  // authenticate when a secret is set
-  kRequired,  // COLTRAIN_AUTH=required: no secret is a ConfigError
-};
-
-struct AuthSettings {
-  std::shared_ptr<const AuthSecret> secret;  // null: connections are not authenticated
-  AuthPolicy policy = AuthPolicy::kOptional;
 };
 
 namespace detail {

@@ -1,0 +1,2 @@
+// The one translation unit of a separately compiled program that compiles coltrain's definitions.
+#include <coltrain/src.hpp>
