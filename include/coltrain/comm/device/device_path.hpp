@@ -15,6 +15,7 @@
 #endif
 
 #include <coltrain/comm/algorithms/peer_transfers.hpp>
+#include <coltrain/comm/call_checks.hpp>
 #include <coltrain/comm/device/device_collectives.hpp>
 #include <coltrain/comm/device/device_staging.hpp>
 #include <coltrain/comm/device/staged_collectives.hpp>
@@ -154,9 +155,10 @@ class DevicePath {
   void alltoall(std::span<const T> input, std::span<T> output, Algorithm algorithm) {
     if (!nccl_) return staging().alltoall(input, output, algorithm);
     require_native(Collective::kAlltoall, algorithm);
-    const std::size_t count = input.size() / group_size();
-    const std::vector<std::size_t> bytes(group_size(), count * sizeof(T));
-    std::vector<std::size_t> offsets(group_size());
+    const std::size_t ranks = checks().group_size();
+    const std::size_t count = input.size() / ranks;
+    const std::vector<std::size_t> bytes(ranks, count * sizeof(T));
+    std::vector<std::size_t> offsets(ranks);
     for (std::size_t j = 0; j < offsets.size(); ++j) offsets[j] = j * count * sizeof(T);
     exchange(Collective::kAlltoall, input.size(), data_type_v<T>,
              pairwise_transfers(input.data(), bytes, offsets, output.data(), bytes, offsets));
@@ -348,16 +350,13 @@ class DevicePath {
   // NCCL runs only its own collectives, except allreduce (which has ring and tree too).
   void require_native(Collective collective, Algorithm algorithm) const {
     if (algorithm == Algorithm::kAutomatic || algorithm == Algorithm::kNative) return;
-    ErrorContext context;
-    context.rank = comm_->rank();
-    context.operation = std::string(name_of(collective));
     throw InvalidArgument(std::string(name_of(collective)) + " on NCCL device buffers has no " +
                               "algorithm '" + std::string(name_of(algorithm)) +
                               "' (it has: native, automatic)",
-                          context);
+                          checks().context(collective));
   }
 
-  std::size_t group_size() const { return static_cast<std::size_t>(comm_->size()); }
+  detail::CallChecks checks() const { return {comm_->rank(), comm_->size()}; }
 
   Comm* comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
