@@ -177,6 +177,37 @@ TEST_CASE("FailureDetector: an inquiry blames the first rank along the chain tha
   CHECK(c.message.find("rank 0 made no progress") != std::string::npos);  // the own account
 }
 
+TEST_CASE(
+    "FailureDetector: a silent rank past the awaited one is left to the rank that waits on it",
+    "[failure][detector]") {
+  // Rank 0 waits on 1, which waits on 2; 2 has not answered. Rank 1 waits on 2 directly and names
+  // it first-hand (or whom 2 turns out to wait on): rank 0 waits for that verdict.
+  FailureDetector far(0, 4);
+  far.begin_inquiry(1);
+  far.take(1, alive(1, 2), "", -1);
+  CHECK(far.ends_beyond_suspect(1, nobody_gone));
+  // 2 answers late, waiting on 3, which is silent: still another rank's call.
+  far.take(2, alive(2, 3), "", -1);
+  CHECK(far.ends_beyond_suspect(1, nobody_gone));
+  CHECK(conclude(far, 1, 0, nobody_gone).peer == 3);  // what is said when no verdict comes
+
+  // The awaited rank itself silent: this rank is the one to name it.
+  FailureDetector near(0, 4);
+  near.begin_inquiry(1);
+  CHECK_FALSE(near.ends_beyond_suspect(1, nobody_gone));
+
+  // A dead rank on the chain, or a cycle of alive ranks, is known at once.
+  FailureDetector dead(0, 4);
+  dead.begin_inquiry(1);
+  dead.take(1, alive(1, 2), "", -1);
+  CHECK_FALSE(dead.ends_beyond_suspect(1, [](int rank) { return rank == 2; }));
+  FailureDetector cycle(0, 3);
+  cycle.begin_inquiry(1);
+  cycle.take(1, alive(1, 2), "", -1);
+  cycle.take(2, alive(2, 0), "", -1);
+  CHECK_FALSE(cycle.ends_beyond_suspect(1, nobody_gone));
+}
+
 TEST_CASE("FailureDetector: a dead rank along the chain is named as lost", "[failure][detector]") {
   FailureDetector detector(0, 4);
   detector.begin_inquiry(1);

@@ -122,6 +122,17 @@ class FailureDetector {
     return index < answers_.size() && answers_[index].has_value();
   }
 
+  // Whether the chain of waiting from `suspect` ends, past ranks that answered, at a rank that did
+  // not answer and that this rank does not wait on itself. The last rank that answered waits on it
+  // directly and names it (or whom it waits on) first-hand in its own inquiry, so this rank does
+  // better to wait a while for that verdict than to blame a rank that may be alive but slow to
+  // answer (a loaded machine can starve a process for longer than the inquiry lasts).
+  template <class Gone>
+  bool ends_beyond_suspect(int suspect, Gone&& gone) const {
+    const Chain chain = follow(suspect, gone);
+    return !chain.died && !chain.cycle && chain.culprit != suspect;
+  }
+
   // Ends the inquiry about `suspect` by throwing the error that names the rank to blame, with
   // `account` (this rank's own timeout) appended: a verdict that came meanwhile; PeerLostError for
   // a dead rank on the chain of waiting (gone(rank) says whether its connections closed);
@@ -133,52 +144,64 @@ class FailureDetector {
     // detector's account, which every rank should give: a rank along the chain that found the
     // culprit first and left would otherwise be named here for not answering.
     throw_verdict_if_any();
-    int culprit = suspect;
-    bool died = false;
-    bool cycle = false;
-    std::string chain =
-        "rank " + std::to_string(rank_) + " waits on rank " + std::to_string(suspect);
-    std::vector<bool> visited(static_cast<std::size_t>(size_), false);
-    for (int current = suspect;;) {
-      const auto index = static_cast<std::size_t>(current);
-      if (current == rank_ || visited[index]) {  // alive ranks waiting on each other
-        culprit = suspect;
-        cycle = true;
-        break;
-      }
-      visited[index] = true;
-      culprit = current;
-      if (gone(current)) {
-        died = true;
-        break;
-      }
-      const std::optional<int> next = index < answers_.size() ? answers_[index] : std::nullopt;
-      if (!next || *next < 0 || *next >= size_) break;
-      current = *next;
-      chain += ", which waits on rank " + std::to_string(current);
-    }
+    const Chain chain = follow(suspect, gone);
     ErrorContext where = account.context();
-    where.peer = culprit;
-    if (died) {
-      throw PeerLostError("rank " + std::to_string(culprit) + " closed its connections (" + chain +
-                              "); " + account.message(),
+    where.peer = chain.culprit;
+    if (chain.died) {
+      throw PeerLostError("rank " + std::to_string(chain.culprit) + " closed its connections (" +
+                              chain.text + "); " + account.message(),
                           where);
     }
     check_answered_calls();
     std::string message = account.message();
-    if (cycle) {
-      message = "alive ranks wait on each other (" + chain +
+    if (chain.cycle) {
+      message = "alive ranks wait on each other (" + chain.text +
                 "): their calls do not match (collectives called in different orders, or a "
                 "receive without its send); " +
                 message;
     } else {
-      message = "rank " + std::to_string(culprit) + " made no progress and did not answer (" +
-                chain + "); " + message;
+      message = "rank " + std::to_string(chain.culprit) + " made no progress and did not answer (" +
+                chain.text + "); " + message;
     }
     throw TimeoutError(message, where);
   }
 
  private:
+  // The chain of waiting from `suspect` as the answers tell it: the rank to blame (the first that
+  // died or did not answer; `suspect` for a cycle), and how the chain went, in words.
+  struct Chain {
+    int culprit = -1;
+    bool died = false;
+    bool cycle = false;
+    std::string text;
+  };
+
+  template <class Gone>
+  Chain follow(int suspect, Gone&& gone) const {
+    Chain chain;
+    chain.culprit = suspect;
+    chain.text = "rank " + std::to_string(rank_) + " waits on rank " + std::to_string(suspect);
+    std::vector<bool> visited(static_cast<std::size_t>(size_), false);
+    for (int current = suspect;;) {
+      const auto index = static_cast<std::size_t>(current);
+      if (current == rank_ || visited[index]) {  // alive ranks waiting on each other
+        chain.culprit = suspect;
+        chain.cycle = true;
+        return chain;
+      }
+      visited[index] = true;
+      chain.culprit = current;
+      if (gone(current)) {
+        chain.died = true;
+        return chain;
+      }
+      const std::optional<int> next = index < answers_.size() ? answers_[index] : std::nullopt;
+      if (!next || *next < 0 || *next >= size_) return chain;
+      current = *next;
+      chain.text += ", which waits on rank " + std::to_string(current);
+    }
+  }
+
   void adopt(const FailureNotice& n, std::string text) {
     verdict_ = n;
     verdict_text_ = std::move(text);

@@ -385,6 +385,7 @@ class TcpTransport {
     }
     ready_.clear();
     ready_peers_.clear();
+    ready_rings_.clear();
     bool rings_busy = false;  // a shared-memory ring changed while the flags went up
     for (int peer = 0; peer < size_; ++peer) {
       PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
@@ -394,13 +395,16 @@ class TcpTransport {
       const bool settling = !channel.unsettled.empty();  // (shared memory only)
       short events = static_cast<short>((write ? POLLOUT : 0) | (read ? POLLIN : 0));
       if (events == 0 && !settling) continue;
+      bool ring_busy = false;
       if (channel.shm) {  // the socket brings doorbells for both directions
-        rings_busy |= !channel.shm->prepare_to_sleep(
+        ring_busy = !channel.shm->prepare_to_sleep(
             read, write, settling ? channel.unsettled.front().reference : 0);
         events = POLLIN;
       }
+      rings_busy |= ring_busy;
       ready_.push_back({channel.socket.get(), events, 0});
       ready_peers_.push_back(peer);
+      ready_rings_.push_back(ring_busy);
     }
     if (::poll(ready_.data(), ready_.size(), rings_busy ? 0 : detail::poll_timeout_ms(deadline)) <
             0 &&
@@ -411,7 +415,10 @@ class TcpTransport {
       PeerChannel& channel = peers_[static_cast<std::size_t>(ready_peers_[i])];
       const bool readable = (ready_[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
       if (readable && channel.shm) channel.shm->answer_doorbell();
-      if (readable && channel.receives.empty()) read_idle_peer(ready_peers_[i]);
+      // A ring that changed before its flag went up rang no doorbell: an idle peer's notice
+      // there is read now, as nothing else reads that ring.
+      if ((readable || ready_rings_[i]) && channel.receives.empty())
+        read_idle_peer(ready_peers_[i]);
     }
   }
 
@@ -738,9 +745,11 @@ class TcpTransport {
 
   // No progress for the timeout on `request`: asks every rank whether it is alive and whom it
   // waits on, for a short while (a quarter of the timeout, at most 1 s), then names the first rank
-  // along the chain of waiting from the awaited peer that did not answer (or died). Returns true if
-  // the request completed meanwhile; otherwise throws TimeoutError (or PeerLostError) naming that
-  // rank, which break_down passes on.
+  // along the chain of waiting from the awaited peer that did not answer (or died). When that rank
+  // is not the awaited peer, the rank that waits on it directly gives the better account: its
+  // verdict is awaited for as long as it can take (its own timeout and inquiry) before this rank
+  // names the rank itself. Returns true if the request completed meanwhile; otherwise throws
+  // TimeoutError (or PeerLostError) naming the rank to blame, which break_down passes on.
   bool inquire(const Request& request) {
     detector_.throw_verdict_if_any();
     const TimeoutError account = timeout_error(request);
@@ -748,8 +757,12 @@ class TcpTransport {
     const FailureNotice ask = detector_.begin_inquiry(request.peer);
     for (int peer = 0; peer < size_; ++peer)
       if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone) queue_notice(peer, ask);
-    const Deadline grace(std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4));
-    while (!grace.expired()) {
+    const auto gone = [&](int peer) { return peers_[static_cast<std::size_t>(peer)].gone; };
+    const Clock::duration grace_time =
+        std::min<Clock::duration>(std::chrono::seconds(1), options_.timeout / 4);
+    const Deadline grace(grace_time);
+    const Deadline witness(grace_time + options_.timeout + grace_time);
+    while (true) {
       for (std::size_t i = 0; i < active_.size(); ++i) {
         const int peer = active_[i];
         PeerChannel& channel = peers_[static_cast<std::size_t>(peer)];
@@ -765,17 +778,21 @@ class TcpTransport {
         }
       }
       if (complete(request)) return true;
-      bool all_answered = true;
-      for (int peer = 0; peer < size_; ++peer)
-        if (peer != rank_ && !peers_[static_cast<std::size_t>(peer)].gone &&
-            !detector_.answered(peer))
-          all_answered = false;
-      if (all_answered || detector_.verdict()) break;
+      if (detector_.verdict()) break;
+      const Deadline* until = &grace;
+      if (grace.expired()) {
+        if (witness.expired() || !detector_.ends_beyond_suspect(request.peer, gone)) break;
+        until = &witness;
+      } else {
+        bool all_answered = true;
+        for (int peer = 0; peer < size_; ++peer)
+          if (peer != rank_ && !gone(peer) && !detector_.answered(peer)) all_answered = false;
+        if (all_answered) break;
+      }
       sleep_until_ready(
-          Deadline(std::min<Clock::duration>(grace.remaining(), std::chrono::milliseconds(10))));
+          Deadline(std::min<Clock::duration>(until->remaining(), std::chrono::milliseconds(10))));
     }
-    detector_.conclude(request.peer, account,
-                       [&](int peer) { return peers_[static_cast<std::size_t>(peer)].gone; });
+    detector_.conclude(request.peer, account, gone);
   }
 
   CommOptions options_;
@@ -785,12 +802,13 @@ class TcpTransport {
   std::chrono::microseconds spin_before_sleep_;
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
   HostLayout hosts_;
-  std::vector<int> active_;       // peers with pending sends or receives
-  std::vector<pollfd> ready_;     // poll() set, kept to avoid an allocation per sleep
-  std::vector<int> ready_peers_;  // the peer of each ready_ entry
-  std::string broken_;            // the first error; non-empty once the transport is broken
-  Request awaited_;               // what wait() waits for now
-  FailureDetector detector_;      // the call in progress, a verdict, an inquiry's answers
+  std::vector<int> active_;        // peers with pending sends or receives
+  std::vector<pollfd> ready_;      // poll() set, kept to avoid an allocation per sleep
+  std::vector<int> ready_peers_;   // the peer of each ready_ entry
+  std::vector<char> ready_rings_;  // whether its ring had work before the poll (shared memory)
+  std::string broken_;             // the first error; non-empty once the transport is broken
+  Request awaited_;                // what wait() waits for now
+  FailureDetector detector_;       // the call in progress, a verdict, an inquiry's answers
   // Read ahead of the receives (parked) to find notices: set after a while without progress.
   bool parking_ = false;
 };
