@@ -13,6 +13,7 @@
 #include <coltrain/comm/protocol/message_header.hpp>
 
 #include "../support/in_process_transport.hpp"
+#include "algorithms_alone.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -22,24 +23,17 @@
 #include <functional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace coltrain;
 using namespace coltrain::comm;
+using coltrain::testing::InProcessOutcome;
 using coltrain::testing::InProcessTransport;
-using coltrain::testing::InProcessWorld;
+using coltrain::testing::run_in_process;
+using coltrain::testing::run_ranks;
+using coltrain::testing::small_chunks;
 
 namespace {
-
-// Small chunks, so that a few thousand elements already pipeline through several chunks a block.
-AlgorithmTuning small_chunks() {
-  AlgorithmTuning tuning;
-  tuning.chunk_bytes = 1024;
-  tuning.min_chunk_bytes = 256;
-  tuning.min_chunks_per_block = 2;
-  return tuning;
-}
 
 MessageHeader call_of(Collective collective, Algorithm algorithm, std::size_t count, int root = 0,
                       ReduceOp op = ReduceOp::kSum) {
@@ -76,41 +70,6 @@ std::int64_t reduced(int p, std::size_t i, ReduceOp op) {
                                     : result + v;
   }
   return result;
-}
-
-// Runs body(transport) on p threads, one per rank; returns each rank's error (null if none) and
-// whether every message sent was received.
-struct RankOutcome {
-  std::vector<std::exception_ptr> errors;
-  std::size_t undelivered = 0;
-};
-RankOutcome run_ranks_outcome(int p, const std::function<void(InProcessTransport&)>& body,
-                              std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-  InProcessWorld world(p, timeout);
-  RankOutcome outcome;
-  outcome.errors.resize(static_cast<std::size_t>(p));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r) {
-    threads.emplace_back([&, r] {
-      InProcessTransport transport(world, r);
-      try {
-        body(transport);
-      } catch (...) {
-        outcome.errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  outcome.undelivered = world.undelivered();
-  return outcome;
-}
-
-// As above, for a collective that must succeed: rethrows the first rank's error.
-void run_ranks(int p, const std::function<void(InProcessTransport&)>& body) {
-  const RankOutcome outcome = run_ranks_outcome(p, body);
-  for (const std::exception_ptr& error : outcome.errors)
-    if (error) std::rethrow_exception(error);
-  CHECK(outcome.undelivered == 0);
 }
 
 std::byte* bytes(std::vector<std::int64_t>& v) { return reinterpret_cast<std::byte*>(v.data()); }
@@ -239,7 +198,7 @@ TEST_CASE("Algorithms alone: ranks that disagree on the call fail with a Mismatc
   // carries the other algorithm, which the header check names. The ranks left waiting time out.
   const AlgorithmTuning tuning = small_chunks();
   const std::size_t count = 64;
-  const RankOutcome outcome = run_ranks_outcome(
+  const InProcessOutcome outcome = run_in_process(
       3,
       [&](InProcessTransport& t) {
         const std::vector<std::int64_t> in = inputs(t.rank(), count);

@@ -7,7 +7,7 @@
 // matched, in posting order per peer, when it or a later receive from that peer is waited on, and
 // its header is checked as the real transports check it (check_header). A wait that sees no
 // message for `timeout` throws TimeoutError naming both ranks, so a wrong schedule fails instead
-// of hanging.
+// of hanging. run_in_process() runs a body per rank, each on a thread of its own.
 
 #include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/transport/transport.hpp>
@@ -19,9 +19,12 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace coltrain::testing {
@@ -148,5 +151,36 @@ class InProcessTransport {
 };
 
 static_assert(comm::Transport<InProcessTransport>);
+
+// What run_in_process() saw: each rank's error (null for a rank that returned), and the messages
+// sent and never received (0 after collectives that matched up).
+struct InProcessOutcome {
+  std::vector<std::exception_ptr> errors;
+  std::size_t undelivered = 0;
+};
+
+// Runs body(transport) for ranks 0..p-1 of one InProcessWorld, one thread each, and joins them.
+// The body must not use Catch assertions (Catch is not thread-safe): it reports by throwing.
+inline InProcessOutcome run_in_process(
+    int p, const std::function<void(InProcessTransport&)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  InProcessWorld world(p, timeout);
+  InProcessOutcome outcome;
+  outcome.errors.resize(static_cast<std::size_t>(p));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r) {
+    threads.emplace_back([&, r] {
+      InProcessTransport transport(world, r);
+      try {
+        body(transport);
+      } catch (...) {
+        outcome.errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  outcome.undelivered = world.undelivered();
+  return outcome;
+}
 
 }  // namespace coltrain::testing
