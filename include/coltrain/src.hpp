@@ -12,3 +12,7 @@
 #include <coltrain/comm/impl/communicator.ipp>
 #include <coltrain/comm/impl/options.ipp>
 #include <coltrain/comm/impl/elastic_group.ipp>
+#include <coltrain/comm/impl/request.ipp>
+#if COLTRAIN_WITH_MPI
+#include <coltrain/comm/impl/tcp_over_mpi.ipp>
+#endif

@@ -28,7 +28,7 @@
 // unusable.
 
 #include <coltrain/comm/call_checks.hpp>
-#include <coltrain/comm/device/staged_collectives.hpp>
+#include <coltrain/comm/device/staging_options.hpp>
 #include <coltrain/comm/elements.hpp>
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/nonblocking_calls.hpp>
@@ -41,8 +41,8 @@
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
-#include <coltrain/core/env.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/launch_env.hpp>
 
 #if COLTRAIN_WITH_MPI
 #include <mpi.h>
@@ -148,14 +148,7 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   void set_tuning(const AlgorithmTuning& tuning);
   // How device buffers are staged on MPI and TCP; the same on every rank.
   const StagingOptions& staging_options() const { return staging_options_; }
-  void set_staging_options(const StagingOptions& options) {
-    plan_chunks(0, 1, 1, options);  // rejects bad options here
-    progress_.drain();              // queued staged calls keep the options they were issued under
-    staging_options_ = options;
-#if COLTRAIN_WITH_CUDA
-    device_.set_staging_options(options);
-#endif
-  }
+  void set_staging_options(const StagingOptions& options);
 
   // What kAutomatic runs for `collective` over an array of `bytes` bytes in `memory` on this
   // communicator (staged device buffers: what each chunk's host collective would run).

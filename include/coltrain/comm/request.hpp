@@ -7,43 +7,22 @@
 // same order. A blocking call on the communicator first waits for the requests issued before it
 // (issue, then wait), so it keeps its place in that order too. The thread starts with the first
 // i-call: a program that never makes one has no extra thread.
+//
+// This header holds handles only; the state they share and the thread are in
+// comm/progress_worker.hpp, which a file that calls collectives need not parse (separate
+// compilation compiles them once, in impl/request.ipp).
 
 #include <coltrain/core/config.hpp>
-#include <coltrain/core/error.hpp>
 
-#include <condition_variable>
-#include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
-#include <thread>
 #include <utility>
 
 namespace coltrain::comm {
 namespace detail {
-
-// What a request and the thread that completes it share.
-struct RequestState {
-  std::mutex mutex;
-  std::condition_variable finished;
-  bool done = false;
-  std::exception_ptr error;
-  // Set for a send/recv message, which progresses where it is waited for or tested (block true:
-  // until it completes); set once, before the request is handed out.
-  std::function<void(bool block)> advance;
-
-  void complete(std::exception_ptr failure) {
-    {
-      const std::lock_guard lock(mutex);
-      error = std::move(failure);
-      done = true;
-    }
-    finished.notify_all();
-  }
-};
-
+struct RequestState;   // comm/progress_worker.hpp
+class ProgressWorker;  // comm/progress_worker.hpp
 }  // namespace detail
 
 // A handle on a non-blocking call. wait() returns once the call is complete, or throws what the
@@ -56,38 +35,15 @@ class Request {
   Request() = default;
   explicit Request(std::shared_ptr<detail::RequestState> state) : state_(std::move(state)) {}
 
-  void wait() const {
-    if (!state_) return;
-    if (state_->advance) state_->advance(true);
-    std::unique_lock lock(state_->mutex);
-    state_->finished.wait(lock, [&] { return state_->done; });
-    if (state_->error) std::rethrow_exception(state_->error);
-  }
-
-  bool test() const {
-    if (!state_) return true;
-    if (state_->advance) state_->advance(false);
-    const std::lock_guard lock(state_->mutex);
-    if (state_->done && state_->error) std::rethrow_exception(state_->error);
-    return state_->done;
-  }
+  void wait() const;
+  bool test() const;
 
  private:
   std::shared_ptr<detail::RequestState> state_;
 };
 
 // Waits for every request, then throws the first one's error, if any failed.
-inline void wait_all(std::span<const Request> requests) {
-  std::exception_ptr first;
-  for (const Request& request : requests) {
-    try {
-      request.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
-}
+COLTRAIN_DECL void wait_all(std::span<const Request> requests);
 
 namespace detail {
 
@@ -112,111 +68,34 @@ class ProgressThread {
   ~ProgressThread() = default;  // the worker finishes what it was given, then joins
 
   // Queues `call`; the request completes when it has run.
-  Request submit(std::function<void()> call) {
-    if (!worker_) worker_ = std::make_shared<Worker>();
-    return worker_->submit(std::move(call));
-  }
+  Request submit(std::function<void()> call);
 
   // Returns once every call submitted so far has run. A no-op on the progress thread itself, whose
   // calls are the ones being waited for.
-  void drain() noexcept {
-    if (worker_ && std::this_thread::get_id() != worker_->id()) worker_->drain();
-  }
+  void drain() noexcept;
 
- private:
-  class Worker;
-
- public:
   // drain() that stays valid where this object moves (it holds the thread), for send/recv
   // requests, which drain before they drive the transport.
   class Drainer {
    public:
     Drainer() = default;
-    explicit Drainer(std::shared_ptr<Worker> worker) : worker_(std::move(worker)) {}
-    void operator()() const noexcept {
-      if (worker_ && std::this_thread::get_id() != worker_->id()) worker_->drain();
-    }
+    explicit Drainer(std::shared_ptr<ProgressWorker> worker) : worker_(std::move(worker)) {}
+    void operator()() const noexcept;
 
    private:
-    std::shared_ptr<Worker> worker_;
+    std::shared_ptr<ProgressWorker> worker_;
   };
 
   // Starts the thread if it has not started.
-  Drainer drainer() {
-    if (!worker_) worker_ = std::make_shared<Worker>();
-    return Drainer(worker_);
-  }
+  Drainer drainer();
 
  private:
-  class Worker {
-   public:
-    Worker() : thread_([this] { run(); }) {}
-    Worker(const Worker&) = delete;
-    Worker& operator=(const Worker&) = delete;
-    ~Worker() {
-      {
-        const std::lock_guard lock(mutex_);
-        stopping_ = true;
-      }
-      changed_.notify_all();
-      thread_.join();
-    }
-
-    std::thread::id id() const { return thread_.get_id(); }
-
-    Request submit(std::function<void()> call) {
-      auto state = std::make_shared<RequestState>();
-      {
-        const std::lock_guard lock(mutex_);
-        queue_.push_back({std::move(call), state});
-      }
-      changed_.notify_all();
-      return Request(std::move(state));
-    }
-
-    void drain() noexcept {
-      std::unique_lock lock(mutex_);
-      changed_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    }
-
-   private:
-    struct Task {
-      std::function<void()> call;
-      std::shared_ptr<RequestState> state;
-    };
-
-    void run() {
-      std::unique_lock lock(mutex_);
-      while (true) {
-        changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and nothing left to run
-        Task task = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-        lock.unlock();
-        std::exception_ptr failure;
-        try {
-          task.call();
-        } catch (...) {
-          failure = std::current_exception();
-        }
-        task.state->complete(std::move(failure));
-        lock.lock();
-        busy_ = false;
-        changed_.notify_all();
-      }
-    }
-
-    std::mutex mutex_;
-    std::condition_variable changed_;  // a call queued or finished, or stopping
-    std::deque<Task> queue_;
-    bool busy_ = false;
-    bool stopping_ = false;
-    std::thread thread_;  // last: starts once the members above exist
-  };
-
-  std::shared_ptr<Worker> worker_;
+  std::shared_ptr<ProgressWorker> worker_;
 };
 
 }  // namespace detail
 }  // namespace coltrain::comm
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#include <coltrain/comm/impl/request.ipp>
+#endif

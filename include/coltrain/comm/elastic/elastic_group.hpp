@@ -13,7 +13,7 @@
 #include <coltrain/comm/elastic/elastic_options.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/core/config.hpp>
-#include <coltrain/core/env.hpp>
+#include <coltrain/core/launch_env.hpp>
 
 #include <memory>
 #include <vector>

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/device/staged_collectives.hpp>
 #include <coltrain/comm/host/host_collectives.hpp>
 #include <coltrain/comm/protocol/flight_recorder.hpp>
 #include <coltrain/comm/tuning/backend_choice.hpp>
@@ -120,6 +121,15 @@ COLTRAIN_DECL const HostLayout& Communicator::host_layout() const { return host_
 COLTRAIN_DECL const FlightRecorder& Communicator::flight_recorder() const {
   return host_->recorder();
 }
+COLTRAIN_DECL void Communicator::set_staging_options(const StagingOptions& options) {
+  plan_chunks(0, 1, 1, options);  // rejects bad options here
+  progress_.drain();              // queued staged calls keep the options they were issued under
+  staging_options_ = options;
+#if COLTRAIN_WITH_CUDA
+  device_.set_staging_options(options);
+#endif
+}
+
 COLTRAIN_DECL std::filesystem::path Communicator::trace_dir() const {
   return host_->recorder().trace_dir();
 }

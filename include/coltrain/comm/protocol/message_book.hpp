@@ -8,6 +8,7 @@
 // transport is driven by one thread at a time. A communicator destroyed with messages pending
 // fails their requests instead of leaving them to wait for a transport that is gone.
 
+#include <coltrain/comm/progress_worker.hpp>
 #include <coltrain/comm/request.hpp>
 #include <coltrain/core/error.hpp>
 
