@@ -123,8 +123,8 @@ class FailureDetector {
   }
 
   // Whether the chain of waiting from `suspect` ends, past ranks that answered, at a rank that did
-  // not answer and that this rank does not wait on itself. The last rank that answered waits on it
-  // directly and names it (or whom it waits on) first-hand in its own inquiry, so this rank does
+  // not answer (or waits on no rank) and that this rank does not wait on itself. The last rank
+  // before it waits on it directly and names it (or whom it waits on) first-hand, so this rank does
   // better to wait a while for that verdict than to blame a rank that may be alive but slow to
   // answer (a loaded machine can starve a process for longer than the inquiry lasts).
   template <class Gone>
