@@ -342,8 +342,9 @@ TEST_CASE("the shared-memory ring size shrinks with the ranks on a host, within 
   CHECK(shm_ring_bytes(3) == std::size_t{4} << 20);
   CHECK(shm_ring_bytes(7) == std::size_t{2} << 20);
   CHECK(shm_ring_bytes(15) == std::size_t{1} << 20);
-  CHECK(shm_ring_bytes(1000) == std::size_t{256} << 10);
-  // Up to 64 ranks on a host a rank's rings stay within 32 MiB; beyond, the 256 KiB floor holds.
-  for (int peers : {1, 2, 5, 7, 15, 31, 63})
+  CHECK(shm_ring_bytes(127) == std::size_t{128} << 10);
+  CHECK(shm_ring_bytes(1000) == std::size_t{64} << 10);
+  // Up to 256 ranks on a host a rank's rings stay within 32 MiB; beyond, the 64 KiB floor holds.
+  for (int peers : {1, 2, 5, 7, 15, 31, 63, 64, 127, 128, 255})
     CHECK(2 * static_cast<std::size_t>(peers) * shm_ring_bytes(peers) <= (std::size_t{32} << 20));
 }
