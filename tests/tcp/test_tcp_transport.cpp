@@ -5,6 +5,7 @@
 #include "../support/tcp_launch.hpp"
 
 #include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/rendezvous/descriptor_limit.hpp>
 #include <coltrain/comm/rendezvous/port_file.hpp>
 #include <coltrain/comm/transport/tcp/tcp_transport.hpp>
 #include <coltrain/core/env.hpp>
@@ -13,6 +14,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +65,19 @@ std::vector<std::byte> payload_of(int sender, std::uint64_t sequence, std::size_
   std::vector<std::byte> payload(bytes);
   if (bytes > 0) std::memcpy(payload.data(), words.data(), bytes);
   return payload;
+}
+
+// Every rank sends `bytes` to the next rank and checks what the previous one sent it.
+void expect_message_around_ring(TcpTransport& transport, std::size_t bytes,
+                                const std::string& what) {
+  const int rank = transport.rank(), size = transport.size();
+  const int next = (rank + 1) % size, previous = (rank + size - 1) % size;
+  const std::vector<std::byte> outgoing = payload_of(rank, 0, bytes);
+  std::vector<std::byte> incoming(bytes);
+  const auto send = transport.isend(next, header_of(0, bytes), outgoing);
+  transport.wait(transport.irecv(previous, header_of(0, bytes), incoming));
+  transport.wait(send);
+  expect(incoming == payload_of(previous, 0, bytes), what);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
@@ -588,14 +603,7 @@ TEST_CASE("strangers at the rendezvous port are turned away and the job goes on"
         }
         TcpTransport transport(env, coltrain::comm::comm_options_from_env());
         if (strangers.joinable()) strangers.join();
-        const int right = (rank + 1) % 3;
-        const int left = (rank + 2) % 3;
-        const std::vector<std::byte> outgoing = payload_of(rank, 0, 4096);
-        std::vector<std::byte> incoming(4096);
-        const auto send = transport.isend(right, header_of(0, 4096), outgoing);
-        transport.wait(transport.irecv(left, header_of(0, 4096), incoming));
-        transport.wait(send);
-        expect(incoming == payload_of(left, 0, 4096), "the job works after the strangers left");
+        expect_message_around_ring(transport, 4096, "the job works after the strangers left");
       },
       options);
   require_all_passed(outcomes);
@@ -630,6 +638,77 @@ TEST_CASE("a rank that never shows up makes the others time out, naming it", "[t
     CHECK_THAT(outcomes[static_cast<std::size_t>(rank)].output,
                Contains("rank " + std::to_string(absent) + " never arrived"));
   }
+}
+
+TEST_CASE("the open-file limit a job needs: enough, a soft limit to raise, a hard limit to name",
+          "[tcp][limits]") {
+  using coltrain::comm::detail::plan_descriptor_limit;
+  // 10 open, 255 peers: 10 + 255 + 16 = 281 needed.
+  const auto enough = plan_descriptor_limit(10, 255, 281, 281);
+  CHECK(enough.needed == 281);
+  CHECK(enough.raise_to == 0);
+  CHECK(enough.error.empty());
+  CHECK(plan_descriptor_limit(10, 255, RLIM_INFINITY, RLIM_INFINITY).raise_to == 0);
+  const auto soft = plan_descriptor_limit(10, 255, 280, 4096);
+  CHECK(soft.raise_to == 4096);
+  CHECK(soft.error.empty());
+  CHECK(plan_descriptor_limit(10, 255, 280, RLIM_INFINITY).raise_to == RLIM_INFINITY);
+  const auto hard = plan_descriptor_limit(10, 255, 256, 280);
+  CHECK(hard.raise_to == 0);
+  CHECK_THAT(hard.error, Contains("a job of 256 ranks needs about 281 open descriptors") &&
+                             Contains("RLIMIT_NOFILE allows 256 (hard limit 280)") &&
+                             Contains("ulimit -n 281") && Contains("--propagate=NOFILE"));
+}
+
+// Sets this process's open-file limits to `open + soft_room` and `open + hard_room`.
+void limit_descriptors(std::uint64_t soft_room, std::uint64_t hard_room) {
+  const std::uint64_t open = coltrain::comm::detail::open_descriptor_count();
+  const rlimit limit{static_cast<rlim_t>(open + soft_room), static_cast<rlim_t>(open + hard_room)};
+  expect(::setrlimit(RLIMIT_NOFILE, &limit) == 0, "setrlimit(RLIMIT_NOFILE)");
+}
+
+TEST_CASE(
+    "a hard open-file limit below a socket per peer stops every rank at once, saying how to "
+    "raise it",
+    "[tcp][limits]") {
+  // 8 ranks need 7 sockets and the headroom beyond what is open; the hard limit allows 12 more.
+  LaunchOptions options;
+  options.env["COLTRAIN_TIMEOUT"] = "3600";
+  options.hard_timeout = 60s;
+  const auto outcomes = launch_ranks(
+      8,
+      [](int) {
+        limit_descriptors(12, 12);
+        const auto start = std::chrono::steady_clock::now();
+        const std::string error = expect_throws<coltrain::ConfigError>(
+            [] { connect_from_env(); }, "a bootstrap beyond the open-file limit");
+        std::cerr << error << std::endl;
+        expect(seconds_since(start) < 5, "failed at once, not after a timeout");
+      },
+      options);
+  INFO(coltrain::testing::describe(outcomes));
+  require_all_passed(outcomes);
+  for (const RankOutcome& outcome : outcomes)
+    CHECK_THAT(outcome.output, Contains("a job of 8 ranks needs about") &&
+                                   Contains("RLIMIT_NOFILE allows") && Contains("ulimit -n"));
+}
+
+TEST_CASE("a soft open-file limit below a socket per peer is raised to the hard limit",
+          "[tcp][limits]") {
+  const auto outcomes = launch_ranks(8, [](int) {
+    limit_descriptors(4, 200);
+    rlimit before{};
+    ::getrlimit(RLIMIT_NOFILE, &before);
+    TcpTransport transport = connect_from_env();
+    rlimit after{};
+    ::getrlimit(RLIMIT_NOFILE, &after);
+    expect(after.rlim_cur == before.rlim_max && after.rlim_max == before.rlim_max,
+           "the soft limit raised to the hard one: " + std::to_string(after.rlim_cur) + " of " +
+               std::to_string(before.rlim_max));
+    expect_message_around_ring(transport, 64, "the mesh works");
+  });
+  INFO(coltrain::testing::describe(outcomes));
+  require_all_passed(outcomes);
 }
 
 TEST_CASE("the rendezvous port is free once bootstrap ends, for the next communicator", "[tcp]") {
