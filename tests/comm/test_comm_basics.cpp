@@ -348,3 +348,20 @@ TEST_CASE("the shared-memory ring size shrinks with the ranks on a host, within 
   for (int peers : {1, 2, 5, 7, 15, 31, 63, 64, 127, 128, 255})
     CHECK(2 * static_cast<std::size_t>(peers) * shm_ring_bytes(peers) <= (std::size_t{32} << 20));
 }
+
+TEST_CASE("the shared-memory rings of a host fit in half of its /dev/shm, or are not made",
+          "[comm][shm]") {
+  using coltrain::comm::detail::shm_ring_bytes;
+  constexpr std::uint64_t k64MiB = std::uint64_t{64} << 20;  // a container's default
+  CHECK(shm_ring_bytes(1, k64MiB) == std::size_t{4} << 20);
+  CHECK(shm_ring_bytes(3, k64MiB) == std::size_t{2} << 20);  // 6 segments: 24 MiB, not 48
+  CHECK(shm_ring_bytes(15, k64MiB) == std::size_t{128} << 10);
+  CHECK(shm_ring_bytes(31, k64MiB) == 0);  // 496 segments of 64 KiB rings: 64 MiB
+  CHECK(shm_ring_bytes(127, k64MiB) == 0);
+  CHECK(shm_ring_bytes(127, std::uint64_t{12} << 30) == std::size_t{128} << 10);
+  for (int peers : {1, 3, 7, 15})
+    for (std::uint64_t capacity : {k64MiB, 4 * k64MiB}) {
+      const std::uint64_t ranks = static_cast<std::uint64_t>(peers) + 1;
+      CHECK(ranks * (ranks - 1) / 2 * 2 * shm_ring_bytes(peers, capacity) <= capacity / 2);
+    }
+}

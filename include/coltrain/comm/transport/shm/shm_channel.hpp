@@ -53,6 +53,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -67,6 +68,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <new>
 #include <random>
@@ -98,11 +100,26 @@ inline constexpr std::size_t kShmBytesPerRank = 32 << 20;
 inline constexpr std::size_t kShmPublishBytes = 64 << 10;
 static_assert(kShmMinRingBytes >= kShmPublishBytes, "the smallest ring holds one publication");
 
-// The ring size a rank offers when `local_peers` other ranks share its host.
-inline std::size_t shm_ring_bytes(int local_peers) {
-  const std::size_t share =
-      kShmBytesPerRank / (2 * static_cast<std::size_t>(std::max(local_peers, 1)));
+// The ring size a rank offers when `local_peers` other ranks share its host, whose /dev/shm holds
+// `capacity` bytes: a rank's rings within kShmBytesPerRank, and the host's L(L-1)/2 segments within
+// half of /dev/shm (a container's is often 64 MiB; the other half stays for other users). 0 when
+// even the smallest rings would not fit there: the host's ranks then use TCP.
+inline std::size_t shm_ring_bytes(
+    int local_peers, std::uint64_t capacity = std::numeric_limits<std::uint64_t>::max()) {
+  const auto peers = static_cast<std::uint64_t>(std::max(local_peers, 1));
+  const std::uint64_t host_share = capacity / (2 * (peers + 1) * peers);
+  if (host_share < kShmMinRingBytes) return 0;
+  const auto share =
+      static_cast<std::size_t>(std::min<std::uint64_t>(kShmBytesPerRank / (2 * peers), host_share));
   return std::clamp(std::bit_floor(share), kShmMinRingBytes, kShmMaxRingBytes);
+}
+
+// The size of the tmpfs at /dev/shm (the same for every rank that shares its mount namespace, as
+// ranks of one host identity do); the largest value when it cannot be read.
+inline std::uint64_t shm_capacity() {
+  struct statvfs info {};
+  if (::statvfs("/dev/shm", &info) != 0) return std::numeric_limits<std::uint64_t>::max();
+  return static_cast<std::uint64_t>(info.f_blocks) * info.f_frsize;
 }
 
 // A piece of the stream that stays in the writer's memory: `bytes` bytes at `address`, which come

@@ -20,6 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -152,7 +153,21 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
                                                    static_cast<unsigned>(rank)));
   std::vector<std::string> names(sockets.size());  // segments created here, until unlinked
   std::vector<ShmMapping> created(sockets.size());
-  const std::size_t ring_bytes = shm_ring_bytes(local_peers);
+  // With a /dev/shm too small for this host's segments every creator offers none (an empty name),
+  // so the pairs use TCP without a warning each; the host's lowest rank says why once.
+  const std::uint64_t capacity = shm_capacity();
+  const std::size_t ring_bytes = shm_ring_bytes(local_peers, capacity);
+  if (ring_bytes == 0 && std::none_of(shared.begin(), shared.begin() + rank, std::identity{})) {
+    const auto ranks = static_cast<std::uint64_t>(local_peers) + 1;
+    const std::uint64_t need_mib =
+        (ranks * (ranks - 1) / 2 * shm_segment_bytes(kShmMinRingBytes) >> 20) + 1;
+    logger.warn("the ", ranks, " ranks on this host use TCP, not shared memory: /dev/shm holds ",
+                capacity >> 20, " MiB, and their ", ranks * (ranks - 1) / 2,
+                " segments would need at least ", need_mib,
+                " MiB in half of it; give it more (a container's --shm-size=", 2 * need_mib + 1,
+                "m, or mount -o remount,size=", 2 * need_mib + 1,
+                "m /dev/shm), or set COLTRAIN_SHM=0 to say so");
+  }
   try {
     // Offers to the higher ranks that share this host.
     for (int peer = rank + 1; peer < size; ++peer) {
@@ -162,14 +177,16 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
       offer.nonce = random();
       offer.ring_bytes = ring_bytes;
       offer.reads_your_memory = readable[p] ? 1 : 0;
-      names[p] = fresh_segment_name(random);
-      try {
-        created[p] = create_segment(names[p], ring_bytes, offer.nonce);
-        std::memcpy(offer.name.data(), names[p].data(),
-                    std::min(names[p].size(), offer.name.size() - 1));
-      } catch (const CommError& e) {  // no /dev/shm, or it is full: an empty name declines
-        names[p].clear();
-        logger.warn("rank ", rank, " and rank ", peer, " use TCP: ", e.message());
+      if (ring_bytes != 0) {  // 0: declined above
+        names[p] = fresh_segment_name(random);
+        try {
+          created[p] = create_segment(names[p], ring_bytes, offer.nonce);
+          std::memcpy(offer.name.data(), names[p].data(),
+                      std::min(names[p].size(), offer.name.size() - 1));
+        } catch (const CommError& e) {  // no /dev/shm, or it is full: an empty name declines
+          names[p].clear();
+          logger.warn("rank ", rank, " and rank ", peer, " use TCP: ", e.message());
+        }
       }
       shm_send(sockets[p].get(), offer, peer, deadline, context);
     }
