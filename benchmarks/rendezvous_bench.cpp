@@ -10,6 +10,7 @@
 //   scripts/launch_local 64 build/benchmarks/rendezvous_bench --csv rendezvous.csv
 
 #include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/rendezvous/descriptor_limit.hpp>
 #include <coltrain/core/error.hpp>
 
 #include <CLI/CLI.hpp>
@@ -37,15 +38,6 @@ double status_mib(const std::string& field) {
   for (std::string line; std::getline(status, line);)
     if (line.starts_with(field + ":")) return std::stod(line.substr(field.size() + 1)) / 1024.0;
   return 0.0;
-}
-
-double open_descriptors() {
-  std::error_code error;
-  double count = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
-       !error && it != std::filesystem::directory_iterator(); it.increment(error))
-    ++count;
-  return count - 1;  // the iterator's own
 }
 
 // Every collective on int64 values that identify (rank, block, element), so any misplaced,
@@ -152,11 +144,10 @@ int main(int argc, char** argv) {
                        status_mib("VmHWM"),
                        status_mib("RssAnon"),
                        status_mib("RssShmem"),
-                       open_descriptors()};
+                       static_cast<double>(comm::detail::open_descriptor_count())};
     comm.allreduce(std::span<double>(maxima), comm::ReduceOp::kMax);
-    std::string failed;
     if (check) {
-      failed = check_collectives(comm, max_elements);
+      const std::string failed = check_collectives(comm, max_elements);
       double wrong_ranks = failed.empty() ? 0 : 1;
       comm.allreduce(std::span<double>(&wrong_ranks, 1));
       if (!failed.empty())

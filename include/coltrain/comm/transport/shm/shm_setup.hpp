@@ -159,13 +159,13 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   const std::size_t ring_bytes = shm_ring_bytes(local_peers, capacity);
   if (ring_bytes == 0 && std::none_of(shared.begin(), shared.begin() + rank, std::identity{})) {
     const auto ranks = static_cast<std::uint64_t>(local_peers) + 1;
-    const std::uint64_t need_mib =
-        (ranks * (ranks - 1) / 2 * shm_segment_bytes(kShmMinRingBytes) >> 20) + 1;
+    const std::uint64_t segments = ranks * (ranks - 1) / 2;
+    const std::uint64_t need_mib = (segments * shm_segment_bytes(kShmMinRingBytes) >> 20) + 1;
+    const std::uint64_t enough_mib = 2 * need_mib + 1;
     logger.warn("the ", ranks, " ranks on this host use TCP, not shared memory: /dev/shm holds ",
-                capacity >> 20, " MiB, and their ", ranks * (ranks - 1) / 2,
-                " segments would need at least ", need_mib,
-                " MiB in half of it; give it more (a container's --shm-size=", 2 * need_mib + 1,
-                "m, or mount -o remount,size=", 2 * need_mib + 1,
+                capacity >> 20, " MiB, and their ", segments, " segments would need at least ",
+                need_mib, " MiB in half of it; give it more (a container's --shm-size=", enough_mib,
+                "m, or mount -o remount,size=", enough_mib,
                 "m /dev/shm), or set COLTRAIN_SHM=0 to say so");
   }
   try {
