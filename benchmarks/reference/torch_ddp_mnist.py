@@ -10,7 +10,8 @@ autocast and GradScaler, one GPU per rank, device = rank modulo the visible GPUs
     torchrun --nproc_per_node 2 benchmarks/reference/torch_ddp_mnist.py
 
 Without RANK / WORLD_SIZE in the environment it spawns --world-size ranks itself
-(torch.multiprocessing, MASTER_ADDR 127.0.0.1, a free port); under torchrun it uses torchrun's.
+(torch.multiprocessing) around a rendezvous store that this process serves on a port the kernel
+picked and holds until the end, so nothing else can take it; under torchrun it uses torchrun's.
 
 Recipe (shared with coltrain's demo): SGD with momentum, cross-entropy, per-rank batch 64, gradients
 averaged by DDP, DistributedSampler(shuffle=True, seed) with set_epoch each epoch, no augmentation,
@@ -33,7 +34,6 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import struct
 import sys
 import tempfile
@@ -308,9 +308,10 @@ def backend_of(args):
     return "nccl" if args.device == "cuda" else "gloo"
 
 
-def run_rank(rank, world, args, data):
-    """Entry point of a spawned rank (init_method env://, MASTER_ADDR / MASTER_PORT set by main)."""
-    dist.init_process_group(backend_of(args), rank=rank, world_size=world)
+def run_rank(rank, world, args, data, store_port):
+    """Entry point of a spawned rank: joins the store that main() serves on 127.0.0.1:store_port."""
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
+    dist.init_process_group(backend_of(args), store=store, rank=rank, world_size=world)
     try:
         train(rank, world, args, data)
     finally:
@@ -318,12 +319,6 @@ def run_rank(rank, world, args, data):
 
 
 # ---------------------------------------------------------------------------------------------------
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def load_all(directory):
     train_x, train_y = load_mnist(directory, "train")
@@ -377,10 +372,12 @@ def main():
             dist.destroy_process_group()
         return
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(free_port())
+    # A port picked and released here could be taken by any outgoing connection before a rank
+    # binds it; the store below listens on port 0 and keeps the socket until the ranks are done.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # everything is local
-    mp.spawn(run_rank, args=(args.world_size, args, data), nprocs=args.world_size, join=True)
+    mp.spawn(run_rank, args=(args.world_size, args, data, store.port), nprocs=args.world_size,
+             join=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 """The PyTorch side of the GPU training benchmark: the same models, batch, synthetic data and step
 (forward, cross-entropy, backward, SGD with momentum 0.9) as build/benchmarks/gpu_train_bench, in
 PyTorch eager mode with automatic mixed precision (autocast fp16 + GradScaler, or bf16 without a
-scaler) and channels-last memory format, cuDNN autotuning on: the configuration the issue names as
+scaler; with --precision fp32 neither, on PyTorch's defaults: TF32 in cuDNN's convolutions) and
+channels-last memory format, cuDNN autotuning on: the configuration the issue names as
 the reference. Prints one line per model and round; --csv writes the median per model."""
 
 import argparse
@@ -71,9 +72,10 @@ def main():
         if name not in MODELS:
             parser.error(f"unknown model '{name}'; known: {', '.join(MODELS)}")
         rates = measure(name, args.batch, args.precision, args.steps, args.rounds)
+        mode = "eager" if args.precision == "fp32" else "eager, amp"
         for index, rate in enumerate(rates):
             print(f"{name:<14} batch {args.batch:>4}  {args.precision}  cuda  round {index}  "
-                  f"{rate:10.1f} images/s  (pytorch {torch.__version__} eager, amp, channels-last)",
+                  f"{rate:10.1f} images/s  (pytorch {torch.__version__} {mode}, channels-last)",
                   flush=True)
         median = statistics.median(rates)
         print(f"{name:<14} median {median:10.1f} images/s", flush=True)
