@@ -1,6 +1,7 @@
 #pragma once
 // DeviceTrainer: train::Trainer for a network on the GPU. The same epoch lines, progress bar, run
-// records, time-to-accuracy goal, checkpoints and exact resume, with every step on the device:
+// records, time-to-accuracy goal, checkpoints and exact resume (the epoch loop's bookkeeping is
+// train/epoch_loop.hpp's, shared with the CPU trainer), with every step on the device:
 //
 //   train::DeviceDataParallel ddp(net, comm);
 //   optim::DevicePrecisionOptimizer<optim::MixedFp16, optim::Sgd> opt(net, optim::Sgd({...}));
@@ -31,7 +32,6 @@
 #include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/terminal.hpp>
-#include <coltrain/core/timeline.hpp>
 #include <coltrain/cuda/nn/loss.cuh>
 #include <coltrain/cuda/optim/device_optimizer.cuh>
 #include <coltrain/cuda/train/checkpoint.cuh>
@@ -41,14 +41,12 @@
 #include <coltrain/data/loader.hpp>
 #include <coltrain/train/checkpoint.hpp>
 #include <coltrain/train/cuda_graph.hpp>
-#include <coltrain/train/early_stopping.hpp>
+#include <coltrain/train/epoch_loop.hpp>
 #include <coltrain/train/metrics.hpp>
 #include <coltrain/train/phase_tracker.hpp>
-#include <coltrain/train/run_log.hpp>
-#include <coltrain/train/trainer.hpp>
+#include <coltrain/train/trainer_options.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -92,156 +90,46 @@ class DeviceTrainer {
 
   template <class Transform>
   FitResult fit(data::Loader<T, Transform>& train, data::Loader<T, Transform>& validation) {
-    const auto started = std::chrono::steady_clock::now();
-    PhaseTracker phases;
-    FitResult result;
-    std::int64_t first_epoch = 0;
-    double train_seconds_before = 0;
-    std::optional<EarlyStopping> early_stopping;
-    if (options_.early_stopping_patience) early_stopping.emplace(*options_.early_stopping_patience);
-    if (options_.resume) {
-      const std::filesystem::path& source = detail::checkpoint_source(options_);
-      if (find_latest_checkpoint(source)) {
-        const TrainingState state =
-            load_checkpoint(source, network_, optimizer_, checkpoint_options());
-        first_epoch = state.epoch;
-        global_step_ = state.global_step;
-        train_seconds_before = state.extra.value("train_seconds", 0.0).get<double>();
-        if (early_stopping) early_stopping->from_json(state.extra.value("early_stopping", Json()));
-        if (rank0())
-          *options_.out << "resuming after epoch " << first_epoch << " (step " << global_step_
-                        << ") from " << source.string() << '\n';
-      } else if (rank0()) {
-        *options_.out << "no checkpoint in " << source.string() << "; starting from scratch\n";
-      }
-    }
+    EpochLoop loop(options_, kClasses);
+    const auto load = [&] {
+      return load_checkpoint(detail::checkpoint_source(options_), network_, optimizer_,
+                             checkpoint_options());
+    };
+    if (const auto state = loop.resume(rank0(), load)) global_step_ = state->global_step;
     context_step_at_start_ = network_.context().step();
     steps_this_fit_ = 0;
-    std::optional<RunLog> log = detail::open_run_log(options_, first_epoch, rank0(), ddp_);
+    loop.open_log(ddp_);
 
     data::DeviceLoader<T, Transform> train_batches(train, stream());
     data::DeviceLoader<T, Transform> validation_batches(validation, stream());
-    double train_seconds = train_seconds_before;
-    double last_train_loss = 0, last_train_accuracy = 0;
-    std::int64_t images = 0;
-    std::int64_t epoch = first_epoch;
+    std::int64_t epoch = loop.first_epoch();
     while (epoch < options_.epochs) {
-      phases.start_epoch();
-      const auto epoch_started = std::chrono::steady_clock::now();
-      network_.train();
-      train_counts_.reset(stream());
-      train_batches.start_epoch(static_cast<std::uint64_t>(epoch));
-      const std::int64_t batches = train_batches.batches_per_epoch();
-      for (std::int64_t b = 0;; ++b) {
-        const data::DeviceBatch<T>* batch = nullptr;
-        {
-          auto timed = phases.time(Phase::kData);
-          batch = train_batches.next();
-        }
-        if (!batch) break;
-        run_step(*batch, phases);
-        if (progress_ && (b % 10 == 0 || b + 1 == batches)) {
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                               epoch_started)
-                                     .count();
-          *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
-                                                loss_.read_loss(stream()),
-                                                double((b + 1) * batch->size()) / seconds)
-                        << std::flush;
-        }
-      }
-      // The one wait of the epoch: its counts (which follow every step on the stream).
-      ClassificationMetrics train_metrics(kClasses);
-      {
-        auto timed = phases.time(Phase::kAllreduceWait);
-        wait_for_device();
-        train_counts_.read_into(train_metrics, stream());
-      }
-      loss_.check_labels(stream());
-      const double step_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_started).count();
-      if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
-      const auto counts = train_metrics.counters();
-      double totals[4] = {counts[ClassificationMetrics::kLossSum],
-                          counts[ClassificationMetrics::kTop1],
-                          counts[ClassificationMetrics::kSamples], 0};
-      ddp_.allreduce(std::span<double>(totals, 3), comm::ReduceOp::kSum);
-      totals[3] = step_seconds;
-      ddp_.allreduce(std::span<double>(totals + 3, 1), comm::ReduceOp::kMax);
-      train_seconds += totals[3];
-      images += static_cast<std::int64_t>(totals[2]);
-      last_train_loss = totals[2] > 0 ? totals[0] / totals[2] : 0.0;
-      last_train_accuracy = totals[2] > 0 ? totals[1] / totals[2] : 0.0;
-
+      loop.start_epoch();
+      train_epoch(train_batches, epoch, loop);
+      const EpochCounts counts = [&] {  // the one wait of the epoch: its counts on the device
+        auto timed = loop.phases().time(Phase::kAllreduceWait);
+        return read_training_counts(loop);
+      }();
+      loop.count_training(ddp_, counts);
       ClassificationMetrics metrics = [&] {
-        auto timed = phases.time(Phase::kOther);
+        auto timed = loop.phases().time(Phase::kOther);
         return evaluate(validation_batches);
       }();
-      ++epoch;
-      const bool reached = options_.target_accuracy && metrics.top1() >= *options_.target_accuracy;
-      if (reached && !result.time_to_target) {
-        result.time_to_target = train_seconds;
-        result.target_epoch = epoch;
+      std::optional<double> loss_scale;
+      if constexpr (Policy::kLossScaling) loss_scale = optimizer_.loss_scale();
+      const EpochEnd end = loop.end_epoch(++epoch, std::move(metrics), global_step_,
+                                          schedule_(std::max<std::int64_t>(0, global_step_ - 1)),
+                                          loss_scale, rank0());
+      if (end.checkpoint && rank0()) {
+        auto timed = loop.phases().time(Phase::kOther);
+        sync_context_step();
+        save_checkpoint(options_.checkpoint_dir, network_, optimizer_,
+                        loop.state(epoch, global_step_), checkpoint_options());
       }
-      if (rank0()) {
-        *options_.out << detail::epoch_line(epoch, options_.epochs, last_train_loss,
-                                            last_train_accuracy, metrics)
-                      << '\n'
-                      << std::flush;
-        if (log) {
-          EpochRecord record;
-          record.epoch = epoch;
-          record.global_step = global_step_;
-          record.train_loss = last_train_loss;
-          record.train_accuracy = last_train_accuracy;
-          record.set_validation(metrics);
-          record.lr = schedule_(std::max<std::int64_t>(0, global_step_ - 1));
-          record.images_per_second = totals[3] > 0 ? totals[2] / totals[3] : 0.0;
-          record.epoch_seconds =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_started)
-                  .count();
-          record.elapsed_seconds = train_seconds;
-          record.phase_seconds = phases.epoch_json();
-          if constexpr (Policy::kLossScaling) record.loss_scale = optimizer_.loss_scale();
-          log->append_epoch(record);
-        }
-      }
-      // Every rank evaluated the same (summed) metrics, so every rank decides alike.
-      result.stopped_early = early_stopping && early_stopping->update(metrics.mean_loss(), epoch);
-      const bool last = epoch == options_.epochs || reached || result.stopped_early;
-      if (!options_.checkpoint_dir.empty() && (last || epoch % options_.checkpoint_every == 0)) {
-        auto timed = phases.time(Phase::kOther);
-        if (rank0()) {
-          sync_context_step();
-          TrainingState state;
-          state.epoch = epoch;
-          state.global_step = global_step_;
-          state.extra["train_seconds"] = train_seconds;
-          if (early_stopping) state.extra["early_stopping"] = early_stopping->to_json();
-          save_checkpoint(options_.checkpoint_dir, network_, optimizer_, state,
-                          checkpoint_options());
-        }
-      }
-      result.validation = std::move(metrics);
-      if (result.stopped_early && rank0() && !reached)
-        *options_.out << "early stopping after epoch " << epoch << ": " << early_stopping->reason()
-                      << '\n';
-      if (reached || result.stopped_early) break;
+      if (end.stop) break;
     }
-
-    result.epochs = epoch;
-    result.global_step = global_step_;
-    result.train_seconds = train_seconds;
-    result.total_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const double this_run = train_seconds - train_seconds_before;
-    result.images_per_second = this_run > 0 ? static_cast<double>(images) / this_run : 0.0;
     sync_context_step();
-    if (rank0())
-      detail::report_fit(options_, result, phases, log, ddp_.world_size(), last_train_loss,
-                         last_train_accuracy);
-    Timeline::instance().write();  // every rank's spans so far, when the timeline is on
-    return result;
+    return loop.finish(epoch, global_step_, ddp_.world_size(), rank0());
   }
 
   // Validation over each rank's shard, summed across ranks: the whole set's metrics on every rank.
@@ -276,6 +164,48 @@ class DeviceTrainer {
  private:
   bool rank0() const { return ddp_.rank() == 0; }
   cudaStream_t stream() { return network_.context().stream(); }
+
+  // The epoch's steps, queued on the device; nothing waits for them here.
+  template <class Transform>
+  void train_epoch(data::DeviceLoader<T, Transform>& batches, std::int64_t epoch, EpochLoop& loop) {
+    PhaseTracker& phases = loop.phases();
+    network_.train();
+    train_counts_.reset(stream());
+    batches.start_epoch(static_cast<std::uint64_t>(epoch));
+    const std::int64_t total = batches.batches_per_epoch();
+    for (std::int64_t b = 0;; ++b) {
+      const data::DeviceBatch<T>* batch = nullptr;
+      {
+        auto timed = phases.time(Phase::kData);
+        batch = batches.next();
+      }
+      if (!batch) break;
+      run_step(*batch, phases);
+      if (progress_ && (b % 10 == 0 || b + 1 == total))
+        *options_.out << detail::progress_bar(
+                             epoch + 1, options_.epochs, b + 1, total, loss_.read_loss(stream()),
+                             double((b + 1) * batch->size()) / loop.seconds_since_epoch_start())
+                      << std::flush;
+    }
+  }
+
+  // Waits for the epoch's steps and reads their counts (which follow every step on the stream);
+  // its training time is the epoch's wall time up to the end of that wait.
+  EpochCounts read_training_counts(const EpochLoop& loop) {
+    ClassificationMetrics train_metrics(kClasses);
+    wait_for_device();
+    train_counts_.read_into(train_metrics, stream());
+    loss_.check_labels(stream());
+    const double step_seconds = loop.seconds_since_epoch_start();
+    if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
+    const auto counts = train_metrics.counters();
+    EpochCounts epoch;
+    epoch.loss_sum = counts[ClassificationMetrics::kLossSum];
+    epoch.correct = counts[ClassificationMetrics::kTop1];
+    epoch.samples = counts[ClassificationMetrics::kSamples];
+    epoch.step_seconds = step_seconds;
+    return epoch;
+  }
 
   // Waits, with the communicator's deadline, for the collectives queued on the network's stream,
   // then for the stream itself.
@@ -356,9 +286,8 @@ class DeviceTrainer {
   void record_graph() {
     PhaseTracker ignored;
     graph_.reset();
-    graph_.emplace(CudaGraph::capture(stream(), [&] {
-      enqueue_step(graph_images_.view(), graph_labels_.view(), ignored);
-    }));
+    graph_.emplace(CudaGraph::capture(
+        stream(), [&] { enqueue_step(graph_images_.view(), graph_labels_.view(), ignored); }));
     graph_generation_ = device_memory_generation();
     ++graph_recordings_;
   }
@@ -367,10 +296,10 @@ class DeviceTrainer {
     COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(graph_images_.data(), batch.images.data(),
                                         static_cast<std::size_t>(batch.images.numel()) * sizeof(T),
                                         cudaMemcpyDeviceToDevice, stream()));
-    COLTRAIN_CHECK_CUDA(cudaMemcpyAsync(
-        graph_labels_.data(), batch.labels.data(),
-        static_cast<std::size_t>(batch.labels.numel()) * sizeof(std::int32_t),
-        cudaMemcpyDeviceToDevice, stream()));
+    COLTRAIN_CHECK_CUDA(
+        cudaMemcpyAsync(graph_labels_.data(), batch.labels.data(),
+                        static_cast<std::size_t>(batch.labels.numel()) * sizeof(std::int32_t),
+                        cudaMemcpyDeviceToDevice, stream()));
   }
 
   CheckpointOptions checkpoint_options() const {
