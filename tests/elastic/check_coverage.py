@@ -2,8 +2,9 @@
 """Checks the samples that the ranks of an elastic test job trained (tests/elastic/elastic_worker.cpp
 writes DIR/samples.NAME, one "epoch index" line per loaded sample) cover each epoch exactly once.
 
-  check_coverage.py shrink DIR VICTIM   3 ranks, VICTIM lost at step 5 of epoch 0 (batch 32)
-  check_coverage.py grow DIR            ranks 0 and 1, and a joiner
+  check_coverage.py shrink DIR RANKS STEP VICTIMS   RANKS ranks, the comma-separated VICTIMS lost
+                                                    at step STEP of epoch 0 (batch 32)
+  check_coverage.py grow DIR                        ranks 0 and 1, and a joiner
 """
 import collections
 import sys
@@ -21,28 +22,41 @@ def records(directory, name):
     return epochs
 
 
-def exactly_once(indices, what):
+def padding(samples, ranks):
+    """The repeats DistributedSampler's rule adds so that `ranks` equal shares cover `samples`."""
+    return -samples % ranks
+
+
+def exactly_once(indices, what, repeats=0):
+    """Every sample taken once, except exactly `repeats` taken a second time: the padding of a
+    share that does not divide evenly (DistributedSampler's rule, data/epoch_plan.hpp)."""
     count = collections.Counter(indices)
     missing = SAMPLES - len(set(count) & set(range(SAMPLES)))
-    twice = sum(n > 1 for n in count.values())
-    if missing or twice:
-        sys.exit(f"{what}: {missing} samples missing, {twice} taken more than once")
+    extra = sum(n - 1 for n in count.values())
+    if missing or extra != repeats or any(n > 2 for n in count.values()):
+        sys.exit(f"{what}: {missing} samples missing, {extra} repeats (the padding is {repeats})")
 
 
-def shrink(directory, victim):
-    taken_before = 5 * BATCH
-    survivors = [r for r in range(3) if r != victim]
-    dead = records(directory, victim)[0]
-    if len(dead) != taken_before:
-        sys.exit(f"the victim loaded {len(dead)} samples before the fault, not {taken_before}")
-    epoch0 = list(dead)
+def shrink(directory, ranks, step, victims):
+    taken_before = step * BATCH
+    survivors = [r for r in range(ranks) if r not in victims]
+    epoch0 = []
+    for victim in victims:
+        dead = records(directory, victim)[0]
+        if len(dead) != taken_before:
+            sys.exit(f"victim {victim} loaded {len(dead)} samples before the fault, "
+                     f"not {taken_before}")
+        epoch0 += dead
     for r in survivors:
         mine = records(directory, r)[0]
         # what it trained before the fault, then (after its aborted step) its share of the rest
         epoch0 += mine[:taken_before] + mine[taken_before + BATCH:]
-    exactly_once(epoch0, "epoch 0")
-    exactly_once([i for r in survivors for i in records(directory, r)[1]], "epoch 1")
-    print(f"  epoch 0: {SAMPLES} samples, each once; epoch 1 on 2 ranks: each once")
+    rest = padding(SAMPLES - ranks * taken_before, len(survivors))
+    exactly_once(epoch0, "epoch 0", rest)
+    whole = padding(SAMPLES, len(survivors))
+    exactly_once([i for r in survivors for i in records(directory, r)[1]], "epoch 1", whole)
+    print(f"  epoch 0: {SAMPLES} samples, each once (and {rest} padding repeats of the rest shared "
+          f"anew); epoch 1 on {len(survivors)} ranks: each once (and {whole} padding repeats)")
 
 
 def grow(directory):
@@ -57,6 +71,7 @@ def grow(directory):
 
 if __name__ == "__main__":
     if sys.argv[1] == "shrink":
-        shrink(sys.argv[2], int(sys.argv[3]))
+        shrink(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+               [int(v) for v in sys.argv[5].split(",")])
     else:
         grow(sys.argv[2])

@@ -77,7 +77,7 @@ for case in "2:KILL" "0:KILL" "1:STOP" "0:STOP"; do
   echo "$case: $(grep -h 'elastic: generation' "$dir"/out.* | head -1)"
   grep -q "continuing in epoch 1 after 160 samples per rank, step 5" "$leader_out" ||
     fail "$case: the survivors did not continue from step 5 (160 samples per rank)"
-  "$python" "$checker" shrink "$dir" "$victim" || fail "$case: sample coverage"
+  "$python" "$checker" shrink "$dir" 3 5 "$victim" || fail "$case: sample coverage"
 done
 
 # ---- 2. below --min-ranks -----------------------------------------------------------------------

@@ -5,7 +5,7 @@
 //   stdout             the trainer's lines, then "final-weights HASH" (FNV-1a of the parameters)
 // With FAULT=RANK:STEP:SIGNAL (SIGNAL KILL or STOP), launch rank RANK raises that signal when it
 // loads the first sample of training step STEP of epoch 0: no rank can complete that step, so the
-// survivors' schedule is the same whichever rank it is.
+// survivors' schedule is the same whichever rank it is. Several faults: a comma-separated list.
 //   usage: elastic_worker OUT NAME EPOCHS MIN_RANKS [join]
 #include <coltrain/coltrain.hpp>
 
@@ -73,15 +73,21 @@ struct RecordingTransform {
   }
 };
 
-Fault fault_from_env(const char* text) {
-  Fault fault;
-  if (text == nullptr || *text == '\0') return fault;
-  const std::string spec = text;
-  const auto first_colon = spec.find(':'), second_colon = spec.rfind(':');
-  fault.rank = std::stoi(spec.substr(0, first_colon));
-  fault.step = std::stoll(spec.substr(first_colon + 1, second_colon - first_colon - 1));
-  fault.signal = spec.substr(second_colon + 1) == "STOP" ? SIGSTOP : SIGKILL;
-  return fault;
+// The fault of `rank` in FAULT's list, or none (rank -1).
+Fault fault_of(int rank, const char* text) {
+  std::string list = text == nullptr ? "" : text;
+  while (!list.empty()) {
+    const auto comma = list.find(',');
+    const std::string spec = list.substr(0, comma);
+    list = comma == std::string::npos ? "" : list.substr(comma + 1);
+    const auto first_colon = spec.find(':'), second_colon = spec.rfind(':');
+    Fault fault;
+    fault.rank = std::stoi(spec.substr(0, first_colon));
+    fault.step = std::stoll(spec.substr(first_colon + 1, second_colon - first_colon - 1));
+    fault.signal = spec.substr(second_colon + 1) == "STOP" ? SIGSTOP : SIGKILL;
+    if (fault.rank == rank) return fault;
+  }
+  return {};
 }
 
 }  // namespace
@@ -96,7 +102,7 @@ int main(int argc, char** argv) {
   const bool join = argc == 6 && std::strcmp(argv[5], "join") == 0;
   try {
     const ct::LaunchEnv env = ct::detect_launch_env();
-    const Fault fault = fault_from_env(std::getenv("FAULT"));
+    const Fault fault = fault_of(env.rank, std::getenv("FAULT"));
     const auto all_train =
         ct::data::load_mnist(ct::data::default_mnist_dir(), ct::data::Split::kTrain);
     const auto all_test =

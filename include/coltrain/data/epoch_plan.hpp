@@ -1,7 +1,8 @@
 #pragma once
 // EpochPlan: the samples of one epoch and how ranks share them, so that when the ranks change in
 // the middle of an epoch (elastic training, train/elastic.hpp) the rest of it can be shared among
-// the ranks left with no sample lost and none taken twice.
+// the ranks left with no sample lost and none taken twice, except the few that pad uneven shares
+// to equal length (as below).
 //
 // The share is DistributedSampler's rule over `samples`: with R ranks, rank r takes samples[r],
 // samples[r + R], ...; ceil(n / R) each, the last ones padded by repeating the list from its start,
