@@ -7,10 +7,12 @@
 
 #include <coltrain/comm.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -36,10 +38,12 @@ std::vector<std::size_t> counts(int ranks) {
 
 // Runs `body(comm)` with the default tuning and with tiny chunks, which makes the pipelines of
 // ring and tree run through many chunks even for short vectors.
+constexpr std::size_t kSmallChunkBytes = 256;
+
 template <class Body>
 void for_each_tuning(Communicator& comm, Body body) {
   const AlgorithmTuning original = comm.tuning();
-  for (std::size_t chunk_bytes : {std::size_t{256}, original.chunk_bytes}) {
+  for (std::size_t chunk_bytes : {kSmallChunkBytes, original.chunk_bytes}) {
     AlgorithmTuning tuning = original;
     tuning.chunk_bytes = chunk_bytes;
     comm.set_tuning(tuning);
@@ -55,6 +59,15 @@ std::vector<Algorithm> algorithms(Backend backend, Collective collective) {
     if (a != Algorithm::kNative || backend == Backend::kMpi) result.push_back(a);
   }
   result.push_back(Algorithm::kAutomatic);
+  return result;
+}
+
+// Those to run under `comm`'s present tuning: MPI's own collectives take no chunk size, so they run
+// under the default tuning only (a native call of 5 ranks sharing 2 cores costs about 25 ms).
+std::vector<Algorithm> algorithms(Backend backend, Collective collective,
+                                  const Communicator& comm) {
+  std::vector<Algorithm> result = algorithms(backend, collective);
+  if (comm.tuning().chunk_bytes == kSmallChunkBytes) std::erase(result, Algorithm::kNative);
   return result;
 }
 
@@ -80,7 +93,7 @@ template <class T>
 void allreduce_all_cases(Backend backend) {
   Communicator& comm = shared_communicator(backend);
   for_each_tuning(comm, [&](Communicator& c) {
-    for (Algorithm algorithm : algorithms(backend, Collective::kAllreduce)) {
+    for (Algorithm algorithm : algorithms(backend, Collective::kAllreduce, c)) {
       for (ReduceOp op : kOps) {
         for (std::size_t count : counts(c.size())) {
           for (bool in_place : {false, true}) {
@@ -107,7 +120,7 @@ TEMPLATE_TEST_CASE("broadcast delivers the root's data from every root", "[comm]
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
     for_each_tuning(comm, [&](Communicator& c) {
-      for (Algorithm algorithm : algorithms(backend, Collective::kBroadcast)) {
+      for (Algorithm algorithm : algorithms(backend, Collective::kBroadcast, c)) {
         for (int root = 0; root < c.size(); ++root) {
           for (std::size_t count : counts(c.size())) {
             INFO(name_of(backend) << " " << name_of(algorithm) << " root " << root << " count "
@@ -128,7 +141,7 @@ TEMPLATE_TEST_CASE("allgather collects every rank's block in rank order", "[comm
     Communicator& comm = shared_communicator(backend);
     const auto p = static_cast<std::size_t>(comm.size());
     for_each_tuning(comm, [&](Communicator& c) {
-      for (Algorithm algorithm : algorithms(backend, Collective::kAllgather)) {
+      for (Algorithm algorithm : algorithms(backend, Collective::kAllgather, c)) {
         for (std::size_t count : counts(c.size())) {
           INFO(name_of(backend) << " " << name_of(algorithm) << " count " << count);
           std::vector<TestType> expected;
@@ -157,7 +170,7 @@ TEMPLATE_TEST_CASE("reduce_scatter gives each rank its block of the reduction",
     Communicator& comm = shared_communicator(backend);
     const int p = comm.size();
     for_each_tuning(comm, [&](Communicator& c) {
-      for (Algorithm algorithm : algorithms(backend, Collective::kReduceScatter)) {
+      for (Algorithm algorithm : algorithms(backend, Collective::kReduceScatter, c)) {
         for (ReduceOp op : kOps) {
           for (std::size_t count : counts(p)) {
             INFO(name_of(backend) << " " << name_of(algorithm) << " " << name_of(op) << " count "
@@ -192,7 +205,7 @@ TEMPLATE_TEST_CASE("reduce leaves the reduction on the root", "[comm][reduce]", 
     Communicator& comm = shared_communicator(backend);
     const int p = comm.size();
     for_each_tuning(comm, [&](Communicator& c) {
-      for (Algorithm algorithm : algorithms(backend, Collective::kReduce)) {
+      for (Algorithm algorithm : algorithms(backend, Collective::kReduce, c)) {
         for (ReduceOp op : kOps) {
           for (int root = 0; root < p; ++root) {
             for (std::size_t count : counts(p)) {
@@ -482,6 +495,28 @@ TEST_CASE("automatic picks an algorithm the collective has", "[comm][automatic]"
       }
     }
   }
+}
+
+TEST_CASE("automatic leaves MPI's own collectives out where the ranks outnumber the cores",
+          "[comm][automatic]") {
+  Communicator& comm = shared_communicator(Backend::kMpi);
+  const bool shares_cores = static_cast<unsigned>(comm.host_layout().largest_host()) >
+                            std::max(1u, std::thread::hardware_concurrency());
+  int native_by_the_model = 0;
+  for (Collective collective :
+       {Collective::kAllreduce, Collective::kBroadcast, Collective::kAllgather, Collective::kReduce,
+        Collective::kBarrier}) {
+    for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 16, std::size_t{1} << 26}) {
+      const Algorithm chosen = comm.choose(collective, bytes);
+      INFO(name_of(collective) << " " << bytes << " bytes: " << name_of(chosen) << ", "
+                               << comm.host_layout().largest_host() << " ranks on this host");
+      if (shares_cores) CHECK(chosen != Algorithm::kNative);
+      native_by_the_model += choose_algorithm(comm.cost_model(), collective, comm.host_layout(),
+                                              bytes, true) == Algorithm::kNative;
+    }
+  }
+  // The model alone picks MPI's own somewhere, so the checks above could fail.
+  if (comm.size() > 1) CHECK(native_by_the_model > 0);
 }
 
 TEST_CASE("invalid calls are rejected before any communication", "[comm][errors]") {

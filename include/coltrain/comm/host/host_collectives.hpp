@@ -123,8 +123,17 @@ class HostCollectives {
 
   // What kAutomatic runs for `collective` over `bytes` bytes.
   Algorithm choose(Collective collective, std::size_t bytes) const {
-    return choose_algorithm(cost_model_, collective, host_layout(), bytes,
-                            backend_ == Backend::kMpi);
+    return choose_algorithm(cost_model_, collective, host_layout(), bytes, native_is_candidate());
+  }
+  // Whether kAutomatic may pick MPI's own collectives. Not where a node's ranks outnumber its
+  // cores: MPICH 4.0.2 (ch4:ucx) spins inside them without giving the core away, so each waiting
+  // rank burns its time slice (5 ranks on 2 cores, 64-byte allreduce: 24.3 ms against 0.40 ms for
+  // coltrain's ring over MPI point-to-point, whose waits yield; docs/collectives.md).
+  bool native_is_candidate() const {
+#if COLTRAIN_WITH_MPI
+    if (mpi_) return !mpi_->shares_cores();
+#endif
+    return false;
   }
 
   // allreduce, reduce_scatter and reduce of `dtype` elements; f16 and bf16 are widened to f32

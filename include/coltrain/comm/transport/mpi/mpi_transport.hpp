@@ -112,6 +112,8 @@ class MpiTransport {
   const CommOptions& options() const { return options_; }
   // Which ranks share a host.
   const HostLayout& host_layout() const { return hosts_; }
+  // Whether this node has more ranks than cores (its waits then yield the core).
+  bool shares_cores() const { return shares_cores_; }
 
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     Operation& op = start(peer, header, /*is_send=*/true);
