@@ -5,6 +5,7 @@
 #include <coltrain/comm/elastic/elastic_group.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
+#include <coltrain/comm/tuning/tuning_file.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -517,6 +518,86 @@ TEST_CASE("automatic leaves MPI's own collectives out where the ranks outnumber 
   }
   // The model alone picks MPI's own somewhere, so the checks above could fail.
   if (comm.size() > 1) CHECK(native_by_the_model > 0);
+}
+
+TEST_CASE("automatic follows a tuning file's rules for this job's shape, the model elsewhere",
+          "[comm][automatic][tuning]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("coltrain_tuning_rank" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (Backend backend : kBackends) {
+    INFO(name_of(backend));
+    Communicator& shared = shared_communicator(backend);
+    const int p = shared.size();
+    const int hosts = shared.host_layout().hosts();
+    // Rules unlike the model's picks: tree below 1 KiB, halving-doubling from there on (the model
+    // picks ring for large vectors), ring for every broadcast.
+    TuningFile file;
+    file.rules.push_back({backend,
+                          Collective::kAllreduce,
+                          p,
+                          hosts,
+                          {{0, Algorithm::kTree}, {1024, Algorithm::kHalvingDoubling}}});
+    file.rules.push_back({backend, Collective::kBroadcast, p, hosts, {{0, Algorithm::kRing}}});
+    CostModel fitted = default_cost_model(backend);
+    fitted.point_to_point.alpha_us = 123.0;
+    file.cost_models[backend] = fitted;
+    // A rule for reduce on p + 1 ranks that the model with the file's constants would not pick.
+    const bool native_candidate =
+        backend == Backend::kMpi && static_cast<unsigned>(shared.host_layout().largest_host()) <=
+                                        std::max(1u, std::thread::hardware_concurrency());
+    const std::size_t large = std::size_t{64} << 20;
+    const Algorithm by_model = choose_algorithm(fitted, Collective::kReduce, shared.host_layout(),
+                                                large, native_candidate);
+    file.rules.push_back(
+        {backend,
+         Collective::kReduce,
+         p + 1,
+         hosts,
+         {{0, by_model == Algorithm::kTree ? Algorithm::kRing : Algorithm::kTree}}});
+    // Through the environment, as a job gets it; each rank writes its own copy.
+    const auto path = dir / (std::string(name_of(backend)) + ".json");
+    save_tuning_file(path, file);
+    ::setenv("COLTRAIN_TUNING_FILE", path.c_str(), 1);
+    Communicator comm = coltrain::testing::make_communicator(backend, comm_options_from_env());
+    ::unsetenv("COLTRAIN_TUNING_FILE");
+    CHECK(comm.cost_model().point_to_point.alpha_us == 123.0);
+    CHECK(comm.choose(Collective::kAllreduce, 1000) == Algorithm::kTree);
+    CHECK(comm.choose(Collective::kAllreduce, 1024) == Algorithm::kHalvingDoubling);
+    CHECK(comm.choose(Collective::kAllreduce, large) == Algorithm::kHalvingDoubling);
+    CHECK(comm.choose(Collective::kBroadcast, large) == Algorithm::kRing);
+    // No rule for reduce on p ranks (the file's is for p + 1): the model, with the file's
+    // constants, decides.
+    CHECK(comm.choose(Collective::kReduce, large) == by_model);
+    if (p > 1) {
+      // The model alone picks another algorithm for some of these, so the rules above mattered.
+      CHECK((shared.choose(Collective::kAllreduce, 1000) != Algorithm::kTree ||
+             shared.choose(Collective::kAllreduce, large) != Algorithm::kHalvingDoubling ||
+             shared.choose(Collective::kBroadcast, large) != Algorithm::kRing));
+    }
+    // Calls under the file's rules still give the exact result.
+    for (std::size_t count : {std::size_t{7}, std::size_t{1500}})
+      check_allreduce<float>(comm, Algorithm::kAutomatic, ReduceOp::kSum, count, false);
+    // A split group keeps the file: its rules for its own shape, none here.
+    std::optional<Communicator> half = comm.split(comm.rank() % 2, comm.rank());
+    REQUIRE(half);
+    CHECK(half->cost_model().point_to_point.alpha_us == 123.0);
+
+    // The API does the same for a communicator made without the variable.
+    TuningFile tree_only;
+    tree_only.rules.push_back({backend, Collective::kAllreduce, p, hosts, {{0, Algorithm::kTree}}});
+    Communicator plain = coltrain::testing::make_communicator(backend);
+    plain.use_tuning(tree_only);
+    CHECK(plain.choose(Collective::kAllreduce, large) == Algorithm::kTree);
+  }
+  // A file that is not a tuning file stops the communicator before it is made, naming the file.
+  const auto bad = dir / "bad.json";
+  std::ofstream(bad) << "{\"format\": \"coltrain-tuning\", \"version\": 7}";
+  CommOptions options;
+  options.tuning_file = bad;
+  CHECK_THROWS_WITH(coltrain::testing::make_communicator(Backend::kTcp, options),
+                    Catch::Contains("tuning file " + bad.string()) && Catch::Contains("not 7"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("invalid calls are rejected before any communication", "[comm][errors]") {

@@ -4,6 +4,8 @@
 #include "../support/thread_ranks.hpp"
 
 #include <coltrain/comm.hpp>
+#include <coltrain/comm/protocol/flight_recorder.hpp>
+#include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/core/json.hpp>
 
 #include <catch2/catch.hpp>

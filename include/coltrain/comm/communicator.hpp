@@ -74,6 +74,7 @@ namespace coltrain::comm {
 
 class FlightRecorder;
 class HostCollectives;
+struct TuningFile;
 
 class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<Communicator> {
  public:
@@ -146,6 +147,11 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   void set_cost_model(const CostModel& model, Memory memory = Memory::kHost);
   const AlgorithmTuning& tuning() const;
   void set_tuning(const AlgorithmTuning& tuning);
+  // Measurements for kAutomatic to choose from: a file benchmarks/coltrain_tune wrote
+  // (load_tuning_file, comm/tuning/tuning_file.hpp). Its rules for this job's shape come first;
+  // its constants replace the cost models of the backends it has. COLTRAIN_TUNING_FILE does this
+  // when the communicator is made. The same file on every rank.
+  void use_tuning(const TuningFile& tuning);
   // How device buffers are staged on MPI and TCP; the same on every rank.
   const StagingOptions& staging_options() const { return staging_options_; }
   void set_staging_options(const StagingOptions& options);

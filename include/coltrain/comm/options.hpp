@@ -49,6 +49,10 @@ struct CommOptions {
   // MASTER_PORT=0 (rank 0 listens on a port the kernel picks, which nothing can take before it).
   // COLTRAIN_PORT_FILE.
   std::filesystem::path port_file;
+  // A tuning file that benchmarks/coltrain_tune wrote (comm/tuning/tuning_file.hpp): kAutomatic
+  // then chooses from what was measured there. Empty: the built-in cost model.
+  // COLTRAIN_TUNING_FILE.
+  std::filesystem::path tuning_file;
 };
 
 namespace detail {

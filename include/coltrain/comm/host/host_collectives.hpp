@@ -27,6 +27,7 @@
 #include <coltrain/comm/request.hpp>
 #include <coltrain/comm/transport/tcp/tcp_transport.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
+#include <coltrain/comm/tuning/tuning_file.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
@@ -49,6 +50,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -121,8 +123,25 @@ class HostCollectives {
   AlgorithmTuning& tuning() { return tuning_; }
   const AlgorithmTuning& tuning() const { return tuning_; }
 
-  // What kAutomatic runs for `collective` over `bytes` bytes.
+  // Measurements to choose from (comm/tuning/tuning_file.hpp): the file's constants for this
+  // backend replace the cost model's, and its rules come first.
+  void use_tuning(std::shared_ptr<const TuningFile> tuning) {
+    if (tuning) {
+      const auto model = tuning->cost_models.find(backend_);
+      if (model != tuning->cost_models.end()) cost_model_ = model->second;
+    }
+    tuning_file_ = std::move(tuning);
+  }
+  const std::shared_ptr<const TuningFile>& tuning_file() const { return tuning_file_; }
+
+  // What kAutomatic runs for `collective` over `bytes` bytes: the tuning file's rule for this
+  // job's shape where it has one, else the cheapest by the cost model.
   Algorithm choose(Collective collective, std::size_t bytes) const {
+    if (tuning_file_) {
+      const std::optional<Algorithm> measured =
+          tuning_file_->rule_for(backend_, collective, size(), host_layout().hosts(), bytes);
+      if (measured && (*measured != Algorithm::kNative || native_is_candidate())) return *measured;
+    }
     return choose_algorithm(cost_model_, collective, host_layout(), bytes, native_is_candidate());
   }
   // Whether kAutomatic may pick MPI's own collectives. Not where a node's ranks outnumber its
@@ -351,13 +370,17 @@ class HostCollectives {
     if (child) {
       child->cost_model_ = cost_model_;
       child->tuning_ = tuning_;
+      child->tuning_file_ = tuning_file_;
     }
     return child;
   }
 
  private:
   HostCollectives(Backend backend, const CommOptions& options)
-      : backend_(backend), options_(options), cost_model_(default_cost_model(backend)) {}
+      : backend_(backend), options_(options), cost_model_(default_cost_model(backend)) {
+    if (!options.tuning_file.empty())
+      use_tuning(std::make_shared<const TuningFile>(load_tuning_file(options.tuning_file)));
+  }
 
   std::size_t group_size() const { return static_cast<std::size_t>(size()); }
 
@@ -591,6 +614,7 @@ class HostCollectives {
   Backend backend_;
   CommOptions options_;
   CostModel cost_model_;
+  std::shared_ptr<const TuningFile> tuning_file_;  // null: the cost model alone
   AlgorithmTuning tuning_;
   std::uint64_t sequence_ = 0;
   // SIGUSR1's thread holds its address: this object never moves (Communicator holds it by pointer).

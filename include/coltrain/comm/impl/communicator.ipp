@@ -107,6 +107,10 @@ COLTRAIN_DECL Communicator::Communicator(Backend backend, std::unique_ptr<HostCo
       host_backend_(backend),
       host_(std::move(host)),
       device_cost_model_(default_cost_model(Backend::kNccl)) {
+  if (const auto& tuning = host_->tuning_file()) {
+    const auto nccl = tuning->cost_models.find(Backend::kNccl);
+    if (nccl != tuning->cost_models.end()) device_cost_model_ = nccl->second;
+  }
   start_recording(host_->options(), names_process);
 }
 
@@ -148,6 +152,11 @@ COLTRAIN_DECL void Communicator::set_cost_model(const CostModel& model, Memory m
 COLTRAIN_DECL const AlgorithmTuning& Communicator::tuning() const { return host_->tuning(); }
 COLTRAIN_DECL void Communicator::set_tuning(const AlgorithmTuning& tuning) {
   host_->tuning() = tuning;
+}
+COLTRAIN_DECL void Communicator::use_tuning(const TuningFile& tuning) {
+  const auto nccl = tuning.cost_models.find(Backend::kNccl);
+  if (nccl != tuning.cost_models.end()) device_cost_model_ = nccl->second;
+  host_->use_tuning(std::make_shared<const TuningFile>(tuning));
 }
 
 COLTRAIN_DECL Algorithm Communicator::choose(Collective collective, std::size_t bytes,

@@ -65,6 +65,7 @@ COLTRAIN_DECL CommOptions comm_options_from_env() {
   }
   if (const char* dir = detail::nonempty_env("COLTRAIN_TRACE_DIR")) options.trace_dir = dir;
   if (const char* file = detail::nonempty_env("COLTRAIN_PORT_FILE")) options.port_file = file;
+  if (const char* file = detail::nonempty_env("COLTRAIN_TUNING_FILE")) options.tuning_file = file;
   if (const char* shm = detail::nonempty_env("COLTRAIN_SHM")) {
     const std::string value = shm;
     if (value != "0" && value != "1")
