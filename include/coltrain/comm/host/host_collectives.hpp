@@ -127,8 +127,7 @@ class HostCollectives {
   // backend replace the cost model's, and its rules come first.
   void use_tuning(std::shared_ptr<const TuningFile> tuning) {
     if (tuning) {
-      const auto model = tuning->cost_models.find(backend_);
-      if (model != tuning->cost_models.end()) cost_model_ = model->second;
+      if (const CostModel* model = tuning->cost_model_for(backend_)) cost_model_ = *model;
     }
     tuning_file_ = std::move(tuning);
   }
@@ -403,7 +402,8 @@ class HostCollectives {
       COLTRAIN_CHECK_MPI(
           MPI_Comm_split(mpi_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &raw));
       if (raw == MPI_COMM_NULL) return nullptr;
-      auto child = std::unique_ptr<HostCollectives>(new HostCollectives(Backend::kMpi, options_));
+      auto child =
+          std::unique_ptr<HostCollectives>(new HostCollectives(Backend::kMpi, options_for_split()));
       child->mpi_session_ = mpi_session_;
       try {
         child->mpi_ = std::make_unique<MpiTransport>(raw, options_);  // a duplicate of raw
@@ -434,7 +434,15 @@ class HostCollectives {
     const int new_rank = static_cast<int>(position);
     std::vector<detail::FileDescriptor> sockets =
         detail::connect_split_mesh(entries, members, new_rank, listener, options_, context);
-    return tcp(new_rank, std::move(sockets), tcp_->launch_env(), options_);
+    return tcp(new_rank, std::move(sockets), tcp_->launch_env(), options_for_split());
+  }
+
+  // A split group's options: this group's, without the tuning file's path. split() hands the group
+  // this group's tuning, already read, so the file is not read again (nor missed, if it has gone).
+  CommOptions options_for_split() const {
+    CommOptions options = options_;
+    options.tuning_file.clear();
+    return options;
   }
 
   // Validates the algorithm, resolves kAutomatic, and numbers the call.

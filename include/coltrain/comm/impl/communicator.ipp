@@ -108,8 +108,7 @@ COLTRAIN_DECL Communicator::Communicator(Backend backend, std::unique_ptr<HostCo
       host_(std::move(host)),
       device_cost_model_(default_cost_model(Backend::kNccl)) {
   if (const auto& tuning = host_->tuning_file()) {
-    const auto nccl = tuning->cost_models.find(Backend::kNccl);
-    if (nccl != tuning->cost_models.end()) device_cost_model_ = nccl->second;
+    if (const CostModel* nccl = tuning->cost_model_for(Backend::kNccl)) device_cost_model_ = *nccl;
   }
   start_recording(host_->options(), names_process);
 }
@@ -154,8 +153,7 @@ COLTRAIN_DECL void Communicator::set_tuning(const AlgorithmTuning& tuning) {
   host_->tuning() = tuning;
 }
 COLTRAIN_DECL void Communicator::use_tuning(const TuningFile& tuning) {
-  const auto nccl = tuning.cost_models.find(Backend::kNccl);
-  if (nccl != tuning.cost_models.end()) device_cost_model_ = nccl->second;
+  if (const CostModel* nccl = tuning.cost_model_for(Backend::kNccl)) device_cost_model_ = *nccl;
   host_->use_tuning(std::make_shared<const TuningFile>(tuning));
 }
 

@@ -53,6 +53,12 @@ struct TuningFile {
   std::vector<CollectiveRules> rules;
   Json measured;  // where, when and how it was measured; kept, not interpreted
 
+  // The fitted constants of `backend`, or null where the file has none.
+  const CostModel* cost_model_for(Backend backend) const {
+    const auto found = cost_models.find(backend);
+    return found == cost_models.end() ? nullptr : &found->second;
+  }
+
   // The measured algorithm for a call, where a rule covers its backend, collective and shape.
   std::optional<Algorithm> rule_for(Backend backend, Collective collective, int ranks, int hosts,
                                     std::size_t bytes) const {
