@@ -319,7 +319,7 @@ function(coltrain_add_header_checks)
     file(CONFIGURE OUTPUT "${check_dir}/all_headers.cu"
          CONTENT "${all_includes}int main() { return 0; }\n")
     # Compiled completely, host compile included, unless the build skips the host compile of GPU
-    # code (COLTRAIN_GPU_CHECK_ONLY); the GPU samples then compile the headers completely.
+    # code (COLTRAIN_GPU_CHECK_ONLY); mnist_convnet_cuda then compiles the headers completely.
     set(phase -c)
     if(COLTRAIN_GPU_CHECK_ONLY)
       set(phase -cuda)
