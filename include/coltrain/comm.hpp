@@ -4,6 +4,7 @@
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/elastic/elastic_group.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/rendezvous/store_rendezvous.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/tuning/tuning_file.hpp>
 #include <coltrain/comm/types.hpp>

@@ -1,0 +1,831 @@
+// ProcessGroupColtrain: coltrain's collectives as a torch.distributed backend (c10d::ProcessGroup
+// of PyTorch 1.13). Ranks meet through the c10d Store that init_process_group made
+// (tcp_over_store), then talk over coltrain's TCP transport (shared memory between ranks of a
+// host). Every operation is one of coltrain's non-blocking calls: its Request runs on the
+// communicator's progress thread, in issue order, and a completion thread of this group waits for
+// the requests in that order, copies results where a staging buffer was needed, and completes the
+// Work and its Future (DDP waits on the Future). Errors (a peer that died, a mismatched call, a
+// wrong secret) reach Python as RuntimeError with coltrain's message, which names rank, peer and
+// operation.
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <pybind11/chrono.h>
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/options.hpp>
+#include <coltrain/comm/rendezvous/store_rendezvous.hpp>
+#include <coltrain/core/dtype.hpp>
+#include <coltrain/core/env.hpp>
+#include <coltrain/core/launch_env.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace coltrain_torch {
+
+namespace comm = coltrain::comm;
+
+// c10d's Store as what coltrain's rendezvous reads and writes.
+class C10dStore final : public comm::RendezvousStore {
+ public:
+  explicit C10dStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, std::span<const std::byte> value) override {
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(value.data());
+    store_->set(key, std::vector<std::uint8_t>(bytes, bytes + value.size()));
+  }
+  std::vector<std::byte> get(const std::string& key) override {
+    const std::vector<std::uint8_t> value = store_->get(key);
+    const auto* bytes = reinterpret_cast<const std::byte*>(value.data());
+    return {bytes, bytes + value.size()};
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// A Work that the group's completion thread finishes; its Future holds the output tensors.
+class ColtrainWork final : public c10d::Work {
+ public:
+  ColtrainWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+      : Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<at::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  // The Future first: a caller that returns from wait() may read it at once.
+  void complete(std::exception_ptr error) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    finish(error);
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<at::ivalue::Future> future_;
+};
+
+// The element type coltrain moves a tensor as. Reductions need the tensor's own type; data
+// movement of the other types (uint8 of pickled objects, bool, int8, int16) goes as 32-bit words,
+// through a padded staging copy where the byte count is not a multiple of 4.
+enum class Element { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kWords };
+
+inline Element element_of(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat:
+      return Element::kFloat32;
+    case at::kDouble:
+      return Element::kFloat64;
+    case at::kHalf:
+      return Element::kFloat16;
+    case at::kBFloat16:
+      return Element::kBFloat16;
+    case at::kInt:
+      return Element::kInt32;
+    case at::kLong:
+      return Element::kInt64;
+    default:
+      return Element::kWords;
+  }
+}
+
+template <class F>
+decltype(auto) with_element(Element element, F&& f) {
+  switch (element) {
+    case Element::kFloat32:
+      return f(float{});
+    case Element::kFloat64:
+      return f(double{});
+    case Element::kFloat16:
+      return f(coltrain::half{});
+    case Element::kBFloat16:
+      return f(coltrain::bfloat16{});
+    case Element::kInt32:
+      return f(std::int32_t{});
+    case Element::kInt64:
+      return f(std::int64_t{});
+    case Element::kWords:
+      return f(std::int32_t{});
+  }
+  throw std::logic_error("unknown element type");
+}
+
+template <class T>
+std::span<T> span_of(const at::Tensor& tensor) {
+  return {reinterpret_cast<T*>(tensor.data_ptr()),
+          static_cast<std::size_t>(tensor.nbytes() / sizeof(T))};
+}
+
+// The buffer a call works on for `tensor`: the tensor itself when it is contiguous (and, for words,
+// a multiple of 4 bytes), else a staging copy of `words` 32-bit words (0: the tensor's own size)
+// whose bytes go back to the tensor after the call when `copy_back`.
+struct Buffer {
+  at::Tensor tensor;  // what the call reads and writes
+  at::Tensor user;    // the caller's tensor
+  bool staged = false;
+};
+
+// Whether coltrain can work on `tensor` in place: contiguous and, moved as words, a whole number
+// of aligned words.
+inline bool usable_in_place(const at::Tensor& tensor) {
+  if (!tensor.is_contiguous()) return false;
+  if (element_of(tensor) != Element::kWords) return true;
+  return tensor.nbytes() % 4 == 0 && reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) % 4 == 0;
+}
+
+inline std::size_t words_for(std::size_t bytes) { return (bytes + 3) / 4; }
+
+inline Buffer buffer_for(const at::Tensor& tensor) {
+  Buffer buffer{tensor, tensor, false};
+  if (usable_in_place(tensor)) return buffer;
+  if (element_of(tensor) != Element::kWords) {
+    buffer.tensor = tensor.contiguous();
+  } else {
+    buffer.tensor = at::zeros({static_cast<std::int64_t>(words_for(tensor.nbytes()))}, at::kInt);
+    const at::Tensor contiguous = tensor.contiguous();
+    std::memcpy(buffer.tensor.data_ptr(), contiguous.data_ptr(), contiguous.nbytes());
+  }
+  buffer.staged = true;
+  return buffer;
+}
+
+// A flat buffer of `blocks` blocks shaped like `buffer` (one rank's block each).
+inline at::Tensor blocks_like(const Buffer& buffer, int blocks) {
+  const at::Tensor& block = buffer.tensor;
+  if (element_of(buffer.user) == Element::kWords) {
+    return at::empty({static_cast<std::int64_t>(blocks * (block.nbytes() / 4))}, at::kInt);
+  }
+  return at::empty({blocks * block.numel()}, block.options());
+}
+
+// Copies to.nbytes() bytes of the contiguous `from`, starting at byte `offset`, into `to`.
+inline void copy_bytes_into(at::Tensor& to, const at::Tensor& from, std::size_t offset) {
+  const auto* source = static_cast<const std::byte*>(from.data_ptr()) + offset;
+  if (to.is_contiguous()) {
+    std::memcpy(to.data_ptr(), source, to.nbytes());
+    return;
+  }
+  at::Tensor contiguous = at::empty_like(to, at::MemoryFormat::Contiguous);
+  std::memcpy(contiguous.data_ptr(), source, contiguous.nbytes());
+  to.copy_(contiguous);
+}
+
+// Copies the bytes of `from` into the contiguous `to` at byte `offset`.
+inline void copy_bytes_from(const at::Tensor& to, const at::Tensor& from, std::size_t offset) {
+  const at::Tensor contiguous = from.contiguous();
+  std::memcpy(static_cast<std::byte*>(to.data_ptr()) + offset, contiguous.data_ptr(),
+              contiguous.nbytes());
+}
+
+inline void copy_back(Buffer& buffer) {
+  if (buffer.staged) copy_bytes_into(buffer.user, buffer.tensor, 0);
+}
+
+inline std::optional<comm::ReduceOp> coltrain_op(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return comm::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return comm::ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT:
+      return comm::ReduceOp::kProd;
+    case c10d::ReduceOp::MIN:
+      return comm::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return comm::ReduceOp::kMax;
+    default:
+      return std::nullopt;
+  }
+}
+
+inline const char* op_name(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "this op";
+  }
+}
+
+class ProcessGroupColtrain final : public c10d::ProcessGroup {
+ public:
+  ProcessGroupColtrain(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size), communicator_(connect(store, rank, size, timeout)) {
+    completer_ = std::thread([this] { complete_in_order(); });
+  }
+
+  ~ProcessGroupColtrain() override {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    queued_.notify_all();
+    completer_.join();
+  }
+
+  const std::string getBackendName() const override { return "coltrain"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    const at::Tensor& tensor = one_tensor(tensors, "allreduce");
+    const comm::ReduceOp op = reduce_op(opts.reduceOp, tensor, "allreduce");
+    auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
+    return issue(
+        c10d::OpType::ALLREDUCE, {tensor},
+        [&, buffer] {
+          return with_element(element_of(tensor), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.iallreduce(span_of<T>(buffer->tensor), op);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    if (tensors.empty()) throw_invalid("allreduce_coalesced", "needs at least one tensor");
+    for (const at::Tensor& tensor : tensors) {
+      check_cpu(tensor, "allreduce_coalesced");
+      if (tensor.scalar_type() != tensors.front().scalar_type()) {
+        throw_invalid("allreduce_coalesced", "needs tensors of one dtype");
+      }
+    }
+    const comm::ReduceOp op = reduce_op(opts.reduceOp, tensors.front(), "allreduce_coalesced");
+    std::vector<at::Tensor> flat_inputs;
+    for (const at::Tensor& tensor : tensors) flat_inputs.push_back(tensor.reshape({-1}));
+    auto flat = std::make_shared<at::Tensor>(at::cat(flat_inputs));
+    std::vector<at::Tensor> outputs = tensors;
+    return issue(
+        c10d::OpType::ALLREDUCE_COALESCED, outputs,
+        [&, flat] {
+          return with_element(element_of(*flat), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.iallreduce(span_of<T>(*flat), op);
+          });
+        },
+        [flat, outputs]() mutable {
+          std::int64_t offset = 0;
+          for (at::Tensor& tensor : outputs) {
+            tensor.copy_(flat->narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+            offset += tensor.numel();
+          }
+        });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    const at::Tensor& tensor = one_tensor(tensors, "broadcast");
+    const int root = root_rank(opts.rootRank, "broadcast");
+    auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
+    return issue(
+        c10d::OpType::BROADCAST, {tensor},
+        [&, buffer] {
+          return with_element(element_of(buffer->tensor), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.ibroadcast(span_of<T>(buffer->tensor), root);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    const at::Tensor& tensor = one_tensor(tensors, "reduce");
+    const comm::ReduceOp op = reduce_op(opts.reduceOp, tensor, "reduce");
+    const int root = root_rank(opts.rootRank, "reduce");
+    auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
+    return issue(
+        c10d::OpType::REDUCE, {tensor},
+        [&, buffer] {
+          return with_element(element_of(tensor), [&](auto element) {
+            using T = decltype(element);
+            const std::span<T> data = span_of<T>(buffer->tensor);
+            return communicator_.ireduce(std::span<const T>(data), data, root, op);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    const at::Tensor& input = one_tensor(inputs, "allgather");
+    std::vector<at::Tensor> blocks = block_list(outputs, input, "allgather", "output");
+    return allgather_blocks(c10d::OpType::ALLGATHER, blocks, blocks, input);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    check_cpu(input, "allgather_into_tensor");
+    check_flat(output, input, getSize(), "allgather_into_tensor", "output");
+    if (!output.is_contiguous())
+      throw_invalid("allgather_into_tensor", "needs a contiguous output");
+    // Views of the output, one block per rank, which the blocks are copied into.
+    const at::Tensor flat = output.view({-1});
+    std::vector<at::Tensor> blocks;
+    for (int r = 0; r < getSize(); ++r)
+      blocks.push_back(flat.narrow(0, r * input.numel(), input.numel()));
+    return allgather_blocks(c10d::OpType::_ALLGATHER_BASE, {output}, blocks, input);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const at::Tensor& input = one_tensor(inputs, "gather");
+    const int root = root_rank(opts.rootRank, "gather");
+    const bool is_root = getRank() == root;
+    std::vector<at::Tensor> blocks;
+    if (is_root) {
+      blocks = block_list(outputs, input, "gather", "output");
+    } else if (!outputs.empty() && !outputs.front().empty()) {
+      throw_invalid("gather",
+                    "takes output tensors on the root only (rank " + std::to_string(root) + ")");
+    }
+    auto buffer = std::make_shared<Buffer>(buffer_for(input));
+    auto flat = std::make_shared<at::Tensor>(blocks_like(*buffer, is_root ? getSize() : 0));
+    return issue(
+        c10d::OpType::GATHER, blocks,
+        [&, buffer, flat] {
+          return with_element(element_of(input), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.igather(std::span<const T>(span_of<T>(buffer->tensor)),
+                                         span_of<T>(*flat), root);
+          });
+        },
+        [blocks, flat, stride = buffer->tensor.nbytes()]() mutable {
+          for (std::size_t r = 0; r < blocks.size(); ++r)
+            copy_bytes_into(blocks[r], *flat, r * stride);
+        });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const at::Tensor& output = one_tensor(outputs, "scatter");
+    const int root = root_rank(opts.rootRank, "scatter");
+    const bool is_root = getRank() == root;
+    auto buffer = std::make_shared<Buffer>(buffer_for(output));
+    auto flat = std::make_shared<at::Tensor>(blocks_like(*buffer, is_root ? getSize() : 0));
+    if (is_root) {
+      const std::vector<at::Tensor> blocks = block_list(inputs, output, "scatter", "input");
+      const std::size_t stride = buffer->tensor.nbytes();
+      for (std::size_t r = 0; r < blocks.size(); ++r) copy_bytes_from(*flat, blocks[r], r * stride);
+    } else if (!inputs.empty() && !inputs.front().empty()) {
+      throw_invalid("scatter",
+                    "takes input tensors on the root only (rank " + std::to_string(root) + ")");
+    }
+    return issue(
+        c10d::OpType::SCATTER, {output},
+        [&, buffer, flat] {
+          return with_element(element_of(output), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.iscatter(std::span<const T>(span_of<T>(*flat)),
+                                          span_of<T>(buffer->tensor), root);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const at::Tensor& output = one_tensor(outputs, "reduce_scatter");
+    const comm::ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter");
+    const std::vector<at::Tensor> blocks = block_list(inputs, output, "reduce_scatter", "input");
+    std::vector<at::Tensor> flat_blocks;
+    for (const at::Tensor& block : blocks) flat_blocks.push_back(block.reshape({-1}));
+    auto flat = std::make_shared<at::Tensor>(at::cat(flat_blocks));
+    auto buffer = std::make_shared<Buffer>(buffer_for(output));
+    return issue(
+        c10d::OpType::REDUCE_SCATTER, {output},
+        [&, buffer, flat] {
+          return with_element(element_of(output), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
+                                                 span_of<T>(buffer->tensor), op);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    check_cpu(output, "reduce_scatter_tensor");
+    check_cpu(input, "reduce_scatter_tensor");
+    check_flat(input, output, getSize(), "reduce_scatter_tensor", "input");
+    const comm::ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter_tensor");
+    auto flat = std::make_shared<at::Tensor>(input.contiguous());
+    auto buffer = std::make_shared<Buffer>(buffer_for(output));
+    return issue(
+        c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+        [&, buffer, flat] {
+          return with_element(element_of(output), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
+                                                 span_of<T>(buffer->tensor), op);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<std::int64_t>& output_splits,
+                                               std::vector<std::int64_t>& input_splits,
+                                               const c10d::AllToAllOptions&) override {
+    check_cpu(output, "all_to_all_single");
+    check_cpu(input, "all_to_all_single");
+    if (output.scalar_type() != input.scalar_type()) {
+      throw_invalid("all_to_all_single", "needs input and output of one dtype");
+    }
+    const std::size_t size = static_cast<std::size_t>(getSize());
+    // Counts in bytes first: dim-0 splits times the bytes of a row; equal blocks when not given.
+    const auto byte_counts = [&](const at::Tensor& tensor, const std::vector<std::int64_t>& splits,
+                                 const char* which) {
+      std::vector<std::size_t> counts(size);
+      const std::size_t rows = tensor.dim() == 0 ? 1 : static_cast<std::size_t>(tensor.size(0));
+      const std::size_t row_bytes = rows == 0 ? 0 : tensor.nbytes() / rows;
+      if (splits.empty()) {
+        if (rows % size != 0) {
+          throw_invalid("all_to_all_single", std::string("cannot split the ") + which + "'s " +
+                                                 std::to_string(rows) + " rows into " +
+                                                 std::to_string(size) + " equal blocks");
+        }
+        std::fill(counts.begin(), counts.end(), rows / size * row_bytes);
+      } else {
+        if (splits.size() != size) {
+          throw_invalid("all_to_all_single", std::string("has ") + std::to_string(splits.size()) +
+                                                 " " + which + " split sizes for " +
+                                                 std::to_string(size) + " ranks");
+        }
+        std::size_t total = 0;
+        for (std::size_t r = 0; r < size; ++r) {
+          counts[r] = static_cast<std::size_t>(splits[r]) * row_bytes;
+          total += static_cast<std::size_t>(splits[r]);
+        }
+        if (total != rows) {
+          throw_invalid("all_to_all_single", std::string("has ") + which +
+                                                 " split sizes summing to " +
+                                                 std::to_string(total) + ", not the " +
+                                                 std::to_string(rows) + " rows of the " + which);
+        }
+      }
+      return counts;
+    };
+    return alltoall_bytes(c10d::OpType::ALLTOALL_BASE, {output}, input.contiguous(),
+                          byte_counts(input, input_splits, "input"), output,
+                          byte_counts(output, output_splits, "output"), "all_to_all_single");
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    const std::size_t size = static_cast<std::size_t>(getSize());
+    if (outputs.size() != size || inputs.size() != size) {
+      throw_invalid("all_to_all",
+                    "takes " + std::to_string(size) + " input and output tensors, not " +
+                        std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+    }
+    std::vector<std::size_t> send(size), received(size);
+    std::vector<at::Tensor> flat_inputs, flat_outputs;
+    for (std::size_t r = 0; r < size; ++r) {
+      check_cpu(inputs[r], "all_to_all");
+      check_cpu(outputs[r], "all_to_all");
+      if (inputs[r].scalar_type() != inputs.front().scalar_type() ||
+          outputs[r].scalar_type() != inputs.front().scalar_type()) {
+        throw_invalid("all_to_all", "needs tensors of one dtype");
+      }
+      send[r] = inputs[r].nbytes();
+      received[r] = outputs[r].nbytes();
+      flat_inputs.push_back(inputs[r].reshape({-1}));
+    }
+    const at::Tensor input = at::cat(flat_inputs);
+    std::int64_t total = 0;
+    for (const at::Tensor& out : outputs) total += out.numel();
+    const at::Tensor output = at::empty({total}, inputs.front().options());
+    return alltoall_bytes(c10d::OpType::ALLTOALL, outputs, input, send, output, received,
+                          "all_to_all", [outputs, output]() mutable {
+                            std::size_t offset = 0;
+                            for (at::Tensor& out : outputs) {
+                              copy_bytes_into(out, output, offset);
+                              offset += out.nbytes();
+                            }
+                          });
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int peer,
+                                      int tag) override {
+    const at::Tensor& tensor = one_tensor(tensors, "send");
+    check_peer(peer, tag, "send");
+    auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
+    return issue(c10d::OpType::SEND, {tensor}, [&, buffer] {
+      return with_element(element_of(tensor), [&](auto element) {
+        using T = decltype(element);
+        return communicator_.isend(std::span<const T>(span_of<T>(buffer->tensor)), peer, tag);
+      });
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int peer,
+                                      int tag) override {
+    const at::Tensor& tensor = one_tensor(tensors, "recv");
+    check_peer(peer, tag, "recv");
+    auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
+    return issue(
+        c10d::OpType::RECV, {tensor},
+        [&, buffer] {
+          return with_element(element_of(tensor), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.irecv(span_of<T>(buffer->tensor), peer, tag);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
+    throw_invalid("recv", "needs the source rank: coltrain matches messages by sender and tag");
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    return issue(c10d::OpType::BARRIER, {}, [&] { return communicator_.ibarrier(); });
+  }
+
+ private:
+  using Issue = std::function<comm::Request()>;
+
+  static comm::Communicator connect(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                    int size, std::chrono::milliseconds timeout) {
+    comm::CommOptions options = comm::comm_options_from_env();
+    // init_process_group's timeout, unless COLTRAIN_TIMEOUT says otherwise.
+    if (comm::detail::nonempty_env("COLTRAIN_TIMEOUT") == nullptr && timeout.count() > 0) {
+      options.timeout = timeout;
+    }
+    C10dStore adapter(store);
+    return comm::tcp_over_store(adapter, rank, size, options);
+  }
+
+  [[noreturn]] void throw_invalid(const std::string& op, const std::string& what) const {
+    TORCH_CHECK(false, "coltrain: rank ", getRank(), ": ", op, " ", what);
+  }
+
+  void check_cpu(const at::Tensor& tensor, const std::string& op) const {
+    if (!tensor.device().is_cpu()) {
+      throw_invalid(op, "got a tensor on " + tensor.device().str() +
+                            "; this build of coltrain_torch takes CPU tensors");
+    }
+  }
+
+  const at::Tensor& one_tensor(const std::vector<at::Tensor>& tensors,
+                               const std::string& op) const {
+    if (tensors.size() != 1) {
+      throw_invalid(op, "takes one tensor per call, not " + std::to_string(tensors.size()));
+    }
+    check_cpu(tensors.front(), op);
+    return tensors.front();
+  }
+
+  comm::ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& tensor,
+                           const std::string& name) const {
+    const std::optional<comm::ReduceOp> ours = coltrain_op(op);
+    if (!ours) {
+      throw_invalid(name, std::string("does not support ReduceOp.") + op_name(op) +
+                              "; coltrain reduces with SUM, AVG, PRODUCT, MIN and MAX");
+    }
+    if (element_of(tensor) == Element::kWords) {
+      throw_invalid(name, "cannot reduce " + std::string(c10::toString(tensor.scalar_type())) +
+                              " tensors; coltrain reduces float32, float64, float16, bfloat16, "
+                              "int32 and int64");
+    }
+    return *ours;
+  }
+
+  int root_rank(std::int64_t root, const std::string& op) const {
+    if (root < 0 || root >= getSize()) {
+      throw_invalid(op, "root " + std::to_string(root) + " is outside a group of " +
+                            std::to_string(getSize()) + " ranks");
+    }
+    return static_cast<int>(root);
+  }
+
+  void check_peer(int peer, int tag, const std::string& op) const {
+    if (peer < 0 || peer >= getSize() || peer == getRank()) {
+      throw_invalid(op, "cannot address rank " + std::to_string(peer) + " in a group of " +
+                            std::to_string(getSize()) + " ranks");
+    }
+    if (tag < 0 || tag > comm::Communicator::kMaxTag) {
+      throw_invalid(op, "takes tags from 0 to " + std::to_string(comm::Communicator::kMaxTag) +
+                            ", not " + std::to_string(tag));
+    }
+  }
+
+  // The one list of `size` blocks shaped like `block`, for the list forms of the collectives.
+  std::vector<at::Tensor> block_list(const std::vector<std::vector<at::Tensor>>& lists,
+                                     const at::Tensor& block, const std::string& op,
+                                     const std::string& which) const {
+    if (lists.size() != 1 || lists.front().size() != static_cast<std::size_t>(getSize())) {
+      throw_invalid(op,
+                    "takes one list of " + std::to_string(getSize()) + " " + which + " tensors");
+    }
+    for (const at::Tensor& tensor : lists.front()) {
+      check_cpu(tensor, op);
+      if (tensor.scalar_type() != block.scalar_type() || tensor.numel() != block.numel()) {
+        throw_invalid(op, "needs every " + which + " tensor of the input's dtype and size (" +
+                              std::to_string(block.numel()) + " elements)");
+      }
+    }
+    return lists.front();
+  }
+
+  // `flat` holds `blocks` blocks of `block`'s dtype and size.
+  void check_flat(const at::Tensor& flat, const at::Tensor& block, int blocks,
+                  const std::string& op, const std::string& which) const {
+    check_cpu(flat, op);
+    if (flat.scalar_type() != block.scalar_type() || flat.numel() != blocks * block.numel()) {
+      throw_invalid(op, "needs the " + which + " to hold " + std::to_string(blocks) + " x " +
+                            std::to_string(block.numel()) + " elements of the other's dtype, not " +
+                            std::to_string(flat.numel()));
+    }
+  }
+
+  // alltoallv over byte counts: as the tensor's own elements, or as words when each count is a
+  // whole number of words.
+  c10::intrusive_ptr<c10d::Work> alltoall_bytes(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                const at::Tensor& input,
+                                                const std::vector<std::size_t>& send_bytes,
+                                                const at::Tensor& output,
+                                                const std::vector<std::size_t>& receive_bytes,
+                                                const std::string& op,
+                                                std::function<void()> after = {}) {
+    if (!output.is_contiguous()) throw_invalid(op, "needs a contiguous output");
+    const Element element = element_of(input);
+    const std::size_t unit = element == Element::kWords ? 4 : input.element_size();
+    auto counts = std::make_shared<std::vector<std::size_t>>();
+    for (const auto* bytes : {&send_bytes, &receive_bytes}) {
+      std::size_t offset = 0;
+      std::vector<std::size_t> displacements;
+      for (std::size_t b : *bytes) {
+        if (b % unit != 0) {
+          throw_invalid(op, "moves " + std::string(c10::toString(input.scalar_type())) +
+                                " blocks of whole 4-byte words only");
+        }
+        displacements.push_back(offset / unit);
+        offset += b;
+      }
+      for (std::size_t b : *bytes) counts->push_back(b / unit);
+      counts->insert(counts->end(), displacements.begin(), displacements.end());
+    }
+    auto kept = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
+    const std::size_t p = static_cast<std::size_t>(getSize());
+    return issue(
+        type, std::move(outputs),
+        [&, counts, kept] {
+          return with_element(element, [&](auto e) {
+            using T = decltype(e);
+            const std::span<const std::size_t> all(*counts);
+            return communicator_.ialltoallv(
+                std::span<const T>(span_of<T>(kept->first)), all.subspan(0, p), all.subspan(p, p),
+                span_of<T>(kept->second), all.subspan(2 * p, p), all.subspan(3 * p, p));
+          });
+        },
+        std::move(after));
+  }
+
+  // allgather into `blocks` (one per rank, shaped like `input`); the Work holds `outputs`.
+  c10::intrusive_ptr<c10d::Work> allgather_blocks(c10d::OpType type,
+                                                  std::vector<at::Tensor> outputs,
+                                                  std::vector<at::Tensor> blocks,
+                                                  const at::Tensor& input) {
+    auto buffer = std::make_shared<Buffer>(buffer_for(input));
+    auto flat = std::make_shared<at::Tensor>(blocks_like(*buffer, getSize()));
+    return issue(
+        type, std::move(outputs),
+        [&, buffer, flat] {
+          return with_element(element_of(input), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.iallgather(std::span<const T>(span_of<T>(buffer->tensor)),
+                                            span_of<T>(*flat));
+          });
+        },
+        [blocks, flat, stride = buffer->tensor.nbytes()]() mutable {
+          for (std::size_t r = 0; r < blocks.size(); ++r)
+            copy_bytes_into(blocks[r], *flat, r * stride);
+        });
+  }
+
+  // Issues the call (under the group's lock, so calls from several threads keep one order) and
+  // queues its completion. The call and `after` keep the buffers they captured (staging copies,
+  // flattened inputs) alive until the request is complete.
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                       Issue call, std::function<void()> after = {}) {
+    auto work = c10::make_intrusive<ColtrainWork>(getRank(), type, std::move(outputs));
+    const std::lock_guard lock(mutex_);
+    Pending pending{comm::Request(), work, std::move(call), std::move(after), nullptr};
+    try {
+      pending.request = pending.call();
+    } catch (...) {
+      pending.error = std::current_exception();
+    }
+    pending_.push_back(std::move(pending));
+    queued_.notify_one();
+    return work;
+  }
+
+  struct Pending {
+    comm::Request request;
+    c10::intrusive_ptr<ColtrainWork> work;
+    Issue call;
+    std::function<void()> after;
+    std::exception_ptr error;
+  };
+
+  void complete_in_order() {
+    for (;;) {
+      Pending pending;
+      {
+        std::unique_lock lock(mutex_);
+        queued_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+        if (pending_.empty()) return;
+        pending = std::move(pending_.front());
+        pending_.pop_front();
+      }
+      std::exception_ptr error = pending.error;
+      if (!error) {
+        try {
+          pending.request.wait();
+          if (pending.after) pending.after();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      pending.work->complete(error);
+    }
+  }
+
+  comm::Communicator communicator_;
+  std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<Pending> pending_;
+  bool stopping_ = false;
+  std::thread completer_;
+};
+
+}  // namespace coltrain_torch
+
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    const std::chrono::duration<float>& timeout) {
+  return c10::make_intrusive<coltrain_torch::ProcessGroupColtrain>(
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.doc() = "coltrain's collectives as a torch.distributed backend";
+  module.def("create_process_group", &create_process_group, pybind11::arg("store"),
+             pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+             pybind11::call_guard<pybind11::gil_scoped_release>(),
+             "The backend's creator for torch.distributed.Backend.register_backend.");
+  module.def(
+      "launch_env",
+      [] {
+        const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+        pybind11::dict result;
+        result["rank"] = env.rank;
+        result["world_size"] = env.world_size;
+        result["local_rank"] = env.local_rank;
+        result["local_world_size"] =
+            env.local_world_size ? pybind11::cast(*env.local_world_size) : pybind11::none();
+        result["master_addr"] = env.master_addr;
+        result["master_port"] = env.master_port;
+        return result;
+      },
+      "Where this process sits in the job, read from the launcher's variables as coltrain reads "
+      "them (torchrun, Kubeflow, Slurm, mpiexec of MPICH or Open MPI).");
+}

@@ -1,0 +1,40 @@
+"""Builds coltrain_torch, coltrain's collectives as a torch.distributed backend, against the
+PyTorch of the Python that runs it (Debian: python3-torch with libtorch-dev for the c10d headers).
+
+    python3 -m pip install --no-build-isolation --no-deps python/coltrain_torch
+
+Offline: everything comes from this repository and the installed PyTorch. The extension compiles
+coltrain's headers with the TCP transport (shared memory between ranks of a host); a libcrypto
+found on the system authenticates the connections with COLTRAIN_AUTH_TOKEN/COLTRAIN_AUTH_FILE.
+"""
+import ctypes.util
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+here = os.path.dirname(os.path.abspath(__file__))
+include = os.environ.get("COLTRAIN_INCLUDE_DIR", os.path.join(here, "..", "..", "include"))
+
+with_openssl = os.path.exists("/usr/include/openssl/hmac.h") and ctypes.util.find_library("crypto")
+macros = [("COLTRAIN_WITH_MPI", "0"), ("COLTRAIN_WITH_CUDA", "0"), ("COLTRAIN_WITH_NCCL", "0"),
+          ("COLTRAIN_WITH_CUDNN", "0"), ("COLTRAIN_WITH_OPENSSL", "1" if with_openssl else "0")]
+
+setup(
+    name="coltrain_torch",
+    version="0.1.0",
+    description="coltrain's collectives as a torch.distributed backend",
+    packages=["coltrain_torch"],
+    ext_modules=[
+        CppExtension(
+            "coltrain_torch._coltrain",
+            ["csrc/process_group.cpp"],
+            include_dirs=[os.path.abspath(include)],
+            define_macros=macros,
+            libraries=["crypto"] if with_openssl else [],
+            # PyTorch 1.13's headers use std::iterator and std::is_pod, deprecated in C++20.
+            extra_compile_args=["-std=c++20", "-O2", "-Wno-deprecated-declarations"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
+)
