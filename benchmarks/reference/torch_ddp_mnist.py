@@ -3,11 +3,14 @@
 MNIST subset (data/mnist/: 8,000 training and 2,000 test images) until a target test accuracy,
 timing the training loop. On the CPU over gloo (the demo's comparison), or on GPUs over NCCL with
 automatic mixed precision (the GPU trainer's comparison, `--device cuda --amp`: eager PyTorch, fp16
-autocast and GradScaler, one GPU per rank, device = rank modulo the visible GPUs).
+autocast and GradScaler, one GPU per rank, device = rank modulo the visible GPUs). `--backend
+coltrain` runs the same script over coltrain's torch.distributed backend (python/coltrain_torch):
+the usual DDP script with only the backend name changed.
 
     python3 benchmarks/reference/torch_ddp_mnist.py --world-size 2 [--json result.json]
     python3 benchmarks/reference/torch_ddp_mnist.py --world-size 1 --device cuda --amp
     torchrun --nproc_per_node 2 benchmarks/reference/torch_ddp_mnist.py
+    torchrun --nproc_per_node 2 benchmarks/reference/torch_ddp_mnist.py --backend coltrain
 
 Without RANK / WORLD_SIZE in the environment it spawns --world-size ranks itself
 (torch.multiprocessing) around a rendezvous store that this process serves on a port the kernel
@@ -305,13 +308,22 @@ def write_json(path, value):
 
 
 def backend_of(args):
+    if args.backend:
+        return args.backend
     return "nccl" if args.device == "cuda" else "gloo"
+
+
+def init_process_group(args, **kwargs):
+    """init_process_group with --backend; coltrain's backend registers itself on import."""
+    if backend_of(args) == "coltrain":
+        import coltrain_torch  # noqa: F401
+    dist.init_process_group(backend_of(args), **kwargs)
 
 
 def run_rank(rank, world, args, data, store_port):
     """Entry point of a spawned rank: joins the store that main() serves on 127.0.0.1:store_port."""
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False)
-    dist.init_process_group(backend_of(args), store=store, rank=rank, world_size=world)
+    init_process_group(args, store=store, rank=rank, world_size=world)
     try:
         train(rank, world, args, data)
     finally:
@@ -346,6 +358,9 @@ def main():
                         help="cuda: one GPU per rank, NCCL")
     parser.add_argument("--amp", action="store_true",
                         help="automatic mixed precision (fp16 autocast, GradScaler); GPU only")
+    parser.add_argument("--backend", choices=("gloo", "nccl", "coltrain"),
+                        help="torch.distributed backend (default: gloo on the CPU, nccl on GPUs); "
+                             "coltrain needs python/coltrain_torch built and on PYTHONPATH")
     args = parser.parse_args()
     if args.amp and args.device != "cuda":
         parser.error("--amp needs --device cuda")
@@ -365,7 +380,7 @@ def main():
 
     if launched:  # torchrun (or any env:// launcher)
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(backend_of(args))
+        init_process_group(args)
         try:
             train(rank, world, args, data)
         finally:

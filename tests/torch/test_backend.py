@@ -4,6 +4,8 @@
     test_backend.py collectives NP   every collective, dtype and op against exact references
     test_backend.py ddp NP           DistributedDataParallel: coltrain's losses against gloo's
     test_backend.py failures         a dead peer, a mismatched call, a wrong secret, refused ops
+    test_backend.py torchrun         benchmarks/reference/torch_ddp_mnist.py under torchrun, one
+                                     epoch of MNIST: the same losses over coltrain as over gloo
 
 Each case launches NP processes of this script (--worker) that meet through a FileStore
 (init_method file://, so no port can be taken from under them) and talk on loopback. A worker
@@ -359,6 +361,36 @@ def case_failures():
     print("a wrong secret:", *errors, sep="\n  ")
 
 
+def case_torchrun():
+    """The usual DDP script under torchrun (--standalone: its store on a port it picked), with only
+    the backend name changed."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    records = {}
+    with tempfile.TemporaryDirectory(prefix="coltrain_torchrun_") as tmp:
+        for backend in ("gloo", "coltrain"):
+            out = os.path.join(tmp, backend + ".json")
+            # -r 2 -t 2: Debian's torch 1.13 fails on its default redirects under Python 3.11.
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", "2", "-r", "2", "-t", "2", "--log_dir",
+                   os.path.join(tmp, "logs_" + backend),
+                   os.path.join(root, "benchmarks", "reference", "torch_ddp_mnist.py"),
+                   "--backend", backend, "--epochs", "1", "--target-accuracy", "1.1",
+                   "--data", os.path.join(root, "data", "mnist"), "--json", out]
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+            if run.returncode != 0 or not os.path.exists(out):
+                raise SystemExit(f"FAILED: torchrun over {backend} exited {run.returncode}:\n"
+                                 f"{run.stdout}\n{run.stderr}")
+            records[backend] = json.load(open(out))
+    keys = ("train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    ours = [{k: e[k] for k in keys} for e in records["coltrain"]["epochs"]]
+    theirs = [{k: e[k] for k in keys} for e in records["gloo"]["epochs"]]
+    if ours != theirs:
+        raise SystemExit(f"FAILED: MNIST under torchrun: coltrain {ours}, gloo {theirs}")
+    print(f"torchrun, MNIST DDP, 2 ranks, 1 epoch: the same statistics over coltrain and gloo "
+          f"{ours[0]}; epoch {records['coltrain']['epochs'][0]['train_s']:.2f} s over coltrain, "
+          f"{records['gloo']['epochs'][0]['train_s']:.2f} s over gloo")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("case", nargs="?")
@@ -375,7 +407,7 @@ def main():
         args.world = args.world_size
         return worker_main(args)
     {"collectives": lambda: case_collectives(args.world), "ddp": lambda: case_ddp(args.world),
-     "failures": case_failures}[args.case]()
+     "failures": case_failures, "torchrun": case_torchrun}[args.case]()
 
 
 if __name__ == "__main__":
