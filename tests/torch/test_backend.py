@@ -139,6 +139,14 @@ def worker_collectives(args):
         dist._reduce_scatter_base(out, flat_in)
         expect_equal(out, want.to(dtype), f"reduce_scatter_tensor {dtype}")
 
+    # Complex numbers: SUM and AVG reduce the real and imaginary parts.
+    for dtype in (torch.complex64, torch.complex128):
+        t = torch.complex(values(rank, 9, torch.float64), -values(rank + 1, 9, torch.float64)).to(dtype)
+        dist.all_reduce(t)
+        want = torch.complex(sum(values(r, 9, torch.float64) for r in range(world)),
+                             -sum(values(r + 1, 9, torch.float64) for r in range(world))).to(dtype)
+        expect_equal(t, want, f"all_reduce SUM {dtype}")
+
     for dtype in movable:
         for n in (1, 5, 1003):  # odd byte counts go through padded words
             root = 1 % world
@@ -260,6 +268,7 @@ def worker_failures(args):
     result["band"] = error_of(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32),
                                                       op=dist.ReduceOp.BAND))
     result["reduce_uint8"] = error_of(lambda: dist.all_reduce(torch.ones(2, dtype=torch.uint8)))
+
     dist.barrier()
     # A mismatched call: rank 0 reduces what rank 1 broadcasts.
     if args.mode == "mismatch":

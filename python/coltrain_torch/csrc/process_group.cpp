@@ -83,16 +83,19 @@ class ColtrainWork final : public c10d::Work {
   c10::intrusive_ptr<at::ivalue::Future> future_;
 };
 
-// The element type coltrain moves a tensor as. Reductions need the tensor's own type; data
-// movement of the other types (uint8 of pickled objects, bool, int8, int16) goes as 32-bit words,
-// through a padded staging copy where the byte count is not a multiple of 4.
+// The element type coltrain moves a tensor as. Reductions need the tensor's own type (complex
+// numbers as pairs of their real type, which SUM and AVG reduce part by part); data movement of
+// the other types (uint8 of pickled objects, bool, int8, int16) goes as 32-bit words, through a
+// padded staging copy where the byte count is not a multiple of 4.
 enum class Element { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kWords };
 
 inline Element element_of(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case at::kFloat:
+    case at::kComplexFloat:
       return Element::kFloat32;
     case at::kDouble:
+    case at::kComplexDouble:
       return Element::kFloat64;
     case at::kHalf:
       return Element::kFloat16;
@@ -218,6 +221,16 @@ inline std::optional<comm::ReduceOp> coltrain_op(const c10d::ReduceOp& op) {
 
 inline const char* op_name(const c10d::ReduceOp& op) {
   switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return "SUM";
+    case c10d::ReduceOp::AVG:
+      return "AVG";
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::MIN:
+      return "MIN";
+    case c10d::ReduceOp::MAX:
+      return "MAX";
     case c10d::ReduceOp::BAND:
       return "BAND";
     case c10d::ReduceOp::BOR:
@@ -227,7 +240,7 @@ inline const char* op_name(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::PREMUL_SUM:
       return "PREMUL_SUM";
     default:
-      return "this op";
+      return "UNUSED";
   }
 }
 
@@ -615,6 +628,10 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
       throw_invalid(name, std::string("does not support ReduceOp.") + op_name(op) +
                               "; coltrain reduces with SUM, AVG, PRODUCT, MIN and MAX");
     }
+    if (tensor.is_complex() && *ours != comm::ReduceOp::kSum && *ours != comm::ReduceOp::kAvg) {
+      throw_invalid(name, std::string("reduces ") + c10::toString(tensor.scalar_type()) +
+                              " tensors with SUM and AVG only, not ReduceOp." + op_name(op));
+    }
     if (element_of(tensor) == Element::kWords) {
       throw_invalid(name, "cannot reduce " + std::string(c10::toString(tensor.scalar_type())) +
                               " tensors; coltrain reduces float32, float64, float16, bfloat16, "
@@ -682,7 +699,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                                 std::function<void()> after = {}) {
     if (!output.is_contiguous()) throw_invalid(op, "needs a contiguous output");
     const Element element = element_of(input);
-    const std::size_t unit = element == Element::kWords ? 4 : input.element_size();
+    const std::size_t unit = with_element(element, [](auto e) { return sizeof(e); });
     auto counts = std::make_shared<std::vector<std::size_t>>();
     for (const auto* bytes : {&send_bytes, &receive_bytes}) {
       std::size_t offset = 0;

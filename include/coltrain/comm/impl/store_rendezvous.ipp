@@ -82,8 +82,15 @@ COLTRAIN_DECL Communicator tcp_over_store(RendezvousStore& store, int rank, int 
                           context);
   }
   // The launcher's view of this host (ranks per host sizes the spin before sleeping), with the
-  // group's own rank and size.
-  LaunchEnv env = detect_launch_env();
+  // group's own rank and size. The store gave those, so a launcher environment that is incomplete
+  // (PyTorch's test harness sets WORLD_SIZE alone) only loses that hint.
+  LaunchEnv env;
+  try {
+    env = detect_launch_env();
+  } catch (const Error&) {
+    env.local_world_size.reset();
+    if (const char* master = detail::nonempty_env("MASTER_ADDR")) env.master_addr = master;
+  }
   env.rank = rank;
   env.world_size = size;
   if (env.local_world_size) env.local_world_size = std::min(*env.local_world_size, size);
