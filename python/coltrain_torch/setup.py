@@ -4,21 +4,28 @@ PyTorch of the Python that runs it (Debian: python3-torch with libtorch-dev for 
     python3 -m pip install --no-build-isolation --no-deps python/coltrain_torch
 
 Offline: everything comes from this repository and the installed PyTorch. The extension compiles
-coltrain's headers with the TCP transport (shared memory between ranks of a host); a libcrypto
-found on the system authenticates the connections with COLTRAIN_AUTH_TOKEN/COLTRAIN_AUTH_FILE.
+coltrain's headers with the TCP transport (shared memory between ranks of a host), and with CUDA
+when PyTorch has it; a libcrypto found on the system authenticates the connections with
+COLTRAIN_AUTH_TOKEN/COLTRAIN_AUTH_FILE.
 """
 import ctypes.util
 import os
 
+import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 here = os.path.dirname(os.path.abspath(__file__))
 include = os.environ.get("COLTRAIN_INCLUDE_DIR", os.path.join(here, "..", "..", "include"))
 
 with_openssl = os.path.exists("/usr/include/openssl/hmac.h") and ctypes.util.find_library("crypto")
-macros = [("COLTRAIN_WITH_MPI", "0"), ("COLTRAIN_WITH_CUDA", "0"), ("COLTRAIN_WITH_NCCL", "0"),
+# A PyTorch with CUDA: CUDA tensors go through coltrain's staged device collectives (CUDA runtime
+# only, compiled by the host compiler; no nvcc, no NCCL).
+with_cuda = torch.version.cuda is not None and CUDA_HOME is not None
+macros = [("COLTRAIN_WITH_MPI", "0"), ("COLTRAIN_WITH_CUDA", "1" if with_cuda else "0"),
+          ("COLTRAIN_TORCH_WITH_CUDA", "1" if with_cuda else "0"), ("COLTRAIN_WITH_NCCL", "0"),
           ("COLTRAIN_WITH_CUDNN", "0"), ("COLTRAIN_WITH_OPENSSL", "1" if with_openssl else "0")]
+Extension = CUDAExtension if with_cuda else CppExtension
 
 setup(
     name="coltrain_torch",
@@ -26,7 +33,7 @@ setup(
     description="coltrain's collectives as a torch.distributed backend",
     packages=["coltrain_torch"],
     ext_modules=[
-        CppExtension(
+        Extension(
             "coltrain_torch._coltrain",
             ["csrc/process_group.cpp"],
             include_dirs=[os.path.abspath(include)],

@@ -15,6 +15,11 @@
 
 #include <pybind11/chrono.h>
 
+#if COLTRAIN_TORCH_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/rendezvous/store_rendezvous.hpp>
@@ -24,7 +29,6 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -38,6 +42,13 @@
 namespace coltrain_torch {
 
 namespace comm = coltrain::comm;
+
+// Built against a PyTorch with CUDA (setup.py decides): CUDA tensors go through coltrain's staged
+// device collectives.
+#ifndef COLTRAIN_TORCH_WITH_CUDA
+#define COLTRAIN_TORCH_WITH_CUDA 0
+#endif
+inline constexpr bool kWithCuda = COLTRAIN_TORCH_WITH_CUDA != 0;
 
 // c10d's Store as what coltrain's rendezvous reads and writes.
 class C10dStore final : public comm::RendezvousStore {
@@ -156,46 +167,50 @@ inline bool usable_in_place(const at::Tensor& tensor) {
 
 inline std::size_t words_for(std::size_t bytes) { return (bytes + 3) / 4; }
 
+// The bytes of a contiguous tensor, as a 1-D uint8 tensor sharing its memory (on its device).
+// as_strided, not reshape: a contiguous tensor of one element may still carry another stride.
+inline at::Tensor bytes_of(const at::Tensor& tensor) {
+  return tensor.as_strided({tensor.numel()}, {1}).view(at::kByte);
+}
+
 inline Buffer buffer_for(const at::Tensor& tensor) {
   Buffer buffer{tensor, tensor, false};
   if (usable_in_place(tensor)) return buffer;
   if (element_of(tensor) != Element::kWords) {
     buffer.tensor = tensor.contiguous();
   } else {
-    buffer.tensor = at::zeros({static_cast<std::int64_t>(words_for(tensor.nbytes()))}, at::kInt);
-    const at::Tensor contiguous = tensor.contiguous();
-    std::memcpy(buffer.tensor.data_ptr(), contiguous.data_ptr(), contiguous.nbytes());
+    buffer.tensor = at::zeros({static_cast<std::int64_t>(words_for(tensor.nbytes()))},
+                              tensor.options().dtype(at::kInt));
+    bytes_of(buffer.tensor)
+        .narrow(0, 0, static_cast<std::int64_t>(tensor.nbytes()))
+        .copy_(bytes_of(tensor.contiguous()));
   }
   buffer.staged = true;
   return buffer;
 }
 
-// A flat buffer of `blocks` blocks shaped like `buffer` (one rank's block each).
+// A flat buffer of `blocks` blocks shaped like `buffer` (one rank's block each), on its device.
 inline at::Tensor blocks_like(const Buffer& buffer, int blocks) {
   const at::Tensor& block = buffer.tensor;
   if (element_of(buffer.user) == Element::kWords) {
-    return at::empty({static_cast<std::int64_t>(blocks * (block.nbytes() / 4))}, at::kInt);
+    return at::empty({static_cast<std::int64_t>(blocks * (block.nbytes() / 4))},
+                     block.options().dtype(at::kInt));
   }
   return at::empty({blocks * block.numel()}, block.options());
 }
 
 // Copies to.nbytes() bytes of the contiguous `from`, starting at byte `offset`, into `to`.
 inline void copy_bytes_into(at::Tensor& to, const at::Tensor& from, std::size_t offset) {
-  const auto* source = static_cast<const std::byte*>(from.data_ptr()) + offset;
-  if (to.is_contiguous()) {
-    std::memcpy(to.data_ptr(), source, to.nbytes());
-    return;
-  }
-  at::Tensor contiguous = at::empty_like(to, at::MemoryFormat::Contiguous);
-  std::memcpy(contiguous.data_ptr(), source, contiguous.nbytes());
-  to.copy_(contiguous);
+  const at::Tensor source = bytes_of(from).narrow(0, static_cast<std::int64_t>(offset),
+                                                  static_cast<std::int64_t>(to.nbytes()));
+  to.copy_(source.view(to.scalar_type()).view(to.sizes()));
 }
 
 // Copies the bytes of `from` into the contiguous `to` at byte `offset`.
 inline void copy_bytes_from(const at::Tensor& to, const at::Tensor& from, std::size_t offset) {
-  const at::Tensor contiguous = from.contiguous();
-  std::memcpy(static_cast<std::byte*>(to.data_ptr()) + offset, contiguous.data_ptr(),
-              contiguous.nbytes());
+  bytes_of(to)
+      .narrow(0, static_cast<std::int64_t>(offset), static_cast<std::int64_t>(from.nbytes()))
+      .copy_(bytes_of(from.contiguous()));
 }
 
 inline void copy_back(Buffer& buffer) {
@@ -269,7 +284,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const comm::ReduceOp op = reduce_op(opts.reduceOp, tensor, "allreduce");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
     return issue(
-        c10d::OpType::ALLREDUCE, {tensor},
+        c10d::OpType::ALLREDUCE, tensor.device(), {tensor},
         [&, buffer] {
           return with_element(element_of(tensor), [&](auto element) {
             using T = decltype(element);
@@ -283,7 +298,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
     if (tensors.empty()) throw_invalid("allreduce_coalesced", "needs at least one tensor");
     for (const at::Tensor& tensor : tensors) {
-      check_cpu(tensor, "allreduce_coalesced");
+      check_device(tensor, "allreduce_coalesced");
       if (tensor.scalar_type() != tensors.front().scalar_type()) {
         throw_invalid("allreduce_coalesced", "needs tensors of one dtype");
       }
@@ -294,7 +309,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     auto flat = std::make_shared<at::Tensor>(at::cat(flat_inputs));
     std::vector<at::Tensor> outputs = tensors;
     return issue(
-        c10d::OpType::ALLREDUCE_COALESCED, outputs,
+        c10d::OpType::ALLREDUCE_COALESCED, tensors.front().device(), outputs,
         [&, flat] {
           return with_element(element_of(*flat), [&](auto element) {
             using T = decltype(element);
@@ -316,7 +331,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const int root = root_rank(opts.rootRank, "broadcast");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
     return issue(
-        c10d::OpType::BROADCAST, {tensor},
+        c10d::OpType::BROADCAST, tensor.device(), {tensor},
         [&, buffer] {
           return with_element(element_of(buffer->tensor), [&](auto element) {
             using T = decltype(element);
@@ -333,7 +348,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const int root = root_rank(opts.rootRank, "reduce");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
     return issue(
-        c10d::OpType::REDUCE, {tensor},
+        c10d::OpType::REDUCE, tensor.device(), {tensor},
         [&, buffer] {
           return with_element(element_of(tensor), [&](auto element) {
             using T = decltype(element);
@@ -354,7 +369,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions&) override {
-    check_cpu(input, "allgather_into_tensor");
+    check_device(input, "allgather_into_tensor");
     check_flat(output, input, getSize(), "allgather_into_tensor", "output");
     if (!output.is_contiguous())
       throw_invalid("allgather_into_tensor", "needs a contiguous output");
@@ -382,7 +397,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     auto buffer = std::make_shared<Buffer>(buffer_for(input));
     auto flat = std::make_shared<at::Tensor>(blocks_like(*buffer, is_root ? getSize() : 0));
     return issue(
-        c10d::OpType::GATHER, blocks,
+        c10d::OpType::GATHER, input.device(), blocks,
         [&, buffer, flat] {
           return with_element(element_of(input), [&](auto element) {
             using T = decltype(element);
@@ -413,7 +428,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                     "takes input tensors on the root only (rank " + std::to_string(root) + ")");
     }
     return issue(
-        c10d::OpType::SCATTER, {output},
+        c10d::OpType::SCATTER, output.device(), {output},
         [&, buffer, flat] {
           return with_element(element_of(output), [&](auto element) {
             using T = decltype(element);
@@ -435,7 +450,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     auto flat = std::make_shared<at::Tensor>(at::cat(flat_blocks));
     auto buffer = std::make_shared<Buffer>(buffer_for(output));
     return issue(
-        c10d::OpType::REDUCE_SCATTER, {output},
+        c10d::OpType::REDUCE_SCATTER, output.device(), {output},
         [&, buffer, flat] {
           return with_element(element_of(output), [&](auto element) {
             using T = decltype(element);
@@ -448,14 +463,14 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-    check_cpu(output, "reduce_scatter_tensor");
-    check_cpu(input, "reduce_scatter_tensor");
+    check_device(output, "reduce_scatter_tensor");
+    check_device(input, "reduce_scatter_tensor");
     check_flat(input, output, getSize(), "reduce_scatter_tensor", "input");
     const comm::ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter_tensor");
     auto flat = std::make_shared<at::Tensor>(input.contiguous());
     auto buffer = std::make_shared<Buffer>(buffer_for(output));
     return issue(
-        c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+        c10d::OpType::_REDUCE_SCATTER_BASE, output.device(), {output},
         [&, buffer, flat] {
           return with_element(element_of(output), [&](auto element) {
             using T = decltype(element);
@@ -470,8 +485,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                                std::vector<std::int64_t>& output_splits,
                                                std::vector<std::int64_t>& input_splits,
                                                const c10d::AllToAllOptions&) override {
-    check_cpu(output, "all_to_all_single");
-    check_cpu(input, "all_to_all_single");
+    check_device(output, "all_to_all_single");
+    check_device(input, "all_to_all_single");
     if (output.scalar_type() != input.scalar_type()) {
       throw_invalid("all_to_all_single", "needs input and output of one dtype");
     }
@@ -526,8 +541,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     std::vector<std::size_t> send(size), received(size);
     std::vector<at::Tensor> flat_inputs, flat_outputs;
     for (std::size_t r = 0; r < size; ++r) {
-      check_cpu(inputs[r], "all_to_all");
-      check_cpu(outputs[r], "all_to_all");
+      check_device(inputs[r], "all_to_all");
+      check_device(outputs[r], "all_to_all");
       if (inputs[r].scalar_type() != inputs.front().scalar_type() ||
           outputs[r].scalar_type() != inputs.front().scalar_type()) {
         throw_invalid("all_to_all", "needs tensors of one dtype");
@@ -555,7 +570,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const at::Tensor& tensor = one_tensor(tensors, "send");
     check_peer(peer, tag, "send");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
-    return issue(c10d::OpType::SEND, {tensor}, [&, buffer] {
+    return issue(c10d::OpType::SEND, tensor.device(), {tensor}, [&, buffer] {
       return with_element(element_of(tensor), [&](auto element) {
         using T = decltype(element);
         return communicator_.isend(std::span<const T>(span_of<T>(buffer->tensor)), peer, tag);
@@ -569,7 +584,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     check_peer(peer, tag, "recv");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
     return issue(
-        c10d::OpType::RECV, {tensor},
+        c10d::OpType::RECV, tensor.device(), {tensor},
         [&, buffer] {
           return with_element(element_of(tensor), [&](auto element) {
             using T = decltype(element);
@@ -584,7 +599,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    return issue(c10d::OpType::BARRIER, {}, [&] { return communicator_.ibarrier(); });
+    return issue(c10d::OpType::BARRIER, at::Device(at::kCPU), {}, [&] { return communicator_.ibarrier(); });
   }
 
  private:
@@ -605,11 +620,11 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     TORCH_CHECK(false, "coltrain: rank ", getRank(), ": ", op, " ", what);
   }
 
-  void check_cpu(const at::Tensor& tensor, const std::string& op) const {
-    if (!tensor.device().is_cpu()) {
-      throw_invalid(op, "got a tensor on " + tensor.device().str() +
-                            "; this build of coltrain_torch takes CPU tensors");
-    }
+  void check_device(const at::Tensor& tensor, const std::string& op) const {
+    if (tensor.device().is_cpu() || (kWithCuda && tensor.device().is_cuda())) return;
+    throw_invalid(op, "got a tensor on " + tensor.device().str() + "; this build of coltrain_torch " +
+                          (kWithCuda ? "takes CPU and CUDA tensors"
+                                     : "takes CPU tensors (its PyTorch had no CUDA)"));
   }
 
   const at::Tensor& one_tensor(const std::vector<at::Tensor>& tensors,
@@ -617,7 +632,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     if (tensors.size() != 1) {
       throw_invalid(op, "takes one tensor per call, not " + std::to_string(tensors.size()));
     }
-    check_cpu(tensors.front(), op);
+    check_device(tensors.front(), op);
     return tensors.front();
   }
 
@@ -668,7 +683,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                     "takes one list of " + std::to_string(getSize()) + " " + which + " tensors");
     }
     for (const at::Tensor& tensor : lists.front()) {
-      check_cpu(tensor, op);
+      check_device(tensor, op);
       if (tensor.scalar_type() != block.scalar_type() || tensor.numel() != block.numel()) {
         throw_invalid(op, "needs every " + which + " tensor of the input's dtype and size (" +
                               std::to_string(block.numel()) + " elements)");
@@ -680,7 +695,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
   // `flat` holds `blocks` blocks of `block`'s dtype and size.
   void check_flat(const at::Tensor& flat, const at::Tensor& block, int blocks,
                   const std::string& op, const std::string& which) const {
-    check_cpu(flat, op);
+    check_device(flat, op);
     if (flat.scalar_type() != block.scalar_type() || flat.numel() != blocks * block.numel()) {
       throw_invalid(op, "needs the " + which + " to hold " + std::to_string(blocks) + " x " +
                             std::to_string(block.numel()) + " elements of the other's dtype, not " +
@@ -718,7 +733,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     auto kept = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
     const std::size_t p = static_cast<std::size_t>(getSize());
     return issue(
-        type, std::move(outputs),
+        type, input.device(), std::move(outputs),
         [&, counts, kept] {
           return with_element(element, [&](auto e) {
             using T = decltype(e);
@@ -739,7 +754,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     auto buffer = std::make_shared<Buffer>(buffer_for(input));
     auto flat = std::make_shared<at::Tensor>(blocks_like(*buffer, getSize()));
     return issue(
-        type, std::move(outputs),
+        type, input.device(), std::move(outputs),
         [&, buffer, flat] {
           return with_element(element_of(input), [&](auto element) {
             using T = decltype(element);
@@ -756,10 +771,23 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
   // Issues the call (under the group's lock, so calls from several threads keep one order) and
   // queues its completion. The call and `after` keep the buffers they captured (staging copies,
   // flattened inputs) alive until the request is complete.
-  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                       Issue call, std::function<void()> after = {}) {
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const at::Device& device,
+                                       std::vector<at::Tensor> outputs, Issue call,
+                                       std::function<void()> after = {}) {
     auto work = c10::make_intrusive<ColtrainWork>(getRank(), type, std::move(outputs));
     const std::lock_guard lock(mutex_);
+#if COLTRAIN_TORCH_WITH_CUDA
+    // Device tensors are staged through host memory after the work queued on PyTorch's current
+    // stream (coltrain's staged calls wait for their caller's stream on the GPU); the request
+    // completes once the result is in device memory.
+    std::optional<c10::cuda::CUDAGuard> guard;
+    if (device.is_cuda()) {
+      guard.emplace(device);
+      communicator_.set_stream(at::cuda::getCurrentCUDAStream(device.index()).stream());
+    }
+#else
+    (void)device;
+#endif
     Pending pending{comm::Request(), work, std::move(call), std::move(after), nullptr};
     try {
       pending.request = pending.call();
