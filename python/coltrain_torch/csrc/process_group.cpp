@@ -15,6 +15,11 @@
 
 #include <pybind11/chrono.h>
 
+// Built against a PyTorch with CUDA (setup.py decides): CUDA tensors go through coltrain's staged
+// device collectives.
+#ifndef COLTRAIN_TORCH_WITH_CUDA
+#define COLTRAIN_TORCH_WITH_CUDA 0
+#endif
 #if COLTRAIN_TORCH_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,11 +48,6 @@ namespace coltrain_torch {
 
 namespace comm = coltrain::comm;
 
-// Built against a PyTorch with CUDA (setup.py decides): CUDA tensors go through coltrain's staged
-// device collectives.
-#ifndef COLTRAIN_TORCH_WITH_CUDA
-#define COLTRAIN_TORCH_WITH_CUDA 0
-#endif
 inline constexpr bool kWithCuda = COLTRAIN_TORCH_WITH_CUDA != 0;
 
 // c10d's Store as what coltrain's rendezvous reads and writes.
