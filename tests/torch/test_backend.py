@@ -4,6 +4,7 @@
     test_backend.py collectives NP   every collective, dtype and op against exact references
     test_backend.py ddp NP           DistributedDataParallel: coltrain's losses against gloo's
     test_backend.py failures         a dead peer, a mismatched call, a wrong secret, refused ops
+    test_backend.py huge_pages       COLTRAIN_TORCH_HUGE_PAGES=1: large CPU tensors 2 MiB-aligned
     test_backend.py torchrun         benchmarks/reference/torch_ddp_mnist.py under torchrun, one
                                      epoch of MNIST: the same losses over coltrain as over gloo
 
@@ -370,6 +371,31 @@ def case_failures():
     print("a wrong secret:", *errors, sep="\n  ")
 
 
+def case_huge_pages():
+    """PyTorch's CPU allocations of 2 MiB and more on huge-page-aligned memory with
+    COLTRAIN_TORCH_HUGE_PAGES=1 (and only then), smaller ones left to PyTorch's allocator."""
+    probe = ("import torch, coltrain_torch; big = torch.empty(3 << 20, dtype=torch.uint8); "
+             "small = [torch.empty(1000) for _ in range(8)]; "
+             "print(big.data_ptr() % (2 << 20), sum(t.data_ptr() % (2 << 20) != 0 for t in small))")
+    results = {}
+    for value in ("1", "0"):
+        env = dict(os.environ, COLTRAIN_TORCH_HUGE_PAGES=value)
+        run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                             timeout=WORKER_TIMEOUT_S)
+        if run.returncode != 0:
+            raise SystemExit(f"FAILED: the probe with COLTRAIN_TORCH_HUGE_PAGES={value}: {run.stderr}")
+        results[value] = [int(x) for x in run.stdout.split()]
+    if results["1"][0] != 0:
+        raise SystemExit(f"FAILED: a 3 MiB tensor is {results['1'][0]} bytes off a 2 MiB boundary")
+    if results["1"][1] == 0:
+        raise SystemExit("FAILED: small tensors were put on 2 MiB boundaries too")
+    if results["0"][0] == 0:
+        raise SystemExit("FAILED: without COLTRAIN_TORCH_HUGE_PAGES a 3 MiB tensor sat on a 2 MiB "
+                         "boundary, so this check cannot tell the allocator's work from chance")
+    print(f"COLTRAIN_TORCH_HUGE_PAGES=1: a 3 MiB tensor on a 2 MiB boundary (without: "
+          f"{results['0'][0]} bytes off); small tensors left to PyTorch")
+
+
 def case_torchrun():
     """The usual DDP script under torchrun (--standalone: its store on a port it picked), with only
     the backend name changed."""
@@ -416,7 +442,8 @@ def main():
         args.world = args.world_size
         return worker_main(args)
     {"collectives": lambda: case_collectives(args.world), "ddp": lambda: case_ddp(args.world),
-     "failures": case_failures, "torchrun": case_torchrun}[args.case]()
+     "failures": case_failures, "torchrun": case_torchrun,
+     "huge_pages": case_huge_pages}[args.case]()
 
 
 if __name__ == "__main__":

@@ -30,10 +30,15 @@
 #include <coltrain/comm/rendezvous/store_rendezvous.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/env.hpp>
+#include <coltrain/core/host_memory.hpp>
 #include <coltrain/core/launch_env.hpp>
+
+#include <c10/core/CPUAllocator.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -599,7 +604,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    return issue(c10d::OpType::BARRIER, at::Device(at::kCPU), {}, [&] { return communicator_.ibarrier(); });
+    return issue(c10d::OpType::BARRIER, at::Device(at::kCPU), {},
+                 [&] { return communicator_.ibarrier(); });
   }
 
  private:
@@ -622,7 +628,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 
   void check_device(const at::Tensor& tensor, const std::string& op) const {
     if (tensor.device().is_cpu() || (kWithCuda && tensor.device().is_cuda())) return;
-    throw_invalid(op, "got a tensor on " + tensor.device().str() + "; this build of coltrain_torch " +
+    throw_invalid(op, "got a tensor on " + tensor.device().str() +
+                          "; this build of coltrain_torch " +
                           (kWithCuda ? "takes CPU and CUDA tensors"
                                      : "takes CPU tensors (its PyTorch had no CUDA)"));
   }
@@ -842,6 +849,43 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 
 namespace {
 
+// PyTorch 1.13 allocates tensors on 4 KiB pages where the kernel's THP policy is "madvise"
+// (Debian's default), and coltrain's single copy between the ranks of a host pins every page of
+// the peer's tensor: a 25 MB allreduce takes about twice as long as on huge pages
+// (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU allocations of 2 MiB and
+// more are 2 MiB-aligned and advised as huge pages, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does;
+// smaller ones stay with PyTorch's allocator. Opt-in: it changes every later allocation of the
+// process, not only the backend's.
+void free_huge_page_memory(void* memory) { std::free(memory); }
+
+class HugePageCpuAllocator final : public c10::Allocator {
+ public:
+  explicit HugePageCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
+
+  c10::DataPtr allocate(std::size_t bytes) const override {
+    if (bytes < coltrain::kHugePageBytes) return fallback_->allocate(bytes);
+    const std::size_t rounded = (bytes + coltrain::kHugePageBytes - 1) / coltrain::kHugePageBytes *
+                                coltrain::kHugePageBytes;
+    void* memory = std::aligned_alloc(coltrain::kHugePageBytes, rounded);
+    TORCH_CHECK(memory != nullptr, "coltrain: cannot allocate ", bytes,
+                " bytes (COLTRAIN_TORCH_HUGE_PAGES=1)");
+    // Before the first touch, so that the pages are huge when they fault in. Only advice.
+    ::madvise(memory, rounded, MADV_HUGEPAGE);
+    return {memory, memory, &free_huge_page_memory, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  c10::Allocator* fallback_;
+};
+
+void use_huge_pages_if_asked() {
+  const char* value = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
+  if (value == nullptr || std::string(value) != "1") return;
+  static HugePageCpuAllocator allocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(&allocator, /*priority=*/1);
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout) {
@@ -853,6 +897,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.doc() = "coltrain's collectives as a torch.distributed backend";
+  use_huge_pages_if_asked();
   module.def("create_process_group", &create_process_group, pybind11::arg("store"),
              pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>(),
