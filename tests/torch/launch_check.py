@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""coltrain_torch.init_process_group() under a launcher that sets none of torchrun's variables
-(mpiexec, srun): the ranks come from the launcher's own, as coltrain reads them. Each rank checks
-an allreduce and prints one line; the test passes on every rank's line."""
+"""coltrain_torch.init_process_group() under any launcher coltrain knows: with none of torchrun's
+variables (mpiexec, srun) the ranks come from the launcher's own, as coltrain reads them; with
+Kubeflow's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, no LOCAL_RANK) they are used as they are.
+Each rank checks an allreduce and prints one line; a wrong result or a failed start exits non-zero.
+
+    launch_check.py [--expect-launcher-variables]   (fail if RANK was set: mpiexec and srun)"""
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 import coltrain_torch
 
-for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-    assert name not in os.environ, f"{name} is set: this check is for other launchers"
+if "--expect-launcher-variables" in sys.argv:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        assert name not in os.environ, f"{name} is set: this check is for other launchers"
 coltrain_torch.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank + 1)])
