@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -854,35 +855,34 @@ namespace {
 // the peer's tensor: a 25 MB allreduce takes about twice as long as on huge pages
 // (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU allocations of 2 MiB and
 // more are 2 MiB-aligned and advised as huge pages, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does;
-// smaller ones stay with PyTorch's allocator. Opt-in: it changes every later allocation of the
+// smaller ones are 64-byte aligned, as PyTorch's own. Every block is freed by one function, which
+// PyTorch's raw_allocate/raw_deallocate need. Opt-in: it changes every later allocation of the
 // process, not only the backend's.
-void free_huge_page_memory(void* memory) { std::free(memory); }
+void free_cpu_memory(void* memory) { std::free(memory); }
 
 class HugePageCpuAllocator final : public c10::Allocator {
  public:
-  explicit HugePageCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
-
   c10::DataPtr allocate(std::size_t bytes) const override {
-    if (bytes < coltrain::kHugePageBytes) return fallback_->allocate(bytes);
-    const std::size_t rounded = (bytes + coltrain::kHugePageBytes - 1) / coltrain::kHugePageBytes *
-                                coltrain::kHugePageBytes;
-    void* memory = std::aligned_alloc(coltrain::kHugePageBytes, rounded);
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (bytes == 0) return {nullptr, nullptr, &free_cpu_memory, cpu};
+    const bool huge = bytes >= coltrain::kHugePageBytes;
+    const std::size_t alignment = huge ? coltrain::kHugePageBytes : coltrain::kCacheLineAlignment;
+    TORCH_CHECK(bytes <= SIZE_MAX - alignment, "coltrain: cannot allocate ", bytes, " bytes");
+    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* memory = std::aligned_alloc(alignment, rounded);
     TORCH_CHECK(memory != nullptr, "coltrain: cannot allocate ", bytes,
                 " bytes (COLTRAIN_TORCH_HUGE_PAGES=1)");
     // Before the first touch, so that the pages are huge when they fault in. Only advice.
-    ::madvise(memory, rounded, MADV_HUGEPAGE);
-    return {memory, memory, &free_huge_page_memory, c10::Device(c10::DeviceType::CPU)};
+    if (huge) ::madvise(memory, rounded, MADV_HUGEPAGE);
+    return {memory, memory, &free_cpu_memory, cpu};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
- private:
-  c10::Allocator* fallback_;
+  c10::DeleterFnPtr raw_deleter() const override { return &free_cpu_memory; }
 };
 
 void use_huge_pages_if_asked() {
   const char* value = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
   if (value == nullptr || std::string(value) != "1") return;
-  static HugePageCpuAllocator allocator(c10::GetCPUAllocator());
+  static HugePageCpuAllocator allocator;
   c10::SetCPUAllocator(&allocator, /*priority=*/1);
 }
 
