@@ -453,18 +453,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const std::vector<at::Tensor> blocks = block_list(inputs, output, "reduce_scatter", "input");
     std::vector<at::Tensor> flat_blocks;
     for (const at::Tensor& block : blocks) flat_blocks.push_back(block.reshape({-1}));
-    auto flat = std::make_shared<at::Tensor>(at::cat(flat_blocks));
-    auto buffer = std::make_shared<Buffer>(buffer_for(output));
-    return issue(
-        c10d::OpType::REDUCE_SCATTER, output.device(), {output},
-        [&, buffer, flat] {
-          return with_element(element_of(output), [&](auto element) {
-            using T = decltype(element);
-            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
-                                                 span_of<T>(buffer->tensor), op);
-          });
-        },
-        [buffer] { copy_back(*buffer); });
+    return reduce_scatter_flat(c10d::OpType::REDUCE_SCATTER, at::cat(flat_blocks), output, op);
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
@@ -473,18 +462,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     check_device(input, "reduce_scatter_tensor");
     check_flat(input, output, getSize(), "reduce_scatter_tensor", "input");
     const comm::ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter_tensor");
-    auto flat = std::make_shared<at::Tensor>(input.contiguous());
-    auto buffer = std::make_shared<Buffer>(buffer_for(output));
-    return issue(
-        c10d::OpType::_REDUCE_SCATTER_BASE, output.device(), {output},
-        [&, buffer, flat] {
-          return with_element(element_of(output), [&](auto element) {
-            using T = decltype(element);
-            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
-                                                 span_of<T>(buffer->tensor), op);
-          });
-        },
-        [buffer] { copy_back(*buffer); });
+    return reduce_scatter_flat(c10d::OpType::_REDUCE_SCATTER_BASE, input.contiguous(), output, op);
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -774,6 +752,23 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
           for (std::size_t r = 0; r < blocks.size(); ++r)
             copy_bytes_into(blocks[r], *flat, r * stride);
         });
+  }
+
+  // reduce_scatter of the contiguous `input` (size() blocks) into `output`.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_flat(c10d::OpType type, at::Tensor input,
+                                                     const at::Tensor& output, comm::ReduceOp op) {
+    auto flat = std::make_shared<at::Tensor>(std::move(input));
+    auto buffer = std::make_shared<Buffer>(buffer_for(output));
+    return issue(
+        type, output.device(), {output},
+        [&, buffer, flat] {
+          return with_element(element_of(output), [&](auto element) {
+            using T = decltype(element);
+            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
+                                                 span_of<T>(buffer->tensor), op);
+          });
+        },
+        [buffer] { copy_back(*buffer); });
   }
 
   // Issues the call (under the group's lock, so calls from several threads keep one order) and
