@@ -265,6 +265,20 @@ inline const char* op_name(const c10d::ReduceOp& op) {
   }
 }
 
+// Lets the GIL go for its lifetime where this thread holds it.
+class WithoutGil {
+ public:
+  WithoutGil() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~WithoutGil() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  WithoutGil(const WithoutGil&) = delete;
+  WithoutGil& operator=(const WithoutGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 class ProcessGroupColtrain final : public c10d::ProcessGroup {
  public:
   ProcessGroupColtrain(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -273,12 +287,16 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     completer_ = std::thread([this] { complete_in_order(); });
   }
 
+  // Python destroys a group holding the GIL, and the completion thread may need it (a Python
+  // callback on a Work's Future), so the wait for that thread lets it go. What the completed
+  // calls held is released here, on the caller's thread.
   ~ProcessGroupColtrain() override {
     {
       const std::lock_guard lock(mutex_);
       stopping_ = true;
     }
     queued_.notify_all();
+    const WithoutGil without_gil;
     completer_.join();
   }
 
@@ -778,7 +796,9 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                        std::vector<at::Tensor> outputs, Issue call,
                                        std::function<void()> after = {}) {
     auto work = c10::make_intrusive<ColtrainWork>(getRank(), type, std::move(outputs));
+    std::vector<Pending> released;  // destroyed after the lock is let go
     const std::lock_guard lock(mutex_);
+    released.swap(completed_);
 #if COLTRAIN_TORCH_WITH_CUDA
     // Device tensors are staged through host memory after the work queued on PyTorch's current
     // stream (coltrain's staged calls wait for their caller's stream on the GPU); the request
@@ -830,6 +850,14 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
         }
       }
       pending.work->complete(error);
+      // The completed call keeps its tensors (the Work's outputs, staging copies) until the next
+      // call or the group's end releases them on a thread of the caller's: the last reference to
+      // a tensor that Python let go of takes the GIL to free its Python object, which this thread
+      // must not wait for (a Python thread holding the GIL may be waiting for this one) nor take
+      // while the interpreter exits (the thread would be ended inside C++, and the process with
+      // it).
+      const std::lock_guard lock(mutex_);
+      completed_.push_back(std::move(pending));
     }
   }
 
@@ -837,6 +865,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<Pending> pending_;
+  std::vector<Pending> completed_;
   bool stopping_ = false;
   std::thread completer_;
 };
