@@ -26,7 +26,8 @@ using coltrain::comm::ReduceOp;
 
 inline constexpr const char* kBackendNames[] = {"mpi", "tcp", "nccl", "gloo"};
 inline constexpr const char* kAlgorithmNames[] = {
-    "native", "ring", "tree", "halving_doubling", "pairwise", "bruck", "hierarchical", "automatic"};
+    "native", "ring",         "tree",       "halving_doubling", "pairwise",
+    "bruck",  "hierarchical", "rank_order", "automatic"};
 inline constexpr const char* kCsvHeader =
     "collective,backend,algo,ranks,bytes,count,dtype,op,time_us,p50_us,p99_us,algbw_gbs,busbw_gbs,"
     "wrong";

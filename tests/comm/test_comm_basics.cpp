@@ -285,6 +285,19 @@ TEST_CASE("COLTRAIN_TIMEOUT sets the timeout, bad values name the variable", "[c
   CHECK(comm_options_from_env().timeout == std::chrono::seconds(300));
 }
 
+TEST_CASE("COLTRAIN_DETERMINISTIC=1 turns deterministic mode on, other values name the variable",
+          "[comm][options]") {
+  ::unsetenv("COLTRAIN_DETERMINISTIC");
+  CHECK_FALSE(comm_options_from_env().deterministic);
+  ::setenv("COLTRAIN_DETERMINISTIC", "1", 1);
+  CHECK(comm_options_from_env().deterministic);
+  ::setenv("COLTRAIN_DETERMINISTIC", "0", 1);
+  CHECK_FALSE(comm_options_from_env().deterministic);
+  ::setenv("COLTRAIN_DETERMINISTIC", "yes", 1);
+  CHECK_THROWS_WITH(comm_options_from_env(), Contains("COLTRAIN_DETERMINISTIC=yes"));
+  ::unsetenv("COLTRAIN_DETERMINISTIC");
+}
+
 TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the variable",
           "[comm][options]") {
   ::unsetenv("COLTRAIN_SHM");

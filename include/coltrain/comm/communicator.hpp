@@ -160,6 +160,9 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   // communicator (staged device buffers: what each chunk's host collective would run).
   Algorithm choose(Collective collective, std::size_t bytes, Memory memory = Memory::kHost) const;
 
+  // Whether reductions run in rank order whatever algorithm they name (CommOptions::deterministic).
+  bool deterministic() const;
+
   // Whether an allreduce of `bytes` host bytes with `algorithm` leaves bit-identical results on
   // every rank. coltrain's own algorithms (compressed ones too) reduce each element on one rank and
   // copy it to the others; the MPI standard does not promise that of MPI_Allreduce ('native').

@@ -1,7 +1,8 @@
 #pragma once
 // Settings of a communicator that users change through the environment, as with NCCL_* and GLOO_*:
 // COLTRAIN_TIMEOUT, COLTRAIN_SOCKET_IFNAME, COLTRAIN_JOB_ID, COLTRAIN_TRACE_DIR, COLTRAIN_SHM,
-// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, and the shared secret of
+// COLTRAIN_SHM_SINGLE_COPY, COLTRAIN_HOST_ID, COLTRAIN_PORT_FILE, COLTRAIN_TUNING_FILE,
+// COLTRAIN_DETERMINISTIC, and the shared secret of
 // comm/rendezvous/auth.hpp (COLTRAIN_AUTH_TOKEN, COLTRAIN_AUTH_FILE, COLTRAIN_AUTH).
 
 #include <coltrain/comm/rendezvous/auth_settings.hpp>
@@ -49,6 +50,11 @@ struct CommOptions {
   // MASTER_PORT=0 (rank 0 listens on a port the kernel picks, which nothing can take before it).
   // COLTRAIN_PORT_FILE.
   std::filesystem::path port_file;
+  // Deterministic mode: every allreduce, reduce and reduce_scatter of host buffers runs
+  // Algorithm::kRankOrder, whatever algorithm the call names, so each element is reduced in rank
+  // order and its bits depend on the inputs and the number of ranks alone
+  // (comm/algorithms/rank_order.hpp). The same on every rank. COLTRAIN_DETERMINISTIC=1.
+  bool deterministic = false;
   // A tuning file that benchmarks/coltrain_tune wrote (comm/tuning/tuning_file.hpp): kAutomatic
   // then chooses from what was measured there. Empty: the built-in cost model.
   // COLTRAIN_TUNING_FILE.

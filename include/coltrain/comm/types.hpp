@@ -49,6 +49,8 @@ enum class Algorithm : std::uint8_t {
   kBruck,            // alltoall: lg p exchanges of about half the blocks: lg(p) a + lg(p)/2 nb
   kHierarchical,     // allreduce over hosts of L ranks: reduce-scatter and allgather inside each
                      // host (shared memory), a ring across hosts on 1/L of the data each
+  kRankOrder,        // allreduce, reduce_scatter, reduce with every element reduced in rank
+                     // order: the same bits whatever the sizes and timing (deterministic mode)
 };
 
 // kNccl runs device buffers over NCCL and host buffers over the host backend that bootstrapped it.
@@ -109,7 +111,7 @@ inline constexpr std::array<std::pair<std::string_view, ReduceOp>, 5> kReduceOpN
     {"avg", ReduceOp::kAvg},
 }};
 
-inline constexpr std::array<std::pair<std::string_view, Algorithm>, 8> kAlgorithmNames{{
+inline constexpr std::array<std::pair<std::string_view, Algorithm>, 9> kAlgorithmNames{{
     {"native", Algorithm::kNative},
     {"ring", Algorithm::kRing},
     {"tree", Algorithm::kTree},
@@ -118,6 +120,7 @@ inline constexpr std::array<std::pair<std::string_view, Algorithm>, 8> kAlgorith
     {"pairwise", Algorithm::kPairwise},
     {"bruck", Algorithm::kBruck},
     {"hierarchical", Algorithm::kHierarchical},
+    {"rank_order", Algorithm::kRankOrder},
 }};
 
 inline constexpr std::array<std::pair<std::string_view, Backend>, 3> kBackendNames{{

@@ -111,6 +111,7 @@ class DevicePath {
   template <detail::CollectiveElement T>
   void allreduce(std::span<const T> input, std::span<T> output, ReduceOp op, Algorithm algorithm) {
     if (!nccl_) return staging().allreduce(input, output, op, algorithm);
+    refuse_in_deterministic_mode(Collective::kAllreduce);
     const Algorithm chosen =
         algorithm == Algorithm::kAutomatic
             ? comm_->choose(Collective::kAllreduce, input.size_bytes(), Memory::kDevice)
@@ -137,6 +138,7 @@ class DevicePath {
   void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op,
                       Algorithm algorithm) {
     if (!nccl_) return staging().reduce_scatter(input, output, op, algorithm);
+    refuse_in_deterministic_mode(Collective::kReduceScatter);
     require_native(Collective::kReduceScatter, algorithm);
     nccl_call().reduce_scatter(input.data(), output.data(), output.size(), data_type_v<T>, stream_,
                                op);
@@ -146,6 +148,7 @@ class DevicePath {
   void reduce(std::span<const T> input, std::span<T> output, int root, ReduceOp op,
               Algorithm algorithm) {
     if (!nccl_) return staging().reduce(input, output, root, op, algorithm);
+    refuse_in_deterministic_mode(Collective::kReduce);
     require_native(Collective::kReduce, algorithm);
     nccl_call().reduce(input.data(), output.data(), input.size(), data_type_v<T>, root, stream_,
                        op);
@@ -348,6 +351,16 @@ class DevicePath {
   }
 
   // NCCL runs only its own collectives, except allreduce (which has ring and tree too).
+  // NCCL's reductions, and coltrain's ring and tree over NCCL, add in orders of their own.
+  void refuse_in_deterministic_mode(Collective collective) const {
+    if (!comm_->deterministic()) return;
+    throw InvalidArgument(std::string(name_of(collective)) +
+                              " on NCCL device buffers has no rank-order reduction, which "
+                              "deterministic mode (COLTRAIN_DETERMINISTIC=1) needs: stage the "
+                              "device buffers through a host backend (a communicator without NCCL)",
+                          checks().context(collective));
+  }
+
   void require_native(Collective collective, Algorithm algorithm) const {
     if (algorithm == Algorithm::kAutomatic || algorithm == Algorithm::kNative) return;
     throw InvalidArgument(std::string(name_of(collective)) + " on NCCL device buffers has no " +

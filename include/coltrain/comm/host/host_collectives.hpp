@@ -18,6 +18,7 @@
 #include <coltrain/comm/algorithms/gather_scatter.hpp>
 #include <coltrain/comm/algorithms/halving_doubling.hpp>
 #include <coltrain/comm/algorithms/hierarchical.hpp>
+#include <coltrain/comm/algorithms/rank_order.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/algorithms/tree.hpp>
 #include <coltrain/comm/options.hpp>
@@ -118,6 +119,7 @@ class HostCollectives {
   const CommOptions& options() const { return options_; }
   FlightRecorder& recorder() { return recorder_; }
   const FlightRecorder& recorder() const { return recorder_; }
+  bool deterministic() const { return options_.deterministic; }
   CostModel& cost_model() { return cost_model_; }
   const CostModel& cost_model() const { return cost_model_; }
   AlgorithmTuning& tuning() { return tuning_; }
@@ -448,6 +450,10 @@ class HostCollectives {
   // Validates the algorithm, resolves kAutomatic, and numbers the call.
   MessageHeader start(Collective collective, DataType dtype, std::size_t count, ReduceOp op,
                       int root, Algorithm algorithm, std::size_t bytes) {
+    const bool reduces = collective == Collective::kAllreduce ||
+                         collective == Collective::kReduce ||
+                         collective == Collective::kReduceScatter;
+    if (options_.deterministic && reduces) algorithm = Algorithm::kRankOrder;
     if (algorithm == Algorithm::kAutomatic) algorithm = choose(collective, bytes);
     const auto supported = algorithms_for(collective);
     if (std::find(supported.begin(), supported.end(), algorithm) == supported.end()) {
@@ -574,6 +580,9 @@ class HostCollectives {
               case Algorithm::kHierarchical:
                 return hierarchical_allreduce(t, t.host_layout(), input, output, input_count,
                                               reduction, call, tuning_, scratch_);
+              case Algorithm::kRankOrder:
+                return rank_order_allreduce(t, input, output, input_count, reduction, call, tuning_,
+                                            scratch_);
               default:
                 return run_native(t, [&](auto& mpi) {
                   native_allreduce(mpi, input, output, input_count, reduction);
@@ -583,6 +592,10 @@ class HostCollectives {
             if (call.algorithm == Algorithm::kRing) {
               return ring_reduce_scatter(t, input, output, output_count, reduction, call, tuning_,
                                          scratch_);
+            }
+            if (call.algorithm == Algorithm::kRankOrder) {
+              return rank_order_reduce_scatter(t, input, output, output_count, reduction, call,
+                                               tuning_, scratch_);
             }
             return run_native(t, [&](auto& mpi) {
               native_reduce_scatter(mpi, input, output, output_count, reduction);
@@ -595,6 +608,9 @@ class HostCollectives {
               case Algorithm::kTree:
                 return tree_reduce(t, input, output, input_count, root, reduction, call, tuning_,
                                    scratch_);
+              case Algorithm::kRankOrder:
+                return rank_order_reduce(t, input, output, input_count, root, reduction, call,
+                                         tuning_, scratch_);
               default:
                 return run_native(t, [&](auto& mpi) {
                   native_reduce(mpi, input, output, input_count, root, reduction);

@@ -72,6 +72,12 @@ COLTRAIN_DECL CommOptions comm_options_from_env() {
       throw ConfigError("COLTRAIN_SHM=" + value + ": expected 1 (the default) or 0");
     options.shared_memory = value == "1";
   }
+  if (const char* deterministic = detail::nonempty_env("COLTRAIN_DETERMINISTIC")) {
+    const std::string value = deterministic;
+    if (value != "0" && value != "1")
+      throw ConfigError("COLTRAIN_DETERMINISTIC=" + value + ": expected 1 or 0 (the default)");
+    options.deterministic = value == "1";
+  }
   if (const char* single = detail::nonempty_env("COLTRAIN_SHM_SINGLE_COPY")) {
     options.shared_memory_single_copy =
         detail::parse_single_copy(single, options.single_copy_bytes);

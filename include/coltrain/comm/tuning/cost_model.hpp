@@ -123,6 +123,9 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
               lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
           return std::min(doubling, rabenseifner);
         }
+        case Algorithm::kRankOrder:  // the ring's bytes; p-1 messages per chunk each way
+          return 2 * steps * chunks * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
+                 share * n * c.gamma_us_per_byte;
         case Algorithm::kAutomatic:
         case Algorithm::kPairwise:
         case Algorithm::kBruck:
@@ -143,13 +146,18 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
       if (algorithm == Algorithm::kNative) {
         return lg * c.alpha_us + n * (c.beta_us_per_byte + gamma);
       }
+      if (algorithm == Algorithm::kRankOrder && collective == Collective::kReduce) {
+        return (steps * chunks + steps) * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
+               share * n * gamma;
+      }
       break;
     }
     case Collective::kAllgather:
     case Collective::kAllgatherv:  // n: the gathered output; blocks of any size, not chunked
     case Collective::kReduceScatter: {
       const double gamma = collective == Collective::kReduceScatter ? c.gamma_us_per_byte : 0;
-      if (algorithm == Algorithm::kRing) {
+      if (algorithm == Algorithm::kRing ||
+          (algorithm == Algorithm::kRankOrder && collective == Collective::kReduceScatter)) {
         return steps * chunks * c.alpha_us + share * n * (c.beta_us_per_byte + gamma);
       }
       if (algorithm == Algorithm::kNative) {
@@ -225,10 +233,15 @@ inline double predict_hierarchical_us(const CostModel& model, const HostLayout& 
 
 // The algorithms that carry out `collective` (kNative only where the backend has its own).
 inline std::span<const Algorithm> algorithms_for(Collective collective) {
-  static constexpr Algorithm kAllreduce[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,
-                                             Algorithm::kHalvingDoubling, Algorithm::kHierarchical};
+  static constexpr Algorithm kAllreduce[] = {Algorithm::kNative,       Algorithm::kRing,
+                                             Algorithm::kTree,         Algorithm::kHalvingDoubling,
+                                             Algorithm::kHierarchical, Algorithm::kRankOrder};
   static constexpr Algorithm kRooted[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree};
+  static constexpr Algorithm kReduce[] = {Algorithm::kNative, Algorithm::kRing, Algorithm::kTree,
+                                          Algorithm::kRankOrder};
   static constexpr Algorithm kGatherScatter[] = {Algorithm::kNative, Algorithm::kRing};
+  static constexpr Algorithm kReduceScatter[] = {Algorithm::kNative, Algorithm::kRing,
+                                                 Algorithm::kRankOrder};
   static constexpr Algorithm kBarrier[] = {Algorithm::kNative, Algorithm::kHalvingDoubling};
   static constexpr Algorithm kAlltoall[] = {Algorithm::kNative, Algorithm::kPairwise,
                                             Algorithm::kBruck};
@@ -238,12 +251,14 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
     case Collective::kAllreduce:
       return kAllreduce;
     case Collective::kBroadcast:
-    case Collective::kReduce:
       return kRooted;
+    case Collective::kReduce:
+      return kReduce;
     case Collective::kAllgather:
     case Collective::kAllgatherv:
-    case Collective::kReduceScatter:
       return kGatherScatter;
+    case Collective::kReduceScatter:
+      return kReduceScatter;
     case Collective::kBarrier:
       return kBarrier;
     case Collective::kAlltoall:
@@ -281,7 +296,9 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
   std::array<Algorithm, 5> candidates{};
   std::size_t used = 0;
   for (Algorithm algorithm : algorithms_for(collective)) {
-    if (algorithm == Algorithm::kHierarchical) continue;
+    // Hierarchical competes below where there are hosts; rank order only by name or in
+    // deterministic mode, where nothing else may run.
+    if (algorithm == Algorithm::kHierarchical || algorithm == Algorithm::kRankOrder) continue;
     if (algorithm != Algorithm::kNative || native_available) candidates.at(used++) = algorithm;
   }
   return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));

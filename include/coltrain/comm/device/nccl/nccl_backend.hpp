@@ -109,7 +109,7 @@ class NcclBackend final : public DeviceCollectives {
                  Algorithm algorithm = Algorithm::kAutomatic) override {
     start(Collective::kAllreduce, count, dtype);
     const ncclRedOp_t nccl_op = detail::nccl_reduce_op(op);
-    if (algorithm == Algorithm::kHalvingDoubling) {
+    if (algorithm == Algorithm::kHalvingDoubling || algorithm == Algorithm::kRankOrder) {
       throw invalid("has no algorithm '" + std::string(name_of(algorithm)) +
                     "' on NCCL (it has: native, ring, tree, automatic)");
     }

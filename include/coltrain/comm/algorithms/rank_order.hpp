@@ -1,0 +1,225 @@
+#pragma once
+// Reductions in rank order, the deterministic ones: every element is reduced as
+// ((x0 op x1) op x2) ... op x(p-1), whichever rank computes it, so the result's bits depend on the
+// inputs and the number of ranks alone, not on the chunk size, the message size, the transport or
+// timing. (Ring, tree and halving-doubling each add in an order of their own, which differs from
+// element to element and with p's factors; floating-point addition is not associative.)
+// Each rank owns the ring's segment of its rank. Chunk by chunk, every rank sends each owner its
+// copy of that owner's segment (p-1 messages from distinct peers), and the owner reduces the p
+// copies in rank order:
+//   reduce-scatter: (p-1) a per chunk, (p-1)/p n bytes sent and received, (p-1)/p n reduced, as
+//                   the ring's; the owner holds p chunks at a time
+//   allreduce:      that, then the ring's allgather of the segments: (p-1)/p n bytes more each way
+//   reduce:         that, then every owner sends its segment to the root
+// An allreduce of at most kRankOrderDirectBytes instead sends every rank's whole input to every
+// other rank at once, and each rank folds all p copies itself, in the same order: one round of
+// p-1 messages, (p-1) a + (p-1) n b, for the latency of small vectors; the same bits.
+// Chosen by name ("rank_order") or by deterministic mode (CommOptions::deterministic), never by the
+// cost model.
+
+#include <coltrain/comm/algorithms/common.hpp>
+#include <coltrain/comm/algorithms/reduce_kernels.hpp>
+#include <coltrain/comm/algorithms/ring.hpp>
+#include <coltrain/comm/transport/transport.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace coltrain::comm {
+
+namespace detail {
+
+// Chunks in flight ahead of the one being reduced, each with its p - 1 receives and sends: with
+// ranks that share cores, a rank that is off its core still has transfers to serve.
+inline constexpr std::size_t kRankOrderDepth = 4;
+
+// Reduces segment `ring.r` of `input` over all ranks in rank order into `result` (the segment's
+// first element at result[0]), which may be that segment of `input` itself; the caller's finish()
+// is left to do. `scratch` holds kRankOrderDepth sets of p chunks.
+template <Transport Tr>
+void rank_order_reduce_segment(Tr& transport, const RingLayout& ring, const std::byte* input,
+                               std::byte* result, const ElementReduction& reduction,
+                               const MessageHeader& call, std::vector<std::byte>& scratch) {
+  const int p = ring.p;
+  const int r = ring.r;
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  const std::size_t slot_bytes = ring.largest_chunk_bytes();
+  if (scratch.size() < kRankOrderDepth * at(p) * slot_bytes)
+    scratch.resize(kRankOrderDepth * at(p) * slot_bytes);
+  const auto chunk = [&](int segment, std::size_t j) {
+    return to_bytes(chunk_of(ring.segments, at(segment), ring.chunks, j), ring.element_bytes);
+  };
+  const auto slot = [&](std::size_t j, int from) {
+    return scratch.data() + ((j % kRankOrderDepth) * at(p) + at(from)) * slot_bytes;
+  };
+  // Chunk j of this rank's segment from every other rank, and chunk j of every other rank's
+  // segment to it.
+  using Request = typename Tr::Request;
+  std::vector<Request> receives(kRankOrderDepth * at(p));
+  std::vector<Request> sends(kRankOrderDepth * at(p));
+  const auto post = [&](std::size_t j) {
+    const ByteRange mine = chunk(r, j);
+    for (int step = 1; step < p; ++step) {
+      const int from = (r - step + p) % p;
+      const int to = (r + step) % p;
+      receives[(j % kRankOrderDepth) * at(p) + at(from)] =
+          transport.irecv(from, message(call, mine.size),
+                          writable_bytes_of(slot(j, from), ByteRange{0, mine.size}));
+      const ByteRange theirs = chunk(to, j);
+      sends[(j % kRankOrderDepth) * at(p) + at(to)] =
+          transport.isend(to, message(call, theirs.size), bytes_of(input, theirs));
+    }
+  };
+  const std::size_t segment_begin = ring.segments.begin(at(r)) * ring.element_bytes;
+  for (std::size_t j = 0; j < std::min(kRankOrderDepth - 1, ring.chunks); ++j) post(j);
+  for (std::size_t j = 0; j < ring.chunks; ++j) {
+    if (j + kRankOrderDepth - 1 < ring.chunks) post(j + kRankOrderDepth - 1);
+    const ByteRange mine = chunk(r, j);
+    std::byte* out = result + (mine.begin - segment_begin);
+    // In place, `out` is this rank's own copy, which the fold overwrites at its first step: from
+    // rank 2 on, the copy is read after that, so it goes beside the others first.
+    const std::byte* own = input + mine.begin;
+    if (own == out && r >= 2) {
+      copy_bytes(slot(j, r), own, mine.size);
+      own = slot(j, r);
+    }
+    const auto copy_from = [&](int from) {
+      if (from == r) return own;
+      transport.wait(receives[(j % kRankOrderDepth) * at(p) + at(from)]);
+      return static_cast<const std::byte*>(slot(j, from));
+    };
+    // Elementwise, so `out` may be either operand of the first step.
+    const std::byte* first = copy_from(0);
+    reduction.reduce(out, first, copy_from(1), mine.size);
+    for (int from = 2; from < p; ++from) reduction.reduce(out, out, copy_from(from), mine.size);
+    // Chunk j's slots and sends are reused by chunk j + kRankOrderDepth, posted next.
+    for (int from = 0; from < p; ++from) {
+      if (from != r) transport.wait(sends[(j % kRankOrderDepth) * at(p) + at(from)]);
+    }
+  }
+}
+
+// Every rank's whole input to every other rank, then the fold of the p copies on each.
+template <Transport Tr>
+void rank_order_allreduce_direct(Tr& transport, const std::byte* input, std::byte* output,
+                                 std::size_t count, const ElementReduction& reduction,
+                                 const MessageHeader& call, std::vector<std::byte>& scratch) {
+  const int p = transport.size();
+  const int r = transport.rank();
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  const std::size_t bytes = count * reduction.element_bytes();
+  if (scratch.size() < at(p) * bytes) scratch.resize(at(p) * bytes);
+  const auto copy_of = [&](int rank) { return scratch.data() + at(rank) * bytes; };
+  std::vector<typename Tr::Request> requests;
+  requests.reserve(2 * at(p));
+  for (int step = 1; step < p; ++step) {
+    const int from = (r - step + p) % p;
+    requests.push_back(
+        transport.irecv(from, message(call, bytes), std::span<std::byte>(copy_of(from), bytes)));
+    requests.push_back(transport.isend((r + step) % p, message(call, bytes),
+                                       std::span<const std::byte>(input, bytes)));
+  }
+  wait_all(transport, std::span(requests));
+  // This rank's own copy beside the others: in place, the output it folds into is the input.
+  copy_bytes(copy_of(r), input, bytes);
+  copy_bytes(output, copy_of(0), bytes);
+  for (int from = 1; from < p; ++from) reduction.reduce(output, output, copy_of(from), bytes);
+  reduction.finish(output, bytes, p);
+}
+
+}  // namespace detail
+
+// The largest allreduce that goes to every rank whole (rank_order_allreduce_direct).
+inline constexpr std::size_t kRankOrderDirectBytes = std::size_t{16} << 10;
+
+// input: count elements; output: count elements of the reduction, on every rank. input may equal
+// output.
+template <Transport Tr>
+void rank_order_allreduce(Tr& transport, const std::byte* input, std::byte* output,
+                          std::size_t count, const ElementReduction& reduction,
+                          const MessageHeader& call, const AlgorithmTuning& tuning,
+                          std::vector<std::byte>& scratch) {
+  const int p = transport.size();
+  const std::size_t bytes = count * reduction.element_bytes();
+  if (p == 1) {
+    detail::copy_bytes(output, input, bytes);
+    return;
+  }
+  if (bytes <= kRankOrderDirectBytes) {
+    detail::rank_order_allreduce_direct(transport, input, output, count, reduction, call, scratch);
+    return;
+  }
+  const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes(), tuning);
+  const std::size_t segment_begin =
+      ring.segments.begin(static_cast<std::size_t>(ring.r)) * ring.element_bytes;
+  const std::size_t segment_bytes =
+      ring.segments.size(static_cast<std::size_t>(ring.r)) * ring.element_bytes;
+  // In place, the segment written is one no other rank's copy is sent from.
+  detail::rank_order_reduce_segment(transport, ring, input, output + segment_begin, reduction, call,
+                                    scratch);
+  reduction.finish(output + segment_begin, segment_bytes, p);
+  ring_allgather_segments(transport, ring, output, call);
+}
+
+// input: count * p elements; output: this rank's count elements of the reduction.
+template <Transport Tr>
+void rank_order_reduce_scatter(Tr& transport, const std::byte* input, std::byte* output,
+                               std::size_t count, const ElementReduction& reduction,
+                               const MessageHeader& call, const AlgorithmTuning& tuning,
+                               std::vector<std::byte>& scratch) {
+  const int p = transport.size();
+  const std::size_t block_bytes = count * reduction.element_bytes();
+  if (p == 1) {
+    detail::copy_bytes(output, input, block_bytes);
+    return;
+  }
+  // count * p elements in p segments of count each: segment r is this rank's block.
+  const detail::RingLayout ring(p, transport.rank(), count * static_cast<std::size_t>(p),
+                                reduction.element_bytes(), tuning);
+  detail::rank_order_reduce_segment(transport, ring, input, output, reduction, call, scratch);
+  reduction.finish(output, block_bytes, p);
+}
+
+// input: count elements; output: the reduction, on the root only. Each owner sends its reduced
+// segment to the root.
+template <Transport Tr>
+void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
+                       int root, const ElementReduction& reduction, const MessageHeader& call,
+                       const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
+  const int p = transport.size();
+  const int r = transport.rank();
+  const std::size_t bytes = count * reduction.element_bytes();
+  if (p == 1) {
+    detail::copy_bytes(output, input, bytes);
+    return;
+  }
+  const detail::RingLayout ring(p, r, count, reduction.element_bytes(), tuning);
+  const auto segment = [&](int owner) {
+    const auto o = static_cast<std::size_t>(owner);
+    return detail::ByteRange{ring.segments.begin(o) * ring.element_bytes,
+                             ring.segments.size(o) * ring.element_bytes};
+  };
+  const detail::ByteRange mine = segment(r);
+  std::vector<std::byte> reduced(mine.size);
+  detail::rank_order_reduce_segment(transport, ring, input, reduced.data(), reduction, call,
+                                    scratch);
+  reduction.finish(reduced.data(), mine.size, p);
+  if (r != root) {
+    auto sent = transport.isend(root, detail::message(call, mine.size),
+                                std::span<const std::byte>(reduced.data(), mine.size));
+    transport.wait(sent);
+    return;
+  }
+  std::vector<typename Tr::Request> receives;
+  for (int owner = 0; owner < p; ++owner) {
+    if (owner == r) continue;
+    const detail::ByteRange range = segment(owner);
+    receives.push_back(transport.irecv(owner, detail::message(call, range.size),
+                                       detail::writable_bytes_of(output, range)));
+  }
+  detail::copy_bytes(output + mine.begin, reduced.data(), mine.size);
+  wait_all(transport, std::span(receives));
+}
+
+}  // namespace coltrain::comm
