@@ -1,7 +1,8 @@
 // The staging pipeline without a GPU: the chunk plan, and every staged collective over TCP ranks
 // (threads) with a Stager that copies with memcpy and checks that each copy stays inside its slot.
 // Inputs are small integers, exact in every element type in any order of reduction, so results
-// are compared bit for bit; outputs are poisoned first so that unwritten elements show.
+// are compared bit for bit; outputs are poisoned first so that unwritten elements show. Deterministic
+// mode's case uses random floats, whose sums differ with the order of addition.
 #include <catch2/catch.hpp>
 
 #include "../support/thread_ranks.hpp"
@@ -11,8 +12,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -456,6 +461,77 @@ TEST_CASE("staged collectives match the host's, every element, on 2 and 3 TCP ra
     INFO(coltrain::testing::joined(failures));
     CHECK(coltrain::testing::joined(failures).empty());
   }
+}
+
+namespace {
+
+// Rank r's inputs for the deterministic case: random floats over exponents -12..12.
+std::vector<float> random_floats(int rank, std::size_t count) {
+  std::mt19937 generator(977u * static_cast<unsigned>(rank) + 13u);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<float> values(count);
+  for (float& v : values) v = std::ldexp(mantissa(generator), exponent(generator));
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("staged collectives in deterministic mode give the rank-order fold's bits",
+          "[staging][tcp][deterministic]") {
+  // Staging cuts the array into chunks, each a host call of its own: the fold of each element
+  // must not notice. 3 ranks, so that orders of addition can differ at all.
+  const int ranks = 3;
+  const std::size_t count = 50001;
+  std::vector<float> expected = random_floats(0, count);
+  for (int r = 1; r < ranks; ++r) {
+    const std::vector<float> x = random_floats(r, count);
+    for (std::size_t i = 0; i < count; ++i) expected[i] = expected[i] + x[i];
+  }
+  CommOptions deterministic;
+  deterministic.deterministic = true;
+  const auto failures = coltrain::testing::run_thread_ranks(
+      ranks,
+      [&](Communicator& comm) {
+        const std::vector<float> input = random_floats(comm.rank(), count);
+        StagingOptions tiny;
+        tiny.chunk_bytes = 4096;
+        tiny.min_chunk_bytes = 1;
+        for (const StagingOptions& options : {tiny, StagingOptions{}}) {
+          HostStagedCommunicator staged(comm, options);
+          for (Algorithm a : {Algorithm::kAutomatic, Algorithm::kRing, Algorithm::kTree,
+                              Algorithm::kHalvingDoubling}) {
+            std::vector<float> output(count);
+            staged.allreduce(std::span<const float>(input), std::span(output), ReduceOp::kSum, a);
+            if (std::memcmp(output.data(), expected.data(), count * sizeof(float)) != 0) {
+              throw std::runtime_error("staged allreduce (" + std::string(name_of(a)) + ", chunk " +
+                                       std::to_string(options.chunk_bytes) +
+                                       " bytes) differs from the rank-order fold");
+            }
+          }
+        }
+      },
+      std::chrono::seconds(50), deterministic);
+  INFO(coltrain::testing::joined(failures));
+  CHECK(coltrain::testing::joined(failures).empty());
+
+  // Without the mode some algorithm adds in another order, so the check above can fail.
+  std::atomic<int> differing{0};
+  const auto control = coltrain::testing::run_thread_ranks(ranks, [&](Communicator& comm) {
+    const std::vector<float> input = random_floats(comm.rank(), count);
+    HostStagedCommunicator staged(comm);
+    for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling}) {
+      std::vector<float> output(count);
+      staged.allreduce(std::span<const float>(input), std::span(output), ReduceOp::kSum, a);
+      if (comm.rank() == 0 &&
+          std::memcmp(output.data(), expected.data(), count * sizeof(float)) != 0) {
+        ++differing;
+      }
+    }
+  });
+  INFO(coltrain::testing::joined(control));
+  CHECK(coltrain::testing::joined(control).empty());
+  CHECK(differing > 0);
 }
 
 TEST_CASE("staged collectives check sizes and roots before copying", "[staging][tcp]") {

@@ -36,12 +36,14 @@ inline LaunchEnv loopback_env(int rank, int world_size, int port) {
   return env;
 }
 
+// `base` gives the options other than the timeout and what the job's rendezvous needs.
 inline std::vector<std::string> run_thread_ranks(
     int world_size, const std::function<void(comm::Communicator&)>& body,
-    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    const comm::CommOptions& base = {}) {
   static int launches = 0;
-  const std::string job_id = "thread-ranks-" + std::to_string(::getpid()) + "-" +
-                             std::to_string(launches++);
+  const std::string job_id =
+      "thread-ranks-" + std::to_string(::getpid()) + "-" + std::to_string(launches++);
   const TempDir job_dir("coltrain_thread_job");
   std::vector<std::string> failures(static_cast<std::size_t>(world_size));
   std::vector<std::thread> ranks;
@@ -50,7 +52,7 @@ inline std::vector<std::string> run_thread_ranks(
       std::string& failure = failures[static_cast<std::size_t>(rank)];
       try {
         const LaunchEnv env = loopback_env(rank, world_size, 0);
-        comm::CommOptions options;
+        comm::CommOptions options = base;
         options.timeout = timeout;  // a rank that failed early makes the others fail, not hang
         options.job_id = job_id;
         options.port_file = job_dir / "rendezvous_port";
