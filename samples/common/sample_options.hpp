@@ -117,6 +117,10 @@ struct Options {
   std::string grad_compression = "none";
   // ZeRO stage: 1 shards the optimizer state across the ranks (train/zero_optimizer.hpp).
   int zero = 0;
+  // Deterministic mode (comm/algorithms/rank_order.hpp): the gradient allreduces reduce every
+  // element in one fixed tree over the ranks, so a run's bits do not depend on algorithms, sizes
+  // or timing.
+  bool deterministic = false;
   // Elastic training over TCP (comm/elastic/elastic_group.hpp): go on with the survivors when ranks
   // die, down to min_ranks; `join` enters a running elastic job at its next epoch.
   bool elastic = false;
@@ -200,6 +204,9 @@ inline void add_options(CommandLine& app, Options& o) {
       "--no-progress", [&o] { o.progress = false; }, "no progress bar");
   app.flag("--cuda-graph", o.cuda_graph,
            "replay each training step as one CUDA graph (--device cuda; NCCL or one rank)");
+  app.flag("--deterministic", o.deterministic,
+           "reduce every gradient element in one fixed order (COLTRAIN_DETERMINISTIC=1): the same "
+           "bits whatever the algorithm, sizes and timing, for a given number of ranks");
   app.flag("--elastic", o.elastic,
            "keep training on the surviving ranks when ranks die (TCP backend, CPU)");
   app.option("--min-ranks", o.min_ranks, "--elastic: stop when fewer ranks are left")
@@ -234,6 +241,10 @@ inline void resolve_and_check(Options& o, const std::string& program) {
         "--elastic trains on the CPU over the TCP backend (--device cpu, "
         "--backend tcp); MPI aborts and NCCL cannot shrink in this build "
         "(docs/fault-tolerance.md)");
+  if (o.deterministic && o.device == "cuda" && o.backend != "mpi" && o.backend != "tcp")
+    throw ct::ConfigError(
+        "--deterministic with --device cuda needs --backend mpi or tcp (device buffers staged "
+        "through the host): NCCL's reductions add in orders of their own");
   if (o.device != "cuda" && (o.cuda_graph || o.backend == "nccl"))
     throw ct::ConfigError(std::string(o.cuda_graph ? "--cuda-graph" : "--backend nccl") +
                           " trains on the GPU: give --device cuda too");
@@ -288,6 +299,7 @@ inline ct::Json to_json(const Options& o, const std::string& model, int world_si
   config["cuda_graph"] = o.cuda_graph;
   config["grad_compression"] = o.grad_compression;
   config["zero"] = o.zero;
+  config["deterministic"] = o.deterministic;
   config["epochs"] = o.epochs;
   config["batch_size_per_rank"] = o.batch_size;
   config["lr"] = o.lr;

@@ -105,6 +105,7 @@ int train_classifier(const Options& options, const std::string& model_name,
       o.device == "cuda" ? ct::comm::Memory::kDevice : ct::comm::Memory::kHost;
   if (!o.trace.empty()) ct::Timeline::instance().enable(o.trace);
   ct::comm::CommOptions comm_options = ct::comm::comm_options_from_env();
+  if (o.deterministic) comm_options.deterministic = true;
   // The flight recorder writes into the run directory unless COLTRAIN_TRACE_DIR says elsewhere.
   if (comm_options.trace_dir.empty() && !o.log_dir.empty()) comm_options.trace_dir = o.log_dir;
   // Elastic training is the CPU trainer's (resolve_and_check refuses it elsewhere), so a binary

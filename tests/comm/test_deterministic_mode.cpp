@@ -1,9 +1,10 @@
 // Deterministic mode (CommOptions::deterministic) through the Communicator, under mpiexec, on both
-// backends: allreduce, reduce_scatter and reduce of random floats give the bits of the rank-order
-// fold whatever algorithm the call names (MPI's own included) and whatever the chunk size, for
-// f32, f64, f16 and bf16 (reduced in f32, rounded once). Every rank computes the reference itself:
-// the inputs of rank r come from a generator seeded with r. Without the mode, the same inputs give
-// other bits under some algorithm on three ranks or more, so the check can fail.
+// backends: allreduce, reduce_scatter and reduce of random floats give the bits of the fixed tree
+// over the ranks (rank_order.hpp) whatever algorithm the call names (MPI's own included) and
+// whatever the chunk size, for f32, f64, f16 and bf16 (reduced in f32, rounded once). Every rank
+// computes the reference itself: the inputs of rank r come from a generator seeded with r. Without
+// the mode, the same inputs give other bits under some algorithm on three ranks or more, so the
+// check can fail.
 #include <catch2/catch.hpp>
 
 #include "collective_fixtures.hpp"
@@ -11,6 +12,7 @@
 #include <coltrain/comm.hpp>
 #include <coltrain/core/dtype.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,28 +44,34 @@ std::vector<T> random_inputs(int rank, std::size_t count) {
   return values;
 }
 
-// The rank-order fold of every rank's inputs, accumulated as coltrain does (f16/bf16 in f32) and
-// rounded once.
+// Copies [lo, hi) of element i folded as deterministic mode promises: the largest power of two
+// below their number on the left, the rest on the right, each folded the same way.
+template <class A>
+A fold(const std::vector<std::vector<A>>& x, std::size_t i, std::size_t lo, std::size_t hi,
+       ReduceOp op) {
+  if (hi - lo == 1) return x[lo][i];
+  const std::size_t mid = lo + std::bit_floor(hi - lo - 1);
+  const A left = fold(x, i, lo, mid, op);
+  const A right = fold(x, i, mid, hi, op);
+  return op == ReduceOp::kMax ? (left < right ? right : left) : left + right;
+}
+
+// Every rank's inputs reduced in the fixed tree, accumulated as coltrain does (f16/bf16 in f32)
+// and rounded once; kAvg divides once.
 template <class T>
-std::vector<T> rank_order_fold(int ranks, std::size_t count, ReduceOp op) {
+std::vector<T> fixed_tree_reduction(int ranks, std::size_t count, ReduceOp op) {
   using A = Accumulator<T>;
-  std::vector<A> sum(count);
+  std::vector<std::vector<A>> wide(static_cast<std::size_t>(ranks), std::vector<A>(count));
   for (int r = 0; r < ranks; ++r) {
     const std::vector<T> x = random_inputs<T>(r, count);
-    for (std::size_t i = 0; i < count; ++i) {
-      const A value = static_cast<A>(x[i]);
-      if (r == 0) {
-        sum[i] = value;
-      } else if (op == ReduceOp::kMax) {
-        sum[i] = sum[i] < value ? value : sum[i];
-      } else {
-        sum[i] = sum[i] + value;
-      }
-    }
+    for (std::size_t i = 0; i < count; ++i)
+      wide[static_cast<std::size_t>(r)][i] = static_cast<A>(x[i]);
   }
   std::vector<T> result(count);
-  for (std::size_t i = 0; i < count; ++i)
-    result[i] = T(op == ReduceOp::kAvg ? sum[i] / static_cast<A>(ranks) : sum[i]);
+  for (std::size_t i = 0; i < count; ++i) {
+    const A value = fold(wide, i, 0, wide.size(), op);
+    result[i] = T(op == ReduceOp::kAvg ? value / static_cast<A>(ranks) : value);
+  }
   return result;
 }
 
@@ -107,7 +115,7 @@ void check_every_algorithm(Backend backend) {
         INFO(name_of(backend) << ", " << name_of(data_type_v<T>) << ", " << name_of(op)
                               << ", count " << count << ", chunk bytes " << chunk_bytes);
         const std::vector<T> input = random_inputs<T>(rank, count);
-        const std::vector<T> expected = rank_order_fold<T>(p, count, op);
+        const std::vector<T> expected = fixed_tree_reduction<T>(p, count, op);
         for (Algorithm a : named_algorithms(backend, Collective::kAllreduce)) {
           INFO("allreduce, algorithm " << name_of(a));
           std::vector<T> output(count);
@@ -126,7 +134,8 @@ void check_every_algorithm(Backend backend) {
         // reduce_scatter: rank r's block of the fold over count * p elements.
         const std::vector<T> whole_input =
             random_inputs<T>(rank, count * static_cast<std::size_t>(p));
-        const std::vector<T> whole = rank_order_fold<T>(p, count * static_cast<std::size_t>(p), op);
+        const std::vector<T> whole =
+            fixed_tree_reduction<T>(p, count * static_cast<std::size_t>(p), op);
         const std::vector<T> block(whole.begin() + static_cast<std::ptrdiff_t>(count) * rank,
                                    whole.begin() + static_cast<std::ptrdiff_t>(count) * (rank + 1));
         for (Algorithm a : named_algorithms(backend, Collective::kReduceScatter)) {
@@ -142,19 +151,20 @@ void check_every_algorithm(Backend backend) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("deterministic mode: every algorithm gives the rank-order fold's bits",
+TEMPLATE_TEST_CASE("deterministic mode: every algorithm gives the fixed tree's bits",
                    "[comm][deterministic]", float, double, half, bfloat16) {
   for (Backend backend : {Backend::kMpi, Backend::kTcp}) check_every_algorithm<TestType>(backend);
 }
 
-TEST_CASE("deterministic mode: the inputs tell other orders of addition from rank order",
+TEST_CASE("deterministic mode: the inputs tell other orders of addition from the fixed tree",
           "[comm][deterministic]") {
   Communicator& comm = coltrain::testing::shared_communicator(Backend::kTcp);
   REQUIRE_FALSE(comm.deterministic());
   if (comm.size() < 3) return;  // x0 + x1 = x1 + x0: two ranks add in one order only
   const std::size_t count = 70001;
   const std::vector<float> input = random_inputs<float>(comm.rank(), count);
-  const std::vector<float> expected = rank_order_fold<float>(comm.size(), count, ReduceOp::kSum);
+  const std::vector<float> expected =
+      fixed_tree_reduction<float>(comm.size(), count, ReduceOp::kSum);
   int differing = 0;
   for (Algorithm a : {Algorithm::kRing, Algorithm::kTree, Algorithm::kHalvingDoubling}) {
     std::vector<float> output(count);

@@ -1,8 +1,9 @@
 // Rank-order reductions (rank_order.hpp) alone over the in-process transport, one thread per rank:
-// allreduce, reduce_scatter and reduce of random floats give, bit for bit, the sequential fold
-// ((x0 op x1) op x2) ... on every rank, at every count (empty and uneven segments included), chunk
-// size and op, in place and out of place. The inputs span many exponents, so that another order
-// of the same additions gives other bits: the ring's allreduce of them is checked to differ.
+// allreduce, reduce_scatter and reduce of random floats give, bit for bit, the fixed tree
+// ((x0 op x1) op (x2 op x3)) op x4 ... on every rank, at every count (empty and uneven segments
+// included), chunk size and op, in place and out of place. The inputs span many exponents, so that
+// another order of the same additions gives other bits: the ring's allreduce of them is checked to
+// differ.
 #include <catch2/catch.hpp>
 
 #include <coltrain/comm/algorithms/rank_order.hpp>
@@ -13,6 +14,7 @@
 #include "../support/in_process_transport.hpp"
 #include "algorithms_alone.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -52,12 +54,23 @@ std::vector<T> random_inputs(int rank, std::size_t count) {
   return values;
 }
 
-// The fold in rank order, as the contract states it; kAvg divides the sum once.
+// The copies [lo, hi) folded as the contract states it: the largest power of two below their
+// number on the left, the rest on the right, each folded the same way.
 template <class T>
-std::vector<T> fold_in_rank_order(const std::vector<std::vector<T>>& inputs, ReduceOp op) {
-  std::vector<T> result = inputs[0];
-  for (std::size_t r = 1; r < inputs.size(); ++r)
-    reduce_into(result.data(), result.data(), inputs[r].data(), result.size(), op);
+std::vector<T> fold(const std::vector<std::vector<T>>& inputs, std::size_t lo, std::size_t hi,
+                    ReduceOp op) {
+  if (hi - lo == 1) return inputs[lo];
+  const std::size_t mid = lo + std::bit_floor(hi - lo - 1);
+  std::vector<T> left = fold(inputs, lo, mid, op);
+  const std::vector<T> right = fold(inputs, mid, hi, op);
+  reduce_into(left.data(), left.data(), right.data(), left.size(), op);
+  return left;
+}
+
+// The reduction deterministic mode promises: the fixed tree over all ranks; kAvg divides once.
+template <class T>
+std::vector<T> fold_in_fixed_tree(const std::vector<std::vector<T>>& inputs, ReduceOp op) {
+  std::vector<T> result = fold(inputs, 0, inputs.size(), op);
   if (op == ReduceOp::kAvg)
     divide_by_ranks(result.data(), result.size(), static_cast<int>(inputs.size()));
   return result;
@@ -90,7 +103,7 @@ void check_allreduce(int p, std::size_t count, ReduceOp op, const AlgorithmTunin
         reinterpret_cast<std::byte*>(out.data()), count, element_reduction<T>(op),
         call_of(Collective::kAllreduce, data_type_v<T>, count, op), tuning, scratch);
   });
-  const std::vector<T> expected = fold_in_rank_order(inputs, op);
+  const std::vector<T> expected = fold_in_fixed_tree(inputs, op);
   for (std::size_t r = 0; r < n; ++r) {
     INFO("rank " << r);
     CHECK(same_bits(outputs[r], expected));
@@ -99,7 +112,7 @@ void check_allreduce(int p, std::size_t count, ReduceOp op, const AlgorithmTunin
 
 }  // namespace
 
-TEST_CASE("Algorithms alone: rank-order allreduce gives the rank-order fold's bits on every rank",
+TEST_CASE("Algorithms alone: rank-order allreduce gives the fixed tree's bits on every rank",
           "[algorithms][alone][rank_order]") {
   for (const AlgorithmTuning& tuning : {small_chunks(), AlgorithmTuning{}}) {
     for (int p = 1; p <= 5; ++p) {
@@ -117,7 +130,7 @@ TEST_CASE("Algorithms alone: rank-order allreduce gives the rank-order fold's bi
   }
 }
 
-TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the rank-order fold's bits",
+TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the fixed tree's bits",
           "[algorithms][alone][rank_order]") {
   for (const AlgorithmTuning& tuning : {small_chunks(), AlgorithmTuning{}}) {
     for (int p = 1; p <= 5; ++p) {
@@ -130,7 +143,7 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the rank-
           std::vector<std::vector<float>> inputs(n);
           for (int r = 0; r < p; ++r)
             inputs[static_cast<std::size_t>(r)] = random_inputs<float>(r, count * n);
-          const std::vector<float> whole = fold_in_rank_order(inputs, op);
+          const std::vector<float> whole = fold_in_fixed_tree(inputs, op);
           std::vector<std::vector<float>> blocks(n, std::vector<float>(count, -3.0f));
           run_ranks(p, [&](InProcessTransport& t) {
             const auto r = static_cast<std::size_t>(t.rank());
@@ -195,7 +208,7 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the rank-
   }
 }
 
-TEST_CASE("Algorithms alone: these inputs tell the ring's order of additions from rank order",
+TEST_CASE("Algorithms alone: these inputs tell the ring's order of additions from the fixed tree",
           "[algorithms][alone][rank_order]") {
   // Without this, a test of bits could pass with an order that merely happens to agree.
   const int p = 4;
@@ -213,5 +226,5 @@ TEST_CASE("Algorithms alone: these inputs tell the ring's order of additions fro
         small_chunks());
     if (t.rank() == 0) ring_result = out;
   });
-  CHECK_FALSE(same_bits(ring_result, fold_in_rank_order(inputs, ReduceOp::kSum)));
+  CHECK_FALSE(same_bits(ring_result, fold_in_fixed_tree(inputs, ReduceOp::kSum)));
 }

@@ -1,8 +1,8 @@
 // The staging pipeline without a GPU: the chunk plan, and every staged collective over TCP ranks
 // (threads) with a Stager that copies with memcpy and checks that each copy stays inside its slot.
 // Inputs are small integers, exact in every element type in any order of reduction, so results
-// are compared bit for bit; outputs are poisoned first so that unwritten elements show. Deterministic
-// mode's case uses random floats, whose sums differ with the order of addition.
+// are compared bit for bit; outputs are poisoned first so that unwritten elements show.
+// Deterministic mode's case uses random floats, whose sums differ with the order of addition.
 #include <catch2/catch.hpp>
 
 #include "../support/thread_ranks.hpp"
@@ -477,10 +477,11 @@ std::vector<float> random_floats(int rank, std::size_t count) {
 
 }  // namespace
 
-TEST_CASE("staged collectives in deterministic mode give the rank-order fold's bits",
+TEST_CASE("staged collectives in deterministic mode give the fixed tree's bits",
           "[staging][tcp][deterministic]") {
   // Staging cuts the array into chunks, each a host call of its own: the fold of each element
-  // must not notice. 3 ranks, so that orders of addition can differ at all.
+  // must not notice. 3 ranks, so that orders of addition can differ at all; the fixed tree over 3
+  // copies is (x0 + x1) + x2.
   const int ranks = 3;
   const std::size_t count = 50001;
   std::vector<float> expected = random_floats(0, count);
@@ -506,7 +507,7 @@ TEST_CASE("staged collectives in deterministic mode give the rank-order fold's b
             if (std::memcmp(output.data(), expected.data(), count * sizeof(float)) != 0) {
               throw std::runtime_error("staged allreduce (" + std::string(name_of(a)) + ", chunk " +
                                        std::to_string(options.chunk_bytes) +
-                                       " bytes) differs from the rank-order fold");
+                                       " bytes) differs from the fixed tree");
             }
           }
         }

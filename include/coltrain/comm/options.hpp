@@ -51,8 +51,8 @@ struct CommOptions {
   // COLTRAIN_PORT_FILE.
   std::filesystem::path port_file;
   // Deterministic mode: every allreduce, reduce and reduce_scatter of host buffers runs
-  // Algorithm::kRankOrder, whatever algorithm the call names, so each element is reduced in rank
-  // order and its bits depend on the inputs and the number of ranks alone
+  // Algorithm::kRankOrder, whatever algorithm the call names, so each element is reduced in one
+  // fixed tree over the ranks and its bits depend on the inputs and the number of ranks alone
   // (comm/algorithms/rank_order.hpp). The same on every rank. COLTRAIN_DETERMINISTIC=1.
   bool deterministic = false;
   // A tuning file that benchmarks/coltrain_tune wrote (comm/tuning/tuning_file.hpp): kAutomatic

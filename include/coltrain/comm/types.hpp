@@ -49,8 +49,9 @@ enum class Algorithm : std::uint8_t {
   kBruck,            // alltoall: lg p exchanges of about half the blocks: lg(p) a + lg(p)/2 nb
   kHierarchical,     // allreduce over hosts of L ranks: reduce-scatter and allgather inside each
                      // host (shared memory), a ring across hosts on 1/L of the data each
-  kRankOrder,        // allreduce, reduce_scatter, reduce with every element reduced in rank
-                     // order: the same bits whatever the sizes and timing (deterministic mode)
+  kRankOrder,        // allreduce, reduce_scatter, reduce with every element reduced in one fixed
+                     // tree over the ranks in rank order: the same bits whatever the sizes and
+                     // timing (deterministic mode)
 };
 
 // kNccl runs device buffers over NCCL and host buffers over the host backend that bootstrapped it.

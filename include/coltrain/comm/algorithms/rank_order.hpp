@@ -1,18 +1,23 @@
 #pragma once
-// Reductions in rank order, the deterministic ones: every element is reduced as
-// ((x0 op x1) op x2) ... op x(p-1), whichever rank computes it, so the result's bits depend on the
-// inputs and the number of ranks alone, not on the chunk size, the message size, the transport or
-// timing. (Ring, tree and halving-doubling each add in an order of their own, which differs from
-// element to element and with p's factors; floating-point addition is not associative.)
+// Reductions in a fixed order, the deterministic ones: every element is reduced as the same
+// binary tree over the ranks' copies in rank order, pairs first, then pairs of pairs:
+//   ((x0 op x1) op (x2 op x3)) op ((x4 op x5) op (x6 op x7))
+// (off powers of two the largest power of two on the left: ((x0 op x1) op x2) for three), on
+// whichever rank computes it, so the result's bits depend on the inputs and the number of ranks
+// alone, not on the chunk size, the message size, the transport or timing. Ring, tree and
+// halving-doubling each add in an order of their own, which differs from element to element and
+// with p's factors; floating-point addition is not associative. The tree, not a left fold, so that
+// the sum over 2^k ranks of sums over 2^j aligned pieces each is the tree over all 2^(k+j)
+// pieces: work cut into fixed pieces gives the same bits on 1, 2, 4 or 8 ranks.
 // Each rank owns the ring's segment of its rank. Chunk by chunk, every rank sends each owner its
-// copy of that owner's segment (p-1 messages from distinct peers), and the owner reduces the p
-// copies in rank order:
+// copy of that owner's segment (p-1 messages from distinct peers), and the owner folds the p
+// copies:
 //   reduce-scatter: (p-1) a per chunk, (p-1)/p n bytes sent and received, (p-1)/p n reduced, as
 //                   the ring's; the owner holds p chunks at a time
 //   allreduce:      that, then the ring's allgather of the segments: (p-1)/p n bytes more each way
 //   reduce:         that, then every owner sends its segment to the root
 // An allreduce of at most kRankOrderDirectBytes instead sends every rank's whole input to every
-// other rank at once, and each rank folds all p copies itself, in the same order: one round of
+// other rank at once, and each rank folds all p copies itself, in the same tree: one round of
 // p-1 messages, (p-1) a + (p-1) n b, for the latency of small vectors; the same bits.
 // Chosen by name ("rank_order") or by deterministic mode (CommOptions::deterministic), never by the
 // cost model.
@@ -29,6 +34,33 @@
 namespace coltrain::comm {
 
 namespace detail {
+
+// Folds p copies of `bytes` bytes into `out` in the fixed tree above. `copy(i)` returns copy i
+// (waiting for it if need be), called in rank order; `work(i)` is a buffer of `bytes` bytes this
+// fold may overwrite, for the partial result of the subtree that starts at copy i. `out` may be
+// one of the copies: it is written last, elementwise.
+template <class Copy, class Work>
+void fold_in_fixed_tree(int p, std::size_t bytes, const ElementReduction& reduction, std::byte* out,
+                        Copy copy, Work work, std::vector<const std::byte*>& partial) {
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  if (p == 1) return copy_bytes(out, copy(0), bytes);
+  // Each copy is asked for when the fold first needs it, so pairs are reduced while later copies
+  // still arrive.
+  partial.resize(at(p));
+  int fetched = 0;
+  const auto value = [&](int i) {
+    for (; fetched <= i; ++fetched) partial[at(fetched)] = copy(fetched);
+    return partial[at(i)];
+  };
+  for (int width = 1; width < p; width *= 2) {
+    for (int i = 0; i + width < p; i += 2 * width) {
+      std::byte* into = 2 * width >= p ? out : work(i);
+      const std::byte* left = value(i);
+      reduction.reduce(into, left, value(i + width), bytes);
+      partial[at(i)] = into;
+    }
+  }
+}
 
 // Chunks in flight ahead of the one being reduced, each with its p - 1 receives and sends: with
 // ranks that share cores, a rank that is off its core still has transfers to serve.
@@ -72,27 +104,20 @@ void rank_order_reduce_segment(Tr& transport, const RingLayout& ring, const std:
     }
   };
   const std::size_t segment_begin = ring.segments.begin(at(r)) * ring.element_bytes;
+  std::vector<const std::byte*> partial;
   for (std::size_t j = 0; j < std::min(kRankOrderDepth - 1, ring.chunks); ++j) post(j);
   for (std::size_t j = 0; j < ring.chunks; ++j) {
     if (j + kRankOrderDepth - 1 < ring.chunks) post(j + kRankOrderDepth - 1);
     const ByteRange mine = chunk(r, j);
-    std::byte* out = result + (mine.begin - segment_begin);
-    // In place, `out` is this rank's own copy, which the fold overwrites at its first step: from
-    // rank 2 on, the copy is read after that, so it goes beside the others first.
-    const std::byte* own = input + mine.begin;
-    if (own == out && r >= 2) {
-      copy_bytes(slot(j, r), own, mine.size);
-      own = slot(j, r);
-    }
-    const auto copy_from = [&](int from) {
-      if (from == r) return own;
-      transport.wait(receives[(j % kRankOrderDepth) * at(p) + at(from)]);
-      return static_cast<const std::byte*>(slot(j, from));
-    };
-    // Elementwise, so `out` may be either operand of the first step.
-    const std::byte* first = copy_from(0);
-    reduction.reduce(out, first, copy_from(1), mine.size);
-    for (int from = 2; from < p; ++from) reduction.reduce(out, out, copy_from(from), mine.size);
+    // In place, `out` is this rank's own copy; the fold writes it last.
+    fold_in_fixed_tree(
+        p, mine.size, reduction, result + (mine.begin - segment_begin),
+        [&](int from) {
+          if (from == r) return input + mine.begin;
+          transport.wait(receives[(j % kRankOrderDepth) * at(p) + at(from)]);
+          return static_cast<const std::byte*>(slot(j, from));
+        },
+        [&](int from) { return slot(j, from); }, partial);
     // Chunk j's slots and sends are reused by chunk j + kRankOrderDepth, posted next.
     for (int from = 0; from < p; ++from) {
       if (from != r) transport.wait(sends[(j % kRankOrderDepth) * at(p) + at(from)]);
@@ -121,10 +146,11 @@ void rank_order_allreduce_direct(Tr& transport, const std::byte* input, std::byt
                                        std::span<const std::byte>(input, bytes)));
   }
   wait_all(transport, std::span(requests));
-  // This rank's own copy beside the others: in place, the output it folds into is the input.
-  copy_bytes(copy_of(r), input, bytes);
-  copy_bytes(output, copy_of(0), bytes);
-  for (int from = 1; from < p; ++from) reduction.reduce(output, output, copy_of(from), bytes);
+  std::vector<const std::byte*> partial;
+  fold_in_fixed_tree(
+      p, bytes, reduction, output,
+      [&](int from) { return from == r ? input : static_cast<const std::byte*>(copy_of(from)); },
+      copy_of, partial);
   reduction.finish(output, bytes, p);
 }
 

@@ -355,7 +355,7 @@ class DevicePath {
   void refuse_in_deterministic_mode(Collective collective) const {
     if (!comm_->deterministic()) return;
     throw InvalidArgument(std::string(name_of(collective)) +
-                              " on NCCL device buffers has no rank-order reduction, which "
+                              " on NCCL device buffers has no fixed-order reduction, which "
                               "deterministic mode (COLTRAIN_DETERMINISTIC=1) needs: stage the "
                               "device buffers through a host backend (a communicator without NCCL)",
                           checks().context(collective));
