@@ -103,7 +103,7 @@ void rank_order_reduce_segment(Tr& transport, const RingLayout& ring, const std:
           transport.isend(to, message(call, theirs.size), bytes_of(input, theirs));
     }
   };
-  const std::size_t segment_begin = ring.segments.begin(at(r)) * ring.element_bytes;
+  const std::size_t segment_begin = ring.segment_range(r).begin;
   std::vector<const std::byte*> partial;
   for (std::size_t j = 0; j < std::min(kRankOrderDepth - 1, ring.chunks); ++j) post(j);
   for (std::size_t j = 0; j < ring.chunks; ++j) {
@@ -177,14 +177,11 @@ void rank_order_allreduce(Tr& transport, const std::byte* input, std::byte* outp
     return;
   }
   const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes(), tuning);
-  const std::size_t segment_begin =
-      ring.segments.begin(static_cast<std::size_t>(ring.r)) * ring.element_bytes;
-  const std::size_t segment_bytes =
-      ring.segments.size(static_cast<std::size_t>(ring.r)) * ring.element_bytes;
+  const detail::ByteRange mine = ring.segment_range(ring.r);
   // In place, the segment written is one no other rank's copy is sent from.
-  detail::rank_order_reduce_segment(transport, ring, input, output + segment_begin, reduction, call,
+  detail::rank_order_reduce_segment(transport, ring, input, output + mine.begin, reduction, call,
                                     scratch);
-  reduction.finish(output + segment_begin, segment_bytes, p);
+  reduction.finish(output + mine.begin, mine.size, p);
   ring_allgather_segments(transport, ring, output, call);
 }
 
@@ -221,12 +218,7 @@ void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output,
     return;
   }
   const detail::RingLayout ring(p, r, count, reduction.element_bytes(), tuning);
-  const auto segment = [&](int owner) {
-    const auto o = static_cast<std::size_t>(owner);
-    return detail::ByteRange{ring.segments.begin(o) * ring.element_bytes,
-                             ring.segments.size(o) * ring.element_bytes};
-  };
-  const detail::ByteRange mine = segment(r);
+  const detail::ByteRange mine = ring.segment_range(r);
   std::vector<std::byte> reduced(mine.size);
   detail::rank_order_reduce_segment(transport, ring, input, reduced.data(), reduction, call,
                                     scratch);
@@ -240,7 +232,7 @@ void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output,
   std::vector<typename Tr::Request> receives;
   for (int owner = 0; owner < p; ++owner) {
     if (owner == r) continue;
-    const detail::ByteRange range = segment(owner);
+    const detail::ByteRange range = ring.segment_range(owner);
     receives.push_back(transport.irecv(owner, detail::message(call, range.size),
                                        detail::writable_bytes_of(output, range)));
   }

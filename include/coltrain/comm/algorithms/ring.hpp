@@ -41,6 +41,11 @@ struct RingLayout {
     return to_bytes(chunk_of(segments, static_cast<std::size_t>(segment), chunks, u % chunks),
                     element_bytes);
   }
+  // The bytes of segment `owner`, the one rank `owner` reduces.
+  ByteRange segment_range(int owner) const {
+    const auto o = static_cast<std::size_t>(owner);
+    return {segments.begin(o) * element_bytes, segments.size(o) * element_bytes};
+  }
   std::size_t largest_chunk_bytes() const {
     return (segments.size(0) + chunks - 1) / chunks * element_bytes;
   }

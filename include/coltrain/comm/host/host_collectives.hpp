@@ -119,7 +119,6 @@ class HostCollectives {
   const CommOptions& options() const { return options_; }
   FlightRecorder& recorder() { return recorder_; }
   const FlightRecorder& recorder() const { return recorder_; }
-  bool deterministic() const { return options_.deterministic; }
   CostModel& cost_model() { return cost_model_; }
   const CostModel& cost_model() const { return cost_model_; }
   AlgorithmTuning& tuning() { return tuning_; }

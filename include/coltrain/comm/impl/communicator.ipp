@@ -120,7 +120,7 @@ COLTRAIN_DECL Communicator::~Communicator() { progress_.drain(); }
 COLTRAIN_DECL int Communicator::rank() const { return host_->rank(); }
 COLTRAIN_DECL int Communicator::size() const { return host_->size(); }
 COLTRAIN_DECL const HostLayout& Communicator::host_layout() const { return host_->host_layout(); }
-COLTRAIN_DECL bool Communicator::deterministic() const { return host_->deterministic(); }
+COLTRAIN_DECL bool Communicator::deterministic() const { return host_->options().deterministic; }
 
 COLTRAIN_DECL const FlightRecorder& Communicator::flight_recorder() const {
   return host_->recorder();
