@@ -1,5 +1,5 @@
 // Every collective x algorithm x backend x dtype x op, for the world size mpiexec gives (CTest runs
-// 1 to 5 ranks), counts 0, 1, fewer than the ranks, odd, and several pipeline chunks, in place and
+// 1 to 4 ranks), counts 0, 1, fewer than the ranks, odd, and several pipeline chunks, in place and
 // out of place, against references exact by construction.
 #include <catch2/catch.hpp>
 

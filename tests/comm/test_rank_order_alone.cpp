@@ -122,7 +122,9 @@ TEST_CASE("Algorithms alone: rank-order allreduce gives the fixed tree's bits on
             INFO(p << " ranks, " << name_of(op) << ", count " << count << ", chunk bytes "
                    << tuning.chunk_bytes << (in_place ? ", in place" : ""));
             check_allreduce<float>(p, count, op, tuning, in_place);
-            check_allreduce<double>(p, count, op, tuning, in_place);
+            // The fold moves bytes and calls the element reduction: one op shows that 8-byte
+            // elements land where they belong.
+            if (op == ReduceOp::kSum) check_allreduce<double>(p, count, op, tuning, in_place);
           }
         }
       }
@@ -182,8 +184,9 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the fixed
             };
             CHECK(same_bits(block(in_place[r]), block(whole)));
           }
-          // reduce to each root in turn: the root holds the fold, the others' output is untouched.
-          for (int root = 0; root < p; ++root) {
+          // reduce to each root in turn under sum (the other ops to the last rank): the root holds
+          // the fold, the others' output is untouched.
+          for (int root = op == ReduceOp::kSum ? 0 : p - 1; root < p; ++root) {
             std::vector<std::vector<float>> outputs(n, std::vector<float>(count * n, -3.0f));
             run_ranks(p, [&](InProcessTransport& t) {
               const auto r = static_cast<std::size_t>(t.rank());

@@ -434,8 +434,10 @@ void run_counts(Communicator& comm) {
     run_all_collectives<T>(staged, count);
     run_block_collectives<T>(staged, count);
   }
-  HostStagedCommunicator defaults(comm);  // one chunk for small arrays, several for large ones
-  for (std::size_t count : {std::size_t{1000}, std::size_t{600001}}) {
+  // One chunk for small arrays, several for large ones: 300001 elements make 3 chunks of 2 bytes
+  // (the 256 KiB floor) and 4 of 4 or 8 bytes (min_chunks).
+  HostStagedCommunicator defaults(comm);
+  for (std::size_t count : {std::size_t{1000}, std::size_t{300001}}) {
     run_all_collectives<T>(defaults, count);
   }
   run_block_collectives<T>(defaults, 200001);
