@@ -75,6 +75,23 @@ TEST_CASE("a remainder that does not divide is padded, with drop_last it is cut"
   CHECK(plan.remainder(plan.per_rank(), 2).share(1).empty());
 }
 
+TEST_CASE("under a global batch the remainder starts at the next global batch", "[epoch_plan]") {
+  // 20 samples in global batches of 4 on 2 ranks: blocks of 2; the tail of 20 % 4 = 0.
+  Indices order(20);
+  for (std::int64_t i = 0; i < 20; ++i) order[static_cast<std::size_t>(i)] = 100 + i;
+  const data::EpochPlan plan{order, 2, false, 4};
+  CHECK(plan.per_rank() == 10);
+  CHECK(plan.share(1) == Indices{102, 103, 106, 107, 110, 111, 114, 115, 118, 119});
+  // Two global batches taken (2 blocks a rank): the rest from sample 8, on 4 ranks in blocks of 1.
+  const data::EpochPlan rest = plan.remainder(4, 4);
+  CHECK(rest.samples == Indices(order.begin() + 8, order.end()));
+  CHECK(rest.share(3) == Indices{111, 115, 119});
+  // Half a block taken is not a global batch boundary; 3 ranks do not divide a batch of 4.
+  CHECK_THROWS_WITH(plan.remainder(3, 2), Catch::Contains("not a whole number of global batches"));
+  CHECK_THROWS_WITH(plan.remainder(4, 3).share(0),
+                    Catch::Contains("a global batch of 4 samples does not divide among 3 ranks"));
+}
+
 TEST_CASE("bad arguments are refused", "[epoch_plan]") {
   const data::EpochPlan plan{{1, 2, 3}, 2, false};
   CHECK_THROWS_AS(plan.share(2), coltrain::InvalidArgument);

@@ -139,6 +139,53 @@ TEST_CASE("invalid sampler options are errors that say what is wrong", "[sampler
   CHECK_THROWS_WITH(DistributedSampler(-1, {}), Contains("dataset size -1 is negative"));
   CHECK_THROWS_AS(DistributedSampler(10, {.num_replicas = 2, .rank = 5}),
                   coltrain::InvalidArgument);
+  CHECK_THROWS_WITH(DistributedSampler(10, {.num_replicas = 4, .global_batch = 6}),
+                    Contains("a global batch of 6 samples does not divide among 4 ranks"));
+}
+
+TEST_CASE("a global batch shares blocks: each global batch the same samples on every world size",
+          "[sampler][deterministic]") {
+  // 37 samples in global batches of 8: four whole ones, the tail of 5 left out.
+  for (const bool shuffle : {false, true}) {
+    INFO((shuffle ? "shuffled" : "in order"));
+    const auto share = [&](int replicas, int rank) {
+      DistributedSampler sampler(37, {.num_replicas = replicas,
+                                      .rank = rank,
+                                      .shuffle = shuffle,
+                                      .seed = 3,
+                                      .global_batch = 8});
+      sampler.set_epoch(2);
+      const Indices result = sampler.indices();
+      CHECK(static_cast<std::int64_t>(result.size()) == sampler.num_samples());
+      CHECK(sampler.total_size() == 32);
+      return result;
+    };
+    const Indices one = share(1, 0);
+    REQUIRE(one.size() == 32);
+    if (!shuffle) {
+      Indices first_32(32);
+      std::iota(first_32.begin(), first_32.end(), std::int64_t{0});
+      CHECK(one == first_32);
+    }
+    for (const int replicas : {2, 4, 8}) {
+      INFO(replicas << " ranks");
+      const std::size_t block = 8 / static_cast<std::size_t>(replicas);
+      // Global batch b of the ranks' blocks, rank after rank, is global batch b of one rank.
+      for (std::size_t b = 0; b < 4; ++b) {
+        Indices batch;
+        for (int rank = 0; rank < replicas; ++rank) {
+          const Indices mine = share(replicas, rank);
+          REQUIRE(mine.size() == 4 * block);
+          batch.insert(batch.end(), mine.begin() + static_cast<std::ptrdiff_t>(b * block),
+                       mine.begin() + static_cast<std::ptrdiff_t>((b + 1) * block));
+        }
+        CHECK(batch == Indices(one.begin() + static_cast<std::ptrdiff_t>(b * 8),
+                               one.begin() + static_cast<std::ptrdiff_t>((b + 1) * 8)));
+      }
+    }
+  }
+  // The strided share of the same samples differs: rank 0 of 2 takes 0, 2, 4...
+  CHECK(indices_of(37, 2, 0, true).at(1) == 2);
 }
 
 }  // namespace

@@ -33,6 +33,11 @@ struct DistributedSamplerOptions {
   bool shuffle = true;
   std::uint64_t seed = 0;  // must be the same on every rank
   bool drop_last = false;  // drop the tail instead of padding it with repeated samples
+  // > 0: deterministic training's share (data/epoch_plan.hpp): global batches of this many
+  // samples, rank r taking the r-th global_batch / num_replicas of each, the same samples in each
+  // global batch on every world size; a tail shorter than a global batch is left out. It must be
+  // a multiple of num_replicas.
+  std::int64_t global_batch = 0;
 };
 
 class DistributedSampler {
@@ -54,8 +59,16 @@ class DistributedSampler {
               " is outside [0, num_replicas = " + std::to_string(options_.num_replicas) + ")");
     }
     const std::int64_t replicas = options_.num_replicas;
-    num_samples_ =
-        options_.drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+    if (options_.global_batch < 0 || options_.global_batch % replicas != 0) {
+      invalid("a global batch of " + std::to_string(options_.global_batch) +
+              " samples does not divide among " + std::to_string(replicas) + " ranks");
+    }
+    if (options_.global_batch > 0) {
+      num_samples_ = dataset_size / options_.global_batch * (options_.global_batch / replicas);
+    } else {
+      num_samples_ =
+          options_.drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+    }
   }
 
   // Selects the epoch's shuffle; call it at the start of every epoch, as with PyTorch.
@@ -74,7 +87,7 @@ class DistributedSampler {
     std::vector<std::int64_t> all(static_cast<std::size_t>(dataset_size_));
     std::iota(all.begin(), all.end(), std::int64_t{0});
     if (options_.shuffle) SplitMix64::keyed(options_.seed, epoch_).shuffle(std::span(all));
-    return {std::move(all), options_.num_replicas, options_.drop_last};
+    return {std::move(all), options_.num_replicas, options_.drop_last, options_.global_batch};
   }
 
   // This rank's dataset indices for the current epoch, in order.

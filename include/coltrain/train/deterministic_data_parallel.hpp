@@ -1,0 +1,255 @@
+#pragma once
+// DeterministicDataParallel<Net>: data-parallel gradients whose bits do not depend on the number of
+// ranks. The global batch is cut into M micro-shards of equal size, fixed by the batch and M alone;
+// rank r of p computes shards [r M/p, (r+1) M/p), each with a forward and backward pass of its own,
+// all from the same BatchNorm statistics and with dropout masks keyed by (step, shard). The shards'
+// gradients, running statistics and losses are then folded in one fixed binary tree: first over
+// the rank's own shards, which form a subtree of it, then across ranks by the rank_order allreduce
+// (comm/algorithms/rank_order.hpp), whose tree over the ranks continues the same one; the sums are
+// divided by M. Whenever M/p is a power of two (M = 8: 1, 2, 4 or 8 ranks) the result is the same
+// bits on every world size, as one rank computing all M shards would get.
+//
+//   train::DeterministicDataParallel ddp(net, comm, {.micro_shards = 8});
+//   const auto [begin, end] = ddp.shard_samples(global_batch, shard);   // for the loader
+//   double loss = ddp.compute_gradients(step, [&](int shard) {
+//     // the shard's samples [begin, end) of the global batch: forward, loss_and_grad, backward
+//     return shard_loss;   // the mean over the shard's samples
+//   });
+//   sgd.step(lr);   // the same gradients on every rank, whatever the world size
+//
+// What changes against DataParallel: BatchNorm normalises each shard by the shard's statistics
+// (ghost batches of batch / M samples) and its running statistics become the tree's average of
+// the M shards' updates, each made from the statistics before the step; the passes run one after
+// another, not overlapped with communication. 16-bit gradients are widened to f32 for the fold
+// and rounded once. docs/collectives.md, "Deterministic mode", says what is promised.
+
+#include <coltrain/comm/communicator.hpp>
+#include <coltrain/comm/types.hpp>
+#include <coltrain/core/error.hpp>
+#include <coltrain/train/data_parallel.hpp>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace coltrain::train {
+
+struct DeterministicDataParallelOptions {
+  // The world sizes that give the same bits are those p with M/p a power of two.
+  int micro_shards = 8;
+};
+
+namespace detail {
+
+// Folds slots[0..n) into slots[0] in the fixed tree of rank_order (pairs first, then pairs of
+// pairs...): `add(into, from)` adds slot `from` into slot `into`.
+template <class Add>
+void fold_slots_in_fixed_tree(std::size_t n, Add add) {
+  for (std::size_t width = 1; width < n; width *= 2) {
+    for (std::size_t i = 0; i + width < n; i += 2 * width) add(i, i + width);
+  }
+}
+
+// A network's buffers, flattened by element type in state_dict order.
+struct BufferSnapshot {
+  std::vector<float> floats;
+  std::vector<double> doubles;
+  std::vector<std::int64_t> integers;
+};
+
+template <class Net>
+void take_buffers(Net& network, BufferSnapshot& into) {
+  into.floats.clear();
+  into.doubles.clear();
+  into.integers.clear();
+  network.visit_buffers([&](const std::string&, auto& buffer) {
+    using U = typename std::remove_reference_t<decltype(buffer)>::value_type;
+    const auto values = buffer.span();
+    if constexpr (std::is_same_v<U, float>) {
+      into.floats.insert(into.floats.end(), values.begin(), values.end());
+    } else if constexpr (std::is_same_v<U, double>) {
+      into.doubles.insert(into.doubles.end(), values.begin(), values.end());
+    } else {
+      static_assert(std::is_same_v<U, std::int64_t>, "buffers are float, double or int64");
+      into.integers.insert(into.integers.end(), values.begin(), values.end());
+    }
+  });
+}
+
+template <class Net>
+void put_buffers(Net& network, const BufferSnapshot& from) {
+  std::size_t f = 0;
+  std::size_t d = 0;
+  std::size_t i = 0;
+  network.visit_buffers([&](const std::string&, auto& buffer) {
+    using U = typename std::remove_reference_t<decltype(buffer)>::value_type;
+    for (U& value : buffer.span()) {
+      if constexpr (std::is_same_v<U, float>) {
+        value = from.floats[f++];
+      } else if constexpr (std::is_same_v<U, double>) {
+        value = from.doubles[d++];
+      } else {
+        value = from.integers[i++];
+      }
+    }
+  });
+}
+
+}  // namespace detail
+
+template <DataParallelNetwork Net>
+class DeterministicDataParallel {
+  using T = typename Net::value_type;
+  using G = detail::bucket_element_t<T>;  // the fold's type: f32 for 16-bit gradients
+
+ public:
+  // Broadcasts rank 0's parameters and buffers to every rank. Collective. Throws InvalidArgument
+  // if M < 1, if the world size does not divide M into a power of two shards per rank, or if the
+  // network already has a gradient-ready hook (a DataParallel); the communicator's errors.
+  DeterministicDataParallel(Net& network, comm::Communicator& communicator,
+                            DeterministicDataParallelOptions options = {})
+      : network_(network), comm_(communicator), shards_(options.micro_shards) {
+    const int p = comm_.size();
+    if (shards_ < 1 || shards_ % p != 0 ||
+        !std::has_single_bit(static_cast<unsigned>(shards_ / p))) {
+      throw InvalidArgument(
+          "DeterministicDataParallel: " + std::to_string(shards_) + " micro-shards over " +
+              std::to_string(p) +
+              " ranks; the world size must divide the micro-shards into a power of two per rank "
+              "(8 micro-shards: 1, 2, 4 or 8 ranks)",
+          context("construct"));
+    }
+    if (network_.context().gradient_ready_hook()) {
+      throw InvalidArgument(
+          "DeterministicDataParallel: the network already has a gradient-ready hook (is it "
+          "wrapped by a DataParallel?)",
+          context("construct"));
+    }
+    local_shards_ = shards_ / p;
+    first_shard_ = comm_.rank() * local_shards_;
+    network_.visit_parameters(
+        [this](const std::string&, auto& parameter) { comm_.broadcast(parameter.value.span()); });
+    network_.visit_buffers(
+        [this](const std::string&, auto& buffer) { comm_.broadcast(buffer.span()); });
+  }
+
+  DeterministicDataParallel(const DeterministicDataParallel&) = delete;
+  DeterministicDataParallel& operator=(const DeterministicDataParallel&) = delete;
+
+  int micro_shards() const { return shards_; }
+  int first_shard() const { return first_shard_; }    // this rank's shards: first_shard() and
+  int local_shards() const { return local_shards_; }  // the local_shards() - 1 after it
+
+  // Shard `shard`'s samples within a global batch of `global_batch`: [begin, end). Throws
+  // InvalidArgument unless the batch is a positive multiple of the micro-shards.
+  std::pair<std::int64_t, std::int64_t> shard_samples(std::int64_t global_batch, int shard) const {
+    if (global_batch <= 0 || global_batch % shards_ != 0 || shard < 0 || shard >= shards_) {
+      throw InvalidArgument("DeterministicDataParallel: shard " + std::to_string(shard) +
+                                " of a global batch of " + std::to_string(global_batch) + " in " +
+                                std::to_string(shards_) +
+                                " micro-shards (the batch must be a multiple of them)",
+                            context("shard_samples"));
+    }
+    const std::int64_t size = global_batch / shards_;
+    return {shard * size, (shard + 1) * size};
+  }
+
+  // One step's gradients, left in the network's gradients (overwritten, not accumulated), and
+  // the global batch's mean loss, identical on every rank. `pass(shard)` is called for each of
+  // this rank's shards in order, gradients zeroed and buffers as before the step: it runs the
+  // shard's forward and backward passes in training mode and returns the shard's mean loss.
+  // `step` numbers the steps (dropout masks depend on it). Collective. A pass's exception goes
+  // to the caller before any communication; the buffers are then as before the step.
+  template <class Pass>
+  double compute_gradients(std::uint64_t step, Pass&& pass) {
+    auto& arena = network_.parameter_arena();
+    const std::size_t n = arena.size();
+    const auto local = static_cast<std::size_t>(local_shards_);
+    gradient_slots_.resize(local);
+    buffer_slots_.resize(local);
+    losses_.assign(local, 0.0);
+    detail::take_buffers(network_, before_);
+    const auto total = static_cast<std::uint64_t>(shards_);
+    for (std::size_t k = 0; k < local; ++k) {
+      const int shard = first_shard_ + static_cast<int>(k);
+      detail::put_buffers(network_, before_);
+      network_.zero_grad();
+      // forward() counts a step before drawing masks: (step, shard) gets step * M + shard + 1.
+      network_.context().set_step(step * total + static_cast<std::uint64_t>(shard));
+      try {
+        losses_[k] = pass(shard);
+      } catch (...) {
+        detail::put_buffers(network_, before_);
+        throw;
+      }
+      std::vector<G>& slot = gradient_slots_[k];
+      slot.resize(n);
+      const T* gradients = arena.gradients();
+      for (std::size_t i = 0; i < n; ++i) slot[i] = static_cast<G>(gradients[i]);
+      detail::take_buffers(network_, buffer_slots_[k]);
+    }
+    network_.context().set_step((step + 1) * total);
+
+    detail::fold_slots_in_fixed_tree(local, [&](std::size_t into, std::size_t from) {
+      add_into(gradient_slots_[into], gradient_slots_[from]);
+      add_into(buffer_slots_[into].floats, buffer_slots_[from].floats);
+      add_into(buffer_slots_[into].doubles, buffer_slots_[from].doubles);
+      add_into(buffer_slots_[into].integers, buffer_slots_[from].integers);
+      losses_[into] = losses_[into] + losses_[from];
+    });
+    std::vector<G>& gradient = gradient_slots_[0];
+    detail::BufferSnapshot& buffers = buffer_slots_[0];
+    double loss = losses_[0];
+    sum_across_ranks(std::span<G>(gradient));
+    sum_across_ranks(std::span<float>(buffers.floats));
+    sum_across_ranks(std::span<double>(buffers.doubles));
+    sum_across_ranks(std::span<std::int64_t>(buffers.integers));
+    sum_across_ranks(std::span<double>(&loss, 1));
+
+    // Divided by M: exact when M is a power of two, and the same rounding on every world size
+    // otherwise. Every shard counted the same number of batches, so the counts divide exactly.
+    T* gradients = arena.gradients();
+    for (std::size_t i = 0; i < n; ++i) gradients[i] = static_cast<T>(gradient[i] / G(shards_));
+    for (float& v : buffers.floats) v /= static_cast<float>(shards_);
+    for (double& v : buffers.doubles) v /= static_cast<double>(shards_);
+    for (std::int64_t& v : buffers.integers) v /= shards_;
+    detail::put_buffers(network_, buffers);
+    return loss / static_cast<double>(shards_);
+  }
+
+ private:
+  template <class U>
+  static void add_into(std::vector<U>& into, const std::vector<U>& from) {
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] = into[i] + from[i];
+  }
+
+  template <class U>
+  void sum_across_ranks(std::span<U> values) {
+    if (values.empty()) return;
+    comm_.allreduce(values, comm::ReduceOp::kSum, comm::Algorithm::kRankOrder);
+  }
+
+  ErrorContext context(std::string operation) const {
+    ErrorContext c;
+    c.rank = comm_.rank();
+    c.operation = std::move(operation);
+    return c;
+  }
+
+  Net& network_;
+  comm::Communicator& comm_;
+  int shards_;
+  int local_shards_ = 1;
+  int first_shard_ = 0;
+  std::vector<std::vector<G>> gradient_slots_;
+  std::vector<detail::BufferSnapshot> buffer_slots_;
+  std::vector<double> losses_;
+  detail::BufferSnapshot before_;
+};
+
+}  // namespace coltrain::train
