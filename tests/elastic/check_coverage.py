@@ -47,10 +47,18 @@ def shrink(directory, ranks, step, victims):
             sys.exit(f"victim {victim} loaded {len(dead)} samples before the fault, "
                      f"not {taken_before}")
         epoch0 += dead
+    after = {r: records(directory, r)[0][taken_before:] for r in survivors}
+    loaded_after = collections.Counter(i for loaded in after.values() for i in loaded)
     for r in survivors:
-        mine = records(directory, r)[0]
-        # what it trained before the fault, then (after its aborted step) its share of the rest
-        epoch0 += mine[:taken_before] + mine[taken_before + BATCH:]
+        # What it trained before the fault, then its share of the rest. Between them, the batch of
+        # its aborted step if its loader had fetched it before the fault reached the rank (timing:
+        # a rank that learns of it first fetches none): that batch lies in the rest, shared anew,
+        # so each of its samples is loaded a second time after the regroup.
+        rest_of_mine = after[r]
+        aborted = rest_of_mine[:BATCH]
+        if len(aborted) == BATCH and all(loaded_after[i] >= 2 for i in aborted):
+            rest_of_mine = rest_of_mine[BATCH:]
+        epoch0 += records(directory, r)[0][:taken_before] + rest_of_mine
     rest = padding(SAMPLES - ranks * taken_before, len(survivors))
     exactly_once(epoch0, "epoch 0", rest)
     whole = padding(SAMPLES, len(survivors))
