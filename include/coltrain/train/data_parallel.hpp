@@ -140,6 +140,14 @@ void require_equal_counts(Communicator& comm, std::vector<std::int64_t>& counts,
   }
 }
 
+// Rank 0's parameters and buffers to every rank: what both data-parallel wrappers start from.
+template <class Net>
+void broadcast_parameters_and_buffers(Net& network, comm::Communicator& comm) {
+  network.visit_parameters(
+      [&](const std::string&, auto& parameter) { comm.broadcast(parameter.value.span()); });
+  network.visit_buffers([&](const std::string&, auto& buffer) { comm.broadcast(buffer.span()); });
+}
+
 }  // namespace detail
 
 // What DataParallel needs of a network: nn::Network on the CPU. (A requires-expression with lambdas
@@ -362,10 +370,7 @@ class DataParallel {
   // loading a checkpoint on rank 0 only). Collective.
   void broadcast_parameters_and_buffers() {
     require_idle("broadcast_parameters_and_buffers");
-    network_.visit_parameters(
-        [this](const std::string&, auto& parameter) { comm_.broadcast(parameter.value.span()); });
-    network_.visit_buffers(
-        [this](const std::string&, auto& buffer) { comm_.broadcast(buffer.span()); });
+    detail::broadcast_parameters_and_buffers(network_, comm_);
   }
 
   // Replaces every floating-point buffer (BatchNorm's running_mean and running_var) with its

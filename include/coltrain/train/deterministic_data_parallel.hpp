@@ -132,10 +132,7 @@ class DeterministicDataParallel {
     }
     local_shards_ = shards_ / p;
     first_shard_ = comm_.rank() * local_shards_;
-    network_.visit_parameters(
-        [this](const std::string&, auto& parameter) { comm_.broadcast(parameter.value.span()); });
-    network_.visit_buffers(
-        [this](const std::string&, auto& buffer) { comm_.broadcast(buffer.span()); });
+    detail::broadcast_parameters_and_buffers(network_, comm_);
   }
 
   DeterministicDataParallel(const DeterministicDataParallel&) = delete;
