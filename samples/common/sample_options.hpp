@@ -121,6 +121,10 @@ struct Options {
   // element in one fixed tree over the ranks, so a run's bits do not depend on algorithms, sizes
   // or timing.
   bool deterministic = false;
+  // > 0: the same bits on 1, 2, 4 or 8 ranks (train/data_parallel.hpp, deterministic mode): this
+  // many samples a step whatever the world size, each rank's share cut into micro-shards.
+  std::int64_t global_batch = 0;
+  int micro_shards = 8;
   // Elastic training over TCP (comm/elastic/elastic_group.hpp): go on with the survivors when ranks
   // die, down to min_ranks; `join` enters a running elastic job at its next epoch.
   bool elastic = false;
@@ -207,6 +211,16 @@ inline void add_options(CommandLine& app, Options& o) {
   app.flag("--deterministic", o.deterministic,
            "reduce every gradient element in one fixed order (COLTRAIN_DETERMINISTIC=1): the same "
            "bits whatever the algorithm, sizes and timing, for a given number of ranks");
+  app.option("--global-batch", o.global_batch,
+             "the same bits on any number of ranks that divides --micro-shards into a power of "
+             "two (--device cpu): this many samples a step whatever the ranks (replaces "
+             "--batch-size), each rank's share cut into micro-shards trained one after another, "
+             "BatchNorm per micro-shard")
+      .positive();
+  app.option("--micro-shards", o.micro_shards,
+             "--global-batch: micro-shards a global batch (8: the same bits on 1, 2, 4 or 8 ranks)")
+      .positive()
+      .show_default();
   app.flag("--elastic", o.elastic,
            "keep training on the surviving ranks when ranks die (TCP backend, CPU)");
   app.option("--min-ranks", o.min_ranks, "--elastic: stop when fewer ranks are left")
@@ -254,6 +268,20 @@ inline void resolve_and_check(Options& o, const std::string& program) {
         std::string(o.device != "cpu" ? "--device cuda (the GPU trainer keeps it whole)"
                     : o.elastic ? "--elastic (the survivors would lose the dead ranks' shards)"
                                 : "--grad-compression (the reduce-scatter is uncompressed)"));
+  if (o.global_batch > 0 && (o.device != "cpu" || o.elastic || o.zero != 0 ||
+                             o.grad_compression != "none" || o.scale_lr)) {
+    throw ct::ConfigError(
+        "--global-batch trains the same bits on any number of ranks on the CPU trainer; it does "
+        "not combine with " +
+        std::string(o.device != "cpu" ? "--device cuda"
+                    : o.elastic       ? "--elastic"
+                    : o.zero != 0     ? "--zero 1"
+                    : o.scale_lr      ? "--scale-lr (the batch does not grow with the ranks)"
+                                      : "--grad-compression (the fold adds in f32, uncompressed)"));
+  }
+  if (o.global_batch > 0 && o.global_batch % o.micro_shards != 0)
+    throw ct::ConfigError("--global-batch " + std::to_string(o.global_batch) +
+                          " is not a multiple of --micro-shards " + std::to_string(o.micro_shards));
   if (o.eval_only && !o.resume && o.checkpoint_dir.empty())
     throw ct::ConfigError(
         "--eval-only evaluates a checkpoint: give --resume DIR (or --checkpoint-dir)");
@@ -301,7 +329,10 @@ inline ct::Json to_json(const Options& o, const std::string& model, int world_si
   config["zero"] = o.zero;
   config["deterministic"] = o.deterministic;
   config["epochs"] = o.epochs;
-  config["batch_size_per_rank"] = o.batch_size;
+  config["batch_size_per_rank"] =
+      o.global_batch > 0 ? o.global_batch / std::max(world_size, 1) : o.batch_size;
+  config["global_batch"] = o.global_batch > 0 ? ct::Json(o.global_batch) : ct::Json();
+  config["micro_shards"] = o.global_batch > 0 ? ct::Json(o.micro_shards) : ct::Json();
   config["lr"] = o.lr;
   config["scale_lr"] = o.scale_lr;
   config["effective_lr"] = effective_lr(o, world_size);

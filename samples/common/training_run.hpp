@@ -42,6 +42,7 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   ct::train::DataParallelOptions ddp_options;
   ddp_options.compression = ct::comm::parse_wire_compression(o.grad_compression);
   ddp_options.zero_stage = o.zero;
+  if (o.global_batch > 0) ddp_options.micro_shards = o.micro_shards;
   if constexpr (!kElastic) ddp.emplace(net, comm, ddp_options);
   const ct::optim::Sgd::Options sgd_options{
       .lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov};
@@ -53,10 +54,15 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
   }
   if (!zero) sgd.emplace(ct::optim::parameters_of(net), ct::optim::Sgd(sgd_options));
 
-  // Each rank trains on its shard, reshuffled every epoch; validation shards are disjoint.
-  ct::data::DistributedSampler sampler(
-      train.size(), {.num_replicas = world, .rank = rank, .shuffle = true, .seed = o.seed});
-  ct::data::Loader<T, TrainTransform> train_loader(train, sampler, {.batch_size = o.batch_size},
+  // Each rank trains on its shard, reshuffled every epoch; validation shards are disjoint. Under
+  // --global-batch each rank's share of a step is its block of the global batch.
+  ct::data::DistributedSampler sampler(train.size(), {.num_replicas = world,
+                                                      .rank = rank,
+                                                      .shuffle = true,
+                                                      .seed = o.seed,
+                                                      .global_batch = o.global_batch});
+  const std::int64_t batch_size = o.global_batch > 0 ? o.global_batch / world : o.batch_size;
+  ct::data::Loader<T, TrainTransform> train_loader(train, sampler, {.batch_size = batch_size},
                                                    train_transform);
   std::vector<std::int64_t> shard;
   for (std::int64_t i = rank; i < test.size(); i += world) shard.push_back(i);
@@ -80,6 +86,9 @@ int train_with_policy(const Options& o, const std::string& model_name, Group& co
               << (o.threads == 1 ? " thread" : " threads") << ", " << train.size()
               << " training and " << test.size() << " validation images, " << Policy::kName
               << (zero ? ", ZeRO-1 (optimizer state sharded)" : "");
+    if (o.global_batch > 0)
+      std::cout << ", global batch " << o.global_batch << " in " << o.micro_shards
+                << " micro-shards (the same bits on any world size that fits)";
     if (o.grad_accum > 1) std::cout << ", " << o.grad_accum << " batches per optimizer step";
     if (o.scale_lr) std::cout << ", learning rate scaled to " << effective_lr(o, world);
     std::cout << "\n";

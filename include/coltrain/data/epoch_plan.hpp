@@ -10,7 +10,7 @@
 // samples at positions [t * R, n) are untaken (the positions before are taken, and the padding
 // repeats what is taken or untaken already), so the remainder is that slice, shared anew.
 //
-// With a global batch G (deterministic training, train/deterministic_data_parallel.hpp) the share
+// With a global batch G (deterministic training, DataParallelOptions::micro_shards) the share
 // is by blocks instead: the samples in global batches of G, rank r taking the r-th G/R of each,
 // whole global batches only (a tail shorter than G is left out). A global batch then holds the
 // same samples, in the same order, on every world size.

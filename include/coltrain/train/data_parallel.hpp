@@ -27,6 +27,20 @@
 // copy fewer. Bucket sizes count the gradients' bytes as an allreduce carries them (f32 for 16-bit
 // gradients); the allreduce also carries the arena's padding between them, under 64 bytes each.
 //
+// Deterministic mode (DataParallelOptions::micro_shards = M > 0): the same bits on every world
+// size p with M/p a power of two. Each step's global batch is cut into M micro-shards; a rank runs
+// its M/p shards through compute_gradients(), one forward and backward pass each, and the shards'
+// gradients, running statistics and losses are folded in one fixed tree (train/
+// deterministic_gradients.hpp). No buckets reduce during the backward passes then:
+//
+//   train::DataParallel ddp(net, comm, {.micro_shards = 8});
+//   double loss = ddp.compute_gradients(step, [&](int shard) {
+//     const auto [begin, end] = ddp.shard_samples(global_batch, shard);
+//     ...  // forward, loss_and_grad and backward on those samples of the global batch
+//     return shard_mean_loss;
+//   });
+//   sgd.step(lr);   // the same gradients on every rank, whatever the world size
+//
 // Threads: while a step is in flight the communicator's progress thread runs its buckets' requests
 // (comm/request.hpp); blocking calls on it (the helpers at the end) wait for them first. With the
 // MPI backend the program's MPI must allow that (MPI_THREAD_MULTIPLE, which Communicator::from_env
@@ -40,12 +54,14 @@
 #include <coltrain/core/timer.hpp>
 #include <coltrain/tensor/device.hpp>
 #include <coltrain/train/arena_shards.hpp>
+#include <coltrain/train/deterministic_gradients.hpp>
 #include <coltrain/train/gradient_buckets.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -72,6 +88,11 @@ struct DataParallelOptions {
   // use. No overlap with the backward pass: the optimizer state, not the step time, is what
   // ZeRO-1 saves (docs/data-parallel.md).
   int zero_stage = 0;
+  // > 0: deterministic mode (above), with this many micro-shards a global batch: the world size
+  // must divide them into a power of two per rank (8: 1, 2, 4 or 8 ranks). The gradients are then
+  // folded by the rank_order allreduce: `algorithm` must be automatic, there is no compression,
+  // and ZeRO-1 is not available in this mode.
+  int micro_shards = 0;
 };
 
 // What the last finish_gradient_sync() saw, to show that communication overlapped the backward
@@ -190,12 +211,26 @@ class DataParallel {
           "algorithm",
           error_context("construct"));
     }
+    if (options_.micro_shards < 0) {
+      throw InvalidArgument(
+          "DataParallel: " + std::to_string(options_.micro_shards) + " micro-shards (0: off)",
+          error_context("construct"));
+    }
+    if (options_.micro_shards > 0 &&
+        (options_.zero_stage != 0 || options_.compression != comm::WireCompression::kNone ||
+         options_.algorithm != comm::Algorithm::kAutomatic)) {
+      throw InvalidArgument(
+          "DataParallel: deterministic mode (micro_shards) folds the gradients with the "
+          "rank_order allreduce: it takes the automatic algorithm, no compression and no ZeRO-1",
+          error_context("construct"));
+    }
     if (network_.context().gradient_ready_hook()) {
       throw InvalidArgument(
           "DataParallel: the network already has a gradient-ready hook (is it "
           "wrapped by another DataParallel?)",
           error_context("construct"));
     }
+    if (options_.micro_shards > 0) deterministic_.emplace(network_, comm_, options_.micro_shards);
     auto& arena = network_.parameter_arena();
     std::vector<std::size_t> bytes;
     network_.visit_parameters([&](const std::string& name, auto& parameter) {
@@ -207,7 +242,8 @@ class DataParallel {
     for (const GradientBucket& bucket : buckets_) {
       const auto [first, end] = arena.range(bucket.parameters);
       ranges_.push_back(std::span<T>(arena.gradients() + first, end - first));
-      if (!kInPlace && options_.zero_stage == 0) buffers_.emplace_back(end - first);
+      if (!kInPlace && options_.zero_stage == 0 && !deterministic_)
+        buffers_.emplace_back(end - first);
     }
     requests_.resize(buckets_.size());
     tracker_ = BucketLaunchTracker(buckets_, names_.size());
@@ -238,9 +274,10 @@ class DataParallel {
   // any case. Under no_sync() it does nothing and returns 0. Rethrows the first bucket's error,
   // prefixed with the bucket, as the same exception type; the communicator is then unusable, and
   // so is this object (later calls throw CommError).
+  // In deterministic mode the gradients are final when compute_gradients() returns: it returns 0.
   double finish_gradient_sync() {
     throw_if_failed("finish_gradient_sync");
-    if (!sync_enabled_) return 0.0;
+    if (!sync_enabled_ || deterministic_) return 0.0;
     if (options_.zero_stage == 1) return reduce_scatter_gradients();
     const std::size_t launched_during_backward = next_launch_;
     if (buckets_.empty()) return 0.0;  // a network without parameters
@@ -318,8 +355,15 @@ class DataParallel {
     DataParallel& owner_;
     bool previous_;
   };
-  // Throws InvalidArgument inside a synchronised step (some gradients already reported).
+  // Throws InvalidArgument inside a synchronised step (some gradients already reported), and in
+  // deterministic mode, which accumulates through compute_gradients(..., accumulate = true).
   NoSyncScope no_sync() {
+    if (deterministic_) {
+      throw InvalidArgument(
+          "DataParallel::no_sync: in deterministic mode (micro_shards) gradients accumulate "
+          "through compute_gradients(pass_number, pass, true)",
+          error_context("no_sync"));
+    }
     if (tracker_.started()) {
       throw InvalidArgument(
           "DataParallel::no_sync: a synchronised backward pass has already "
@@ -327,6 +371,46 @@ class DataParallel {
           error_context("no_sync"));
     }
     return NoSyncScope(*this);
+  }
+
+  // ---- deterministic mode (DataParallelOptions::micro_shards) ----
+
+  bool deterministic() const { return deterministic_.has_value(); }
+  int micro_shards() const { return options_.micro_shards; }
+  // This rank's shards: first_shard() and the local_shards() - 1 after it (0 and 1 when off).
+  int first_shard() const { return deterministic_ ? deterministic_->first_shard() : 0; }
+  int local_shards() const { return deterministic_ ? deterministic_->local_shards() : 1; }
+
+  // Shard `shard`'s samples within a global batch of `global_batch`: [begin, end). Throws
+  // InvalidArgument outside deterministic mode, and unless the batch is a positive multiple of
+  // the micro-shards.
+  std::pair<std::int64_t, std::int64_t> shard_samples(std::int64_t global_batch, int shard) const {
+    return require_deterministic("shard_samples").shard_samples(global_batch, shard);
+  }
+
+  // One pass of deterministic training: the gradients of the global batch's mean loss, the same
+  // bits on every rank and every world size that fits, left in the network's gradients
+  // (overwritten, or with `accumulate` added to what they hold, as gradient accumulation does),
+  // and that mean loss. `pass(shard)` is called for each of this rank's shards in order, with
+  // the gradients zeroed and the buffers as before the call: it runs the shard's forward and
+  // backward passes in training mode and returns the shard's mean loss. Dropout masks depend on
+  // `pass_number` (the step, or the micro-batch under accumulation) and the shard. Collective.
+  // An exception from a pass reaches the caller before any communication, with the buffers and
+  // gradients as before the call. Throws InvalidArgument outside deterministic mode.
+  template <class Pass>
+  double compute_gradients(std::uint64_t pass_number, Pass&& pass, bool accumulate = false) {
+    require_idle("compute_gradients");
+    DeterministicGradients<Net>& engine = require_deterministic("compute_gradients");
+    inside_passes_ = true;
+    try {
+      const double loss = engine.compute(pass_number, pass, accumulate);
+      inside_passes_ = false;
+      return loss;
+    } catch (...) {
+      inside_passes_ = false;
+      reset_step();
+      throw;
+    }
   }
 
   // ---- helpers on the same communicator, for use between steps (they throw coltrain::Error when
@@ -347,6 +431,7 @@ class DataParallel {
   // averaged gradients (finite or not, their norm) gives every rank the same answer without
   // communication, as PyTorch's GradScaler relies on under DDP.
   bool gradients_identical_on_every_rank() const {
+    if (deterministic_) return true;
     if (options_.zero_stage != 0) return false;
     for (const std::span<T>& range : ranges_) {
       if (!comm_.allreduce_identical_on_every_rank(range.size() * sizeof(B), options_.algorithm))
@@ -380,10 +465,11 @@ class DataParallel {
   // buffers are averaged in f32 and rounded once, double buffers in double. Integer buffers
   // (num_batches_tracked) are left alone but must agree: a rank that ran more training-mode
   // forward passes gets a MismatchError naming the buffer and the range across ranks, on every
-  // rank, before any buffer has changed. One rank: does nothing. Collective, between steps.
+  // rank, before any buffer has changed. One rank, or deterministic mode (whose passes leave the
+  // same buffers on every rank): does nothing. Collective, between steps.
   void average_buffers() {
     require_idle("average_buffers");
-    if (world_size_ == 1) return;
+    if (world_size_ == 1 || deterministic_) return;
     // Integers as (x, -x) pairs: one kMin gives every rank both the smallest and largest value.
     std::vector<std::int64_t> counts;
     std::vector<std::string> count_names;
@@ -465,8 +551,29 @@ class DataParallel {
     next_launch_ = 0;
   }
 
+  DeterministicGradients<Net>& require_deterministic(const char* what) {
+    if (!deterministic_) throw_not_deterministic(what);
+    return *deterministic_;
+  }
+  const DeterministicGradients<Net>& require_deterministic(const char* what) const {
+    if (!deterministic_) throw_not_deterministic(what);
+    return *deterministic_;
+  }
+  [[noreturn]] void throw_not_deterministic(const char* what) const {
+    throw InvalidArgument(std::string("DataParallel::") + what +
+                              ": only in deterministic mode (DataParallelOptions::micro_shards)",
+                          error_context(what));
+  }
+
   // The gradient-ready hook, on the thread running backward().
   void on_gradient_ready(const void* parameter) {
+    if (deterministic_) {
+      if (inside_passes_) return;  // the fold reduces them afterwards
+      throw Error(
+          "DataParallel: a backward pass outside compute_gradients() in deterministic mode "
+          "(micro_shards); run each shard's passes inside it",
+          error_context("gradient-ready report"));
+    }
     if (!sync_enabled_) return;
     const auto found = index_.find(parameter);
     if (found == index_.end()) {
@@ -567,10 +674,12 @@ class DataParallel {
   std::vector<std::vector<B>> buffers_;  // by bucket, 16-bit gradients only: the f32 copy
   // Buckets belong to their requests while in flight.
 
-  BucketLaunchTracker tracker_;  // this step's reports
-  std::size_t next_launch_ = 0;  // buckets issued this step
+  BucketLaunchTracker tracker_;          // this step's reports
+  std::size_t next_launch_ = 0;          // buckets issued this step
   std::vector<comm::Request> requests_;  // by bucket
   bool sync_enabled_ = true;
+  std::optional<DeterministicGradients<Net>> deterministic_;  // in deterministic mode
+  bool inside_passes_ = false;  // compute_gradients() is running its passes
   GradientSyncStats last_sync_;
   std::string failure_;  // the error that made the communicator unusable
 };

@@ -24,6 +24,13 @@
 // the CPU the result equals an uninterrupted run's, bit for bit, buffers included (every rank of
 // the uninterrupted run holds the checkpoint's averaged statistics at that point too).
 //
+// Deterministic mode (a DataParallel with micro_shards, train/data_parallel.hpp): each loader
+// batch is this rank's block of a global batch (a sampler with global_batch = batch size x world
+// size, data/sampler.hpp), cut into the rank's micro-shards, each a forward and backward pass of
+// its own; weights, buffers, losses and checkpoints are then the same bits on 1, 2, 4 or 8 ranks
+// (micro_shards = 8), gradient accumulation included. The epoch's training loss is rank 0's count
+// of the global losses, the others adding none, so that it too does not depend on the world size.
+//
 // Elastic (the constructor that takes a comm::ElasticGroup, TCP): when ranks die, the survivors
 // regroup, take the lowest survivor's state from memory and share the rest of the epoch, and the
 // run goes on; processes that ask to join come in at an epoch start (docs/fault-tolerance.md).
@@ -39,6 +46,7 @@
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/json.hpp>
 #include <coltrain/core/terminal.hpp>
+#include <coltrain/core/timer.hpp>
 #include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/loader.hpp>
 #include <coltrain/nn/loss.hpp>
@@ -153,6 +161,10 @@ class Trainer {
         sharding_(ReplicatedOptimizer<Net, Policy, Optimizer>(optimizer)),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
+    if (ddp_options.micro_shards != 0)
+      throw InvalidArgument(
+          "Trainer (elastic): deterministic mode (micro_shards) is not available with elastic "
+          "training");
     elastic_.emplace(network_, optimizer_, group, ddp_options);
     global_step_ = elastic_->start().global_step;
     check_options();
@@ -284,6 +296,7 @@ class Trainer {
     // time, which a rank alone would not count either.
     if (ddp().world_size() > 1) ddp().barrier();
     const std::int64_t batches = train.batches_this_epoch();
+    double shown_loss_sum = 0;  // the progress bar's: this rank's samples' share of the losses
     for (std::int64_t b = 0;; ++b) {
       const auto step_started = std::chrono::steady_clock::now();
       const data::Batch<T>* batch = nullptr;
@@ -292,16 +305,24 @@ class Trainer {
         batch = train.next();
       }
       if (!batch) break;
-      const double loss = step(*batch, phases, b, batches);
+      const auto samples = static_cast<double>(batch->size());
+      const StepOutcome outcome = ddp().deterministic()
+                                      ? deterministic_step(*batch, phases, b, batches)
+                                      : step(*batch, phases, b, batches);
       taken_ += batch->size();
-      counts.loss_sum += loss * static_cast<double>(batch->size());
-      counts.correct += static_cast<double>(nn::topk_correct<T>(output_, batch->labels, 1));
-      counts.samples += static_cast<double>(batch->size());
+      shown_loss_sum += outcome.loss * samples;
+      if (!ddp().deterministic()) {
+        counts.loss_sum += outcome.loss * samples;
+      } else if (rank0()) {  // the global batch's mean loss, counted once
+        counts.loss_sum += outcome.loss * samples * static_cast<double>(ddp().world_size());
+      }
+      counts.correct += static_cast<double>(outcome.correct);
+      counts.samples += samples;
       counts.step_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
       if (progress_ && (b % 10 == 0 || b + 1 == batches))
         *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
-                                              counts.loss_sum / counts.samples,
+                                              shown_loss_sum / counts.samples,
                                               counts.samples / counts.step_seconds)
                       << std::flush;
     }
@@ -309,38 +330,123 @@ class Trainer {
     trained_ = true;
   }
 
+  // A batch's mean loss and top-1 hits (deterministic mode: the global batch's mean loss and
+  // this rank's hits).
+  struct StepOutcome {
+    double loss = 0;
+    std::int64_t correct = 0;
+  };
+
+  // Where batch `b` of the `batches` in this epoch lies under gradient accumulation: its index in
+  // its group, the group's size, and whether it is the group's last (which synchronises and steps).
+  struct AccumulationPlace {
+    std::int64_t micro = 0;
+    std::int64_t in_group = 1;
+    bool synchronised = true;
+  };
+  AccumulationPlace place_of(std::int64_t b, std::int64_t batches) const {
+    const std::int64_t k = options_.grad_accum;
+    AccumulationPlace place;
+    place.micro = b % k;
+    place.in_group = k == 1 ? 1 : std::min(k, batches - (b - place.micro));
+    place.synchronised = place.micro + 1 >= place.in_group;
+    return place;
+  }
+
   // Batch `b` of the `batches` in this epoch: a whole step, or under gradient accumulation one
   // micro-batch of a group, whose last one synchronises and steps.
-  double step(const data::Batch<T>& batch, PhaseTracker& phases, std::int64_t b,
-              std::int64_t batches) {
-    const std::int64_t k = options_.grad_accum;
-    const std::int64_t micro = b % k;
-    const std::int64_t in_group = k == 1 ? 1 : std::min(k, batches - (b - micro));
-    const bool synchronised = micro + 1 >= in_group;
+  StepOutcome step(const data::Batch<T>& batch, PhaseTracker& phases, std::int64_t b,
+                   std::int64_t batches) {
+    const AccumulationPlace place = place_of(b, batches);
     if (elastic_) elastic_->begin_step();
-    if (micro == 0) network_.zero_grad();
+    if (place.micro == 0) network_.zero_grad();
     {
       auto timed = phases.time(Phase::kForward);
       output_ = network_.forward(batch.images.view());
     }
-    double loss = 0;
+    StepOutcome outcome;
+    outcome.correct = nn::topk_correct<T>(output_, batch.labels, 1);
     {
       auto timed = phases.time(Phase::kLoss);
       grad_.resize(output_.shape());
-      loss = loss_.loss_and_grad(output_, batch.labels, grad_.view(),
-                                 optimizer_.loss_scale() / static_cast<float>(in_group));
+      outcome.loss =
+          loss_.loss_and_grad(output_, batch.labels, grad_.view(),
+                              optimizer_.loss_scale() / static_cast<float>(place.in_group));
     }
     {
       auto timed = phases.time(Phase::kBackward);
-      if (!synchronised) {
+      if (!place.synchronised) {
         auto local_only = ddp().no_sync();
         network_.backward(grad_.view());
         if (elastic_) elastic_->end_step();
-        return loss;
+        return outcome;
       }
       network_.backward(grad_.view());
     }
     phases.add_seconds(Phase::kAllreduceWait, ddp().finish_gradient_sync());
+    optimizer_step(phases);
+    if (elastic_) elastic_->end_step();
+    return outcome;
+  }
+
+  // Deterministic mode's step(): the batch, this rank's block of the global batch, cut into the
+  // rank's micro-shards, each passed forward and backward inside DataParallel::compute_gradients,
+  // which folds them with the other ranks'. Dropout masks are keyed by the micro-batch's number
+  // (global step x grad_accum + its index in the group) and the shard. The fold's time counts as
+  // the allreduce wait.
+  StepOutcome deterministic_step(const data::Batch<T>& batch, PhaseTracker& phases, std::int64_t b,
+                                 std::int64_t batches) {
+    const AccumulationPlace place = place_of(b, batches);
+    const std::int64_t shards = ddp().local_shards();
+    if (batch.size() % shards != 0) {
+      throw InvalidArgument(
+          "Trainer: deterministic mode: a batch of " + std::to_string(batch.size()) +
+          " samples does not divide into this rank's " + std::to_string(shards) +
+          " micro-shards; the loader's batch must be the sampler's block (global_batch / world "
+          "size), a multiple of micro_shards / world size");
+    }
+    const std::int64_t size = batch.size() / shards;
+    const float scale = optimizer_.loss_scale() / static_cast<float>(place.in_group);
+    StepOutcome outcome;
+    double pass_seconds = 0;
+    const Stopwatch whole;
+    const auto pass_number =
+        static_cast<std::uint64_t>(global_step_ * options_.grad_accum + place.micro);
+    outcome.loss = ddp().compute_gradients(
+        pass_number,
+        [&](int shard) {
+          const Stopwatch watch;
+          const std::int64_t begin = (shard - ddp().first_shard()) * size;
+          const std::span<const std::int32_t> labels(batch.labels.data() + begin,
+                                                     static_cast<std::size_t>(size));
+          tensor::TensorView<const T> output;
+          {
+            auto timed = phases.time(Phase::kForward);
+            output = network_.forward(batch.images.view().slice(begin, begin + size));
+          }
+          outcome.correct += nn::topk_correct<T>(output, labels, 1);
+          double loss = 0;
+          {
+            auto timed = phases.time(Phase::kLoss);
+            grad_.resize(output.shape());
+            loss = loss_.loss_and_grad(output, labels, grad_.view(), scale);
+          }
+          {
+            auto timed = phases.time(Phase::kBackward);
+            network_.backward(grad_.view());
+          }
+          pass_seconds += watch.seconds();
+          return loss;
+        },
+        place.micro > 0);
+    phases.add_seconds(Phase::kAllreduceWait, std::max(0.0, whole.seconds() - pass_seconds));
+    if (place.synchronised) optimizer_step(phases);
+    return outcome;
+  }
+
+  // After a synchronised backward pass: every rank agrees whether the gradients are finite, then
+  // steps the optimizer at the schedule's rate (or skips the step and backs off the loss scale).
+  void optimizer_step(PhaseTracker& phases) {
     {
       auto timed = phases.time(Phase::kOptimizer);
       // Every rank takes the same decision on an overflowed fp16 step: by construction where the
@@ -353,8 +459,6 @@ class Trainer {
       std::visit([&](auto& held) { held.apply(finite, lr); }, sharding_);
     }
     ++global_step_;
-    if (elastic_) elastic_->end_step();
-    return loss;
   }
 
   // Scales the averaged, unscaled gradients to clip_grad_norm when their global norm exceeds it.

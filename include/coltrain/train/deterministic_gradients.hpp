@@ -1,33 +1,27 @@
 #pragma once
-// DeterministicDataParallel<Net>: data-parallel gradients whose bits do not depend on the number of
-// ranks. The global batch is cut into M micro-shards of equal size, fixed by the batch and M alone;
-// rank r of p computes shards [r M/p, (r+1) M/p), each with a forward and backward pass of its own,
-// all from the same BatchNorm statistics and with dropout masks keyed by (step, shard). The shards'
-// gradients, running statistics and losses are then folded in one fixed binary tree: first over
-// the rank's own shards, which form a subtree of it, then across ranks by the rank_order allreduce
-// (comm/algorithms/rank_order.hpp), whose tree over the ranks continues the same one; the sums are
-// divided by M. Whenever M/p is a power of two (M = 8: 1, 2, 4 or 8 ranks) the result is the same
-// bits on every world size, as one rank computing all M shards would get.
+// DeterministicGradients<Net>: the engine of DataParallel's deterministic mode
+// (DataParallelOptions::micro_shards): a step's gradients whose bits do not depend on the number
+// of ranks. The global batch is cut into M micro-shards of equal size, fixed by the batch and M
+// alone; rank r of p computes shards [r M/p, (r+1) M/p), each with a forward and backward pass of
+// its own, all from the same BatchNorm statistics and with dropout masks keyed by (pass, shard).
+// The shards' gradients, running statistics and losses are then folded in one fixed binary tree:
+// first over the rank's own shards, which form a subtree of it, then across ranks by the
+// rank_order allreduce (comm/algorithms/rank_order.hpp), whose tree over the ranks continues the
+// same one; the sums are divided by M. Whenever M/p is a power of two (M = 8: 1, 2, 4 or 8 ranks)
+// the result is the same bits on every world size, as one rank computing all M shards would get.
 //
-//   train::DeterministicDataParallel ddp(net, comm, {.micro_shards = 8});
-//   const auto [begin, end] = ddp.shard_samples(global_batch, shard);   // for the loader
-//   double loss = ddp.compute_gradients(step, [&](int shard) {
-//     // the shard's samples [begin, end) of the global batch: forward, loss_and_grad, backward
-//     return shard_loss;   // the mean over the shard's samples
-//   });
-//   sgd.step(lr);   // the same gradients on every rank, whatever the world size
-//
-// What changes against DataParallel: BatchNorm normalises each shard by the shard's statistics
-// (ghost batches of batch / M samples) and its running statistics become the tree's average of
-// the M shards' updates, each made from the statistics before the step; the passes run one after
-// another, not overlapped with communication. 16-bit gradients are widened to f32 for the fold
-// and rounded once. docs/collectives.md, "Deterministic mode", says what is promised.
+// What changes against plain data-parallel training: BatchNorm normalises each shard by the
+// shard's statistics (ghost batches of batch / M samples) and its running statistics become the
+// tree's average of the M shards' updates, each made from the statistics before the step; the
+// passes run one after another, not overlapped with communication. 16-bit gradients are widened
+// to f32 for the fold and rounded once. docs/data-parallel.md, "The same bits on any number of
+// ranks", says what is promised.
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/error.hpp>
-#include <coltrain/train/data_parallel.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -38,11 +32,6 @@
 #include <vector>
 
 namespace coltrain::train {
-
-struct DeterministicDataParallelOptions {
-  // The world sizes that give the same bits are those p with M/p a power of two.
-  int micro_shards = 8;
-};
 
 namespace detail {
 
@@ -102,51 +91,44 @@ void put_buffers(Net& network, const BufferSnapshot& from) {
 
 }  // namespace detail
 
-template <DataParallelNetwork Net>
-class DeterministicDataParallel {
+// Whether `micro_shards` over `world_size` ranks gives the same bits on every such world size:
+// a multiple of the world size, a power of two shards per rank.
+inline bool micro_shards_fit(int micro_shards, int world_size) {
+  return micro_shards >= 1 && world_size >= 1 && micro_shards % world_size == 0 &&
+         std::has_single_bit(static_cast<unsigned>(micro_shards / world_size));
+}
+
+template <class Net>
+class DeterministicGradients {
   using T = typename Net::value_type;
-  using G = detail::bucket_element_t<T>;  // the fold's type: f32 for 16-bit gradients
+  // The fold's type: T for float and double, f32 for the 16-bit types.
+  using G = std::conditional_t<std::is_floating_point_v<T>, T, float>;
 
  public:
-  // Broadcasts rank 0's parameters and buffers to every rank. Collective. Throws InvalidArgument
-  // if M < 1, if the world size does not divide M into a power of two shards per rank, or if the
-  // network already has a gradient-ready hook (a DataParallel); the communicator's errors.
-  DeterministicDataParallel(Net& network, comm::Communicator& communicator,
-                            DeterministicDataParallelOptions options = {})
-      : network_(network), comm_(communicator), shards_(options.micro_shards) {
+  // Throws InvalidArgument unless micro_shards_fit(micro_shards, communicator.size()).
+  DeterministicGradients(Net& network, comm::Communicator& communicator, int micro_shards)
+      : network_(network), comm_(communicator), shards_(micro_shards) {
     const int p = comm_.size();
-    if (shards_ < 1 || shards_ % p != 0 ||
-        !std::has_single_bit(static_cast<unsigned>(shards_ / p))) {
+    if (!micro_shards_fit(shards_, p)) {
       throw InvalidArgument(
-          "DeterministicDataParallel: " + std::to_string(shards_) + " micro-shards over " +
-              std::to_string(p) +
+          "DataParallel: " + std::to_string(shards_) + " micro-shards over " + std::to_string(p) +
               " ranks; the world size must divide the micro-shards into a power of two per rank "
               "(8 micro-shards: 1, 2, 4 or 8 ranks)",
           context("construct"));
     }
-    if (network_.context().gradient_ready_hook()) {
-      throw InvalidArgument(
-          "DeterministicDataParallel: the network already has a gradient-ready hook (is it "
-          "wrapped by a DataParallel?)",
-          context("construct"));
-    }
     local_shards_ = shards_ / p;
     first_shard_ = comm_.rank() * local_shards_;
-    detail::broadcast_parameters_and_buffers(network_, comm_);
   }
 
-  DeterministicDataParallel(const DeterministicDataParallel&) = delete;
-  DeterministicDataParallel& operator=(const DeterministicDataParallel&) = delete;
-
   int micro_shards() const { return shards_; }
-  int first_shard() const { return first_shard_; }    // this rank's shards: first_shard() and
-  int local_shards() const { return local_shards_; }  // the local_shards() - 1 after it
+  int first_shard() const { return first_shard_; }
+  int local_shards() const { return local_shards_; }
 
   // Shard `shard`'s samples within a global batch of `global_batch`: [begin, end). Throws
   // InvalidArgument unless the batch is a positive multiple of the micro-shards.
   std::pair<std::int64_t, std::int64_t> shard_samples(std::int64_t global_batch, int shard) const {
     if (global_batch <= 0 || global_batch % shards_ != 0 || shard < 0 || shard >= shards_) {
-      throw InvalidArgument("DeterministicDataParallel: shard " + std::to_string(shard) +
+      throw InvalidArgument("DataParallel: shard " + std::to_string(shard) +
                                 " of a global batch of " + std::to_string(global_batch) + " in " +
                                 std::to_string(shards_) +
                                 " micro-shards (the batch must be a multiple of them)",
@@ -156,32 +138,31 @@ class DeterministicDataParallel {
     return {shard * size, (shard + 1) * size};
   }
 
-  // One step's gradients, left in the network's gradients (overwritten, not accumulated), and
-  // the global batch's mean loss, identical on every rank. `pass(shard)` is called for each of
-  // this rank's shards in order, gradients zeroed and buffers as before the step: it runs the
-  // shard's forward and backward passes in training mode and returns the shard's mean loss.
-  // `step` numbers the steps (dropout masks depend on it). Collective. A pass's exception goes
-  // to the caller before any communication; the buffers are then as before the step.
+  // DataParallel::compute_gradients.
   template <class Pass>
-  double compute_gradients(std::uint64_t step, Pass&& pass) {
+  double compute(std::uint64_t pass_number, Pass&& pass, bool accumulate) {
     auto& arena = network_.parameter_arena();
     const std::size_t n = arena.size();
     const auto local = static_cast<std::size_t>(local_shards_);
     gradient_slots_.resize(local);
     buffer_slots_.resize(local);
     losses_.assign(local, 0.0);
+    if (accumulate) {
+      accumulated_.resize(n);
+      std::copy_n(arena.gradients(), n, accumulated_.begin());
+    }
     detail::take_buffers(network_, before_);
     const auto total = static_cast<std::uint64_t>(shards_);
     for (std::size_t k = 0; k < local; ++k) {
       const int shard = first_shard_ + static_cast<int>(k);
       detail::put_buffers(network_, before_);
       network_.zero_grad();
-      // forward() counts a step before drawing masks: (step, shard) gets step * M + shard + 1.
-      network_.context().set_step(step * total + static_cast<std::uint64_t>(shard));
+      // forward() counts a step before drawing masks: (pass, shard) gets pass * M + shard + 1.
+      network_.context().set_step(pass_number * total + static_cast<std::uint64_t>(shard));
       try {
         losses_[k] = pass(shard);
       } catch (...) {
-        detail::put_buffers(network_, before_);
+        restore_after_failed_pass(accumulate);
         throw;
       }
       std::vector<G>& slot = gradient_slots_[k];
@@ -190,7 +171,7 @@ class DeterministicDataParallel {
       for (std::size_t i = 0; i < n; ++i) slot[i] = static_cast<G>(gradients[i]);
       detail::take_buffers(network_, buffer_slots_[k]);
     }
-    network_.context().set_step((step + 1) * total);
+    network_.context().set_step((pass_number + 1) * total);
 
     detail::fold_slots_in_fixed_tree(local, [&](std::size_t into, std::size_t from) {
       add_into(gradient_slots_[into], gradient_slots_[from]);
@@ -210,8 +191,15 @@ class DeterministicDataParallel {
 
     // Divided by M: exact when M is a power of two, and the same rounding on every world size
     // otherwise. Every shard counted the same number of batches, so the counts divide exactly.
+    // Accumulated passes add in their order (16-bit gradients in f32, rounded once), as a single
+    // rank would.
     T* gradients = arena.gradients();
-    for (std::size_t i = 0; i < n; ++i) gradients[i] = static_cast<T>(gradient[i] / G(shards_));
+    for (std::size_t i = 0; i < n; ++i) {
+      const T mean = static_cast<T>(gradient[i] / G(shards_));
+      gradients[i] = accumulate
+                         ? static_cast<T>(static_cast<G>(accumulated_[i]) + static_cast<G>(mean))
+                         : mean;
+    }
     for (float& v : buffers.floats) v /= static_cast<float>(shards_);
     for (double& v : buffers.doubles) v /= static_cast<double>(shards_);
     for (std::int64_t& v : buffers.integers) v /= shards_;
@@ -223,6 +211,16 @@ class DeterministicDataParallel {
   template <class U>
   static void add_into(std::vector<U>& into, const std::vector<U>& from) {
     for (std::size_t i = 0; i < into.size(); ++i) into[i] = into[i] + from[i];
+  }
+
+  // A pass threw: the buffers as before the step, and the gradients as before the call.
+  void restore_after_failed_pass(bool accumulate) {
+    detail::put_buffers(network_, before_);
+    auto& arena = network_.parameter_arena();
+    if (accumulate)
+      std::copy(accumulated_.begin(), accumulated_.end(), arena.gradients());
+    else
+      network_.zero_grad();
   }
 
   template <class U>
@@ -246,6 +244,7 @@ class DeterministicDataParallel {
   std::vector<std::vector<G>> gradient_slots_;
   std::vector<detail::BufferSnapshot> buffer_slots_;
   std::vector<double> losses_;
+  std::vector<T> accumulated_;  // the gradients a call with `accumulate` adds to
   detail::BufferSnapshot before_;
 };
 

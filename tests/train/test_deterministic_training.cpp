@@ -1,0 +1,412 @@
+// DataParallel's deterministic mode (micro_shards) on 1, 2, 4 and 8 TCP ranks run as threads:
+// three SGD steps (fp32, and bf16 with f32 master weights) of a network with BatchNorm and dropout
+// end with the same bits of every parameter, running statistic and loss on every world size and
+// every rank; so do two epochs through the Trainer, with and without gradient accumulation,
+// checkpoints included; inputs that plain data-parallel training on 1 and 2 ranks turns into
+// different bits, so that the comparison can fail; and the shard arithmetic and its errors.
+#include <catch2/catch.hpp>
+
+#include "../support/temp_dir.hpp"
+#include "../support/thread_ranks.hpp"
+
+#include <coltrain/comm.hpp>
+#include <coltrain/data.hpp>
+#include <coltrain/nn.hpp>
+#include <coltrain/optim.hpp>
+#include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/trainer.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+using namespace coltrain;
+using coltrain::testing::joined;
+using coltrain::testing::run_thread_ranks;
+
+namespace {
+
+// BatchNorm (ghost batches of the shards) and dropout (masks keyed by step and shard).
+using ShardNet =
+    nn::Sequential<nn::Input<3, 6, 6>, nn::Conv2d<4, 3, 1, 1, false>, nn::BatchNorm2d<>, nn::ReLU,
+                   nn::Dropout<0.25>, nn::Flatten, nn::Linear<5>>;
+// The same without them, for plain DataParallel, whose semantics then do not depend on the
+// world size either: only its order of additions does.
+using PlainNet = nn::Sequential<nn::Input<3, 6, 6>, nn::Conv2d<4, 3, 1, 1>, nn::ReLU, nn::Flatten,
+                                nn::Linear<5>>;
+
+constexpr std::int64_t kGlobalBatch = 16;
+constexpr int kSteps = 3;
+
+// Samples [first, first + count) of a fixed data set: random inputs, labels i % 5.
+template <class Net>
+tensor::Tensor<typename Net::value_type> inputs_of(std::int64_t first, std::int64_t count) {
+  using T = typename Net::value_type;
+  tensor::Tensor<T> inputs(Net::Input::batch(count));
+  const std::int64_t size = inputs.numel() / count;
+  for (std::int64_t s = 0; s < count; ++s) {
+    nn::Rng rng(500 + static_cast<std::uint64_t>(first + s));
+    for (std::int64_t i = 0; i < size; ++i)
+      inputs.data()[s * size + i] = static_cast<T>(static_cast<float>(rng.uniform(-1.0, 1.0)));
+  }
+  return inputs;
+}
+
+std::vector<std::int32_t> labels_of(std::int64_t first, std::int64_t count) {
+  std::vector<std::int32_t> labels;
+  for (std::int64_t s = first; s < first + count; ++s)
+    labels.push_back(static_cast<std::int32_t>(s % 5));
+  return labels;
+}
+
+// Forward, cross-entropy, backward on samples [first, first + count); the mean loss.
+template <class Net>
+double forward_backward(Net& net, std::int64_t first, std::int64_t count) {
+  using T = typename Net::value_type;
+  const tensor::Tensor<T> inputs = inputs_of<Net>(first, count);
+  const auto logits = net.forward(inputs.view());
+  tensor::Tensor<T> grad(logits.shape());
+  const double loss =
+      nn::SoftmaxCrossEntropy().loss_and_grad<T>(logits, labels_of(first, count), grad.view());
+  net.backward(grad.view());
+  return loss;
+}
+
+// Everything a run ends with, as bytes: parameters, buffers, and the loss of every step.
+struct Outcome {
+  std::vector<unsigned char> bytes;
+  // The first byte where `other` differs, or -1: a failure says where, not every byte.
+  std::ptrdiff_t first_difference(const Outcome& other) const {
+    if (bytes.size() != other.bytes.size()) return 0;
+    const auto at = std::mismatch(bytes.begin(), bytes.end(), other.bytes.begin());
+    return at.first == bytes.end() ? -1 : at.first - bytes.begin();
+  }
+  template <class U>
+  void add(std::span<const U> values) {
+    const auto* begin = reinterpret_cast<const unsigned char*>(values.data());
+    bytes.insert(bytes.end(), begin, begin + values.size_bytes());
+  }
+};
+
+template <class Net>
+void add_state(Outcome& outcome, Net& net) {
+  using T = typename Net::value_type;
+  net.visit_parameters(
+      [&](const std::string&, auto& p) { outcome.add(std::span<const T>(p.value.span())); });
+  net.visit_buffers([&](const std::string&, auto& buffer) {
+    using U = typename std::remove_reference_t<decltype(buffer)>::value_type;
+    outcome.add(std::span<const U>(buffer.span()));
+  });
+}
+
+// Three SGD steps under `Policy`: fp32, or bf16 with f32 master weights.
+template <class Policy>
+Outcome deterministic_run(comm::Communicator& comm, int micro_shards) {
+  nn::Network<ShardNet, typename Policy::Storage> net({.seed = 5});
+  net.train();
+  train::DataParallel ddp(net, comm, {.micro_shards = micro_shards});
+  const auto params = optim::parameters_of(net);
+  optim::PrecisionOptimizer<Policy, optim::Sgd> sgd(params,
+                                                    optim::Sgd({.lr = 0.1, .momentum = 0.9}));
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    losses.push_back(ddp.compute_gradients(static_cast<std::uint64_t>(step), [&](int shard) {
+      const auto [begin, end] = ddp.shard_samples(kGlobalBatch, shard);
+      return forward_backward(net, step * kGlobalBatch + begin, end - begin);
+    }));
+    sgd.step(0.1);
+  }
+  Outcome outcome;
+  add_state(outcome, net);
+  outcome.add(std::span<const double>(losses));
+  return outcome;
+}
+
+// Every rank's outcome for each world size, under a lock (the ranks are threads).
+struct Outcomes {
+  std::mutex mutex;
+  std::map<int, std::vector<Outcome>> by_world_size;
+  void put(int world_size, int rank, Outcome outcome) {
+    const std::lock_guard lock(mutex);
+    auto& ranks = by_world_size[world_size];
+    ranks.resize(static_cast<std::size_t>(world_size));
+    ranks[static_cast<std::size_t>(rank)] = std::move(outcome);
+  }
+};
+
+void require_all_passed(const std::vector<std::string>& failures) {
+  const std::string text = joined(failures);
+  INFO(text);
+  REQUIRE(text.empty());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Deterministic data-parallel: 1, 2, 4 and 8 ranks end with the same bits",
+                   "[train][deterministic]", optim::Fp32, optim::MixedBf16) {
+  Outcomes outcomes;
+  for (const int world_size : {1, 2, 4, 8}) {
+    require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
+      outcomes.put(comm.size(), comm.rank(), deterministic_run<TestType>(comm, 8));
+    }));
+  }
+  const Outcome& reference = outcomes.by_world_size[1][0];
+  REQUIRE(reference.bytes.size() > 600);
+  for (const auto& [world_size, ranks] : outcomes.by_world_size) {
+    for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+      INFO(world_size << " ranks, rank " << rank << ", of " << reference.bytes.size() << " bytes");
+      CHECK(ranks[rank].first_difference(reference) == -1);
+    }
+  }
+  // Four shards of four samples are another computation (other ghost batches, other masks): the
+  // outcome depends on the shards, not merely on the data.
+  Outcomes four;
+  require_all_passed(run_thread_ranks(2, [&](comm::Communicator& comm) {
+    four.put(comm.size(), comm.rank(), deterministic_run<TestType>(comm, 4));
+  }));
+  CHECK(four.by_world_size[2][0].first_difference(reference) != -1);
+  CHECK(four.by_world_size[2][1].first_difference(four.by_world_size[2][0]) == -1);
+}
+
+TEST_CASE("Deterministic data-parallel: these inputs tell plain data-parallel's world sizes apart",
+          "[train][deterministic]") {
+  // The same global batch of 16 on 1 rank and on 2 ranks of 8 samples (gradients averaged), from
+  // the same weights: the same mathematics, summed in other orders. Without this, equal bits above
+  // could come from data too tame to round differently.
+  Outcomes outcomes;
+  for (const int world_size : {1, 2}) {
+    require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
+      nn::Network<PlainNet> net({.seed = 5});
+      net.train();
+      train::DataParallel ddp(net, comm);
+      const auto params = optim::parameters_of(net);
+      optim::PrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(
+          params, optim::Sgd({.lr = 0.1, .momentum = 0.9}));
+      const std::int64_t local = kGlobalBatch / comm.size();
+      for (int step = 0; step < kSteps; ++step) {
+        net.zero_grad();
+        forward_backward(net, step * kGlobalBatch + comm.rank() * local, local);
+        ddp.finish_gradient_sync();
+        sgd.step(0.1);
+      }
+      Outcome outcome;
+      add_state(outcome, net);
+      outcomes.put(comm.size(), comm.rank(), std::move(outcome));
+    }));
+  }
+  CHECK(outcomes.by_world_size[1][0].first_difference(outcomes.by_world_size[2][0]) != -1);
+}
+
+TEST_CASE("Deterministic data-parallel: shards, and what the mode refuses",
+          "[train][deterministic]") {
+  require_all_passed(run_thread_ranks(2, [](comm::Communicator& comm) {
+    nn::Network<ShardNet> net({.seed = 5});
+    train::DataParallel ddp(net, comm, {.micro_shards = 8});
+    CHECK(ddp.deterministic());
+    CHECK(ddp.local_shards() == 4);
+    CHECK(ddp.first_shard() == 4 * comm.rank());
+    CHECK(ddp.shard_samples(32, 5) == std::pair<std::int64_t, std::int64_t>{20, 24});
+    CHECK_THROWS_WITH(ddp.shard_samples(12, 0),
+                      Catch::Contains("global batch of 12 in 8 micro-shards"));
+    CHECK(ddp.gradients_identical_on_every_rank());
+    // Accumulation goes through compute_gradients, and backward passes inside it.
+    CHECK_THROWS_WITH(ddp.no_sync(), Catch::Contains("compute_gradients(pass_number, pass, true)"));
+    net.train();
+    CHECK_THROWS_WITH(forward_backward(net, 0, 2),
+                      Catch::Contains("a backward pass outside compute_gradients()"));
+    // 2 ranks: 6 shards are 3 a rank, not a power of two; 3 shards do not divide.
+    for (const int shards : {6, 3}) {
+      INFO(shards << " micro-shards");
+      nn::Network<ShardNet> other({.seed = 5});
+      CHECK_THROWS_WITH(
+          train::DataParallel<nn::Network<ShardNet>>(other, comm, {.micro_shards = shards}),
+          Catch::Contains(std::to_string(shards) + " micro-shards over 2 ranks"));
+    }
+    const auto refused = [&](train::DataParallelOptions options) {
+      nn::Network<ShardNet> other({.seed = 5});
+      train::DataParallel<nn::Network<ShardNet>> wrapper(other, comm, options);
+    };
+    CHECK_THROWS_WITH(refused({.micro_shards = -1}), Catch::Contains("-1 micro-shards (0: off)"));
+    const std::string folds = "folds the gradients with the rank_order allreduce";
+    CHECK_THROWS_WITH(refused({.zero_stage = 1, .micro_shards = 8}), Catch::Contains(folds));
+    CHECK_THROWS_WITH(refused({.compression = comm::WireCompression::kBFloat16, .micro_shards = 8}),
+                      Catch::Contains(folds));
+    CHECK_THROWS_WITH(refused({.algorithm = comm::Algorithm::kRing, .micro_shards = 8}),
+                      Catch::Contains(folds));
+    // A pass that throws leaves the buffers and gradients as before the call, and the error
+    // reaches the caller; with accumulate, the gradients it would have added to.
+    const auto floats_of = [&](auto visit) {
+      std::vector<float> values;
+      visit([&](const std::string&, auto& tensor) {
+        using U = typename std::remove_reference_t<decltype(tensor)>::value_type;
+        if constexpr (std::is_same_v<U, float>)
+          values.insert(values.end(), tensor.span().begin(), tensor.span().end());
+      });
+      return values;
+    };
+    const auto buffers = [&] { return floats_of([&](auto f) { net.visit_buffers(f); }); };
+    const auto gradients = [&] {
+      return floats_of([&](auto f) {
+        net.visit_parameters([&](const std::string& name, auto& p) { f(name, p.grad); });
+      });
+    };
+    const auto throwing_pass = [&](int shard) -> double {
+      forward_backward(net, shard * 2, 2);
+      throw std::runtime_error("pass failed");
+    };
+    const std::vector<float> buffers_before = buffers();
+    CHECK_THROWS_WITH(ddp.compute_gradients(0, throwing_pass), "pass failed");
+    CHECK(buffers() == buffers_before);
+    const std::vector<float> zeroed = gradients();
+    CHECK(std::all_of(zeroed.begin(), zeroed.end(), [](float g) { return g == 0; }));
+    ddp.compute_gradients(0, [&](int shard) { return forward_backward(net, shard * 2, 2); });
+    const std::vector<float> accumulated = gradients();
+    CHECK(std::any_of(accumulated.begin(), accumulated.end(), [](float g) { return g != 0; }));
+    CHECK_THROWS_WITH(ddp.compute_gradients(1, throwing_pass, true), "pass failed");
+    CHECK(gradients() == accumulated);
+  }));
+  // Outside the mode its calls are refused.
+  require_all_passed(run_thread_ranks(1, [](comm::Communicator& comm) {
+    nn::Network<ShardNet> net({.seed = 5});
+    train::DataParallel ddp(net, comm);
+    CHECK(!ddp.deterministic());
+    CHECK_THROWS_WITH(ddp.shard_samples(16, 0), Catch::Contains("only in deterministic mode"));
+    CHECK_THROWS_WITH(ddp.compute_gradients(0, [](int) { return 0.0; }),
+                      Catch::Contains("only in deterministic mode"));
+  }));
+}
+
+namespace {
+
+// Four classes of 1 x 6 x 6 images: the bright quadrant is the class, on a noisy background.
+data::ImageDataset quadrants(std::int64_t count, std::uint64_t seed) {
+  const data::ImageShape shape{1, 6, 6};
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count * shape.size()));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(count));
+  nn::Rng rng(seed);
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto label = static_cast<std::int32_t>(i % 4);
+    labels[static_cast<std::size_t>(i)] = label;
+    for (std::int64_t y = 0; y < 6; ++y)
+      for (std::int64_t x = 0; x < 6; ++x) {
+        const bool bright = (y / 3) * 2 + x / 3 == label;
+        pixels[static_cast<std::size_t>(i * 36 + y * 6 + x)] =
+            static_cast<std::uint8_t>(rng.uniform(0, 120) + (bright ? 120 : 0));
+      }
+  }
+  return data::ImageDataset(shape, std::move(pixels), std::move(labels), 4);
+}
+
+using TrainerModel =
+    nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4, 3, 1, 1, false>>,
+                   nn::Named<"bn", nn::BatchNormReLU2d<>>, nn::Dropout<0.25>, nn::MaxPool2d<2>,
+                   nn::Flatten, nn::Named<"fc", nn::Linear<4>>>;
+
+std::vector<unsigned char> file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The newest checkpoint's file ending in `suffix` in `dir`, as bytes; empty if there is none.
+std::vector<unsigned char> newest_checkpoint_file(const std::filesystem::path& dir,
+                                                  const std::string& suffix) {
+  std::filesystem::path newest;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > suffix.size() && name.ends_with(suffix) && entry.path() > newest)
+      newest = entry.path();
+  }
+  return newest.empty() ? std::vector<unsigned char>{} : file_bytes(newest);
+}
+
+// Two epochs of 96 samples in global batches of 16 through the Trainer, in deterministic mode:
+// the state every rank ends with, and rank 0's epoch lines cut to their training part.
+Outcome trainer_run(comm::Communicator& comm, int grad_accum, const std::filesystem::path& dir,
+                    std::string& training_lines) {
+  constexpr std::int64_t kBatch = 16;
+  const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
+  nn::Network<TrainerModel> net({.seed = 7});
+  train::DataParallel ddp(net, comm, {.micro_shards = 8});
+  optim::PrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(optim::parameters_of(net),
+                                                         optim::Sgd({.lr = 0.1, .momentum = 0.9}));
+  data::DistributedSampler sampler(
+      train_set.size(),
+      {.num_replicas = comm.size(), .rank = comm.rank(), .seed = 3, .global_batch = kBatch});
+  const data::ImageTransform transform{.normalization = {{0.5f}, {0.25f}}};
+  data::Loader<float> train_loader(train_set, sampler,
+                                   {.batch_size = kBatch / comm.size(), .prefetch = 0}, transform);
+  std::vector<std::int64_t> shard;
+  for (std::int64_t i = comm.rank(); i < test_set.size(); i += comm.size()) shard.push_back(i);
+  data::Loader<float> test_loader(test_set, shard, {.batch_size = 16, .prefetch = 0}, transform);
+  std::ostringstream out;
+  train::TrainerOptions options;
+  options.epochs = 2;
+  options.grad_accum = grad_accum;
+  options.checkpoint_dir = dir;
+  options.out = &out;
+  options.progress = false;
+  train::Trainer<nn::Network<TrainerModel>, optim::Fp32, optim::Sgd> trainer(
+      net, sgd, ddp, optim::CosineAnnealingLr{.base_lr = 0.1, .t_max = 20}, options);
+  trainer.fit(train_loader, test_loader);
+  Outcome outcome;
+  add_state(outcome, net);
+  if (comm.rank() == 0) {
+    const std::regex training("training loss: [0-9.]+  training accuracy [0-9.]+");
+    const std::string text = out.str();
+    for (std::sregex_iterator it(text.begin(), text.end(), training), end; it != end; ++it)
+      training_lines += it->str() + "\n";
+  }
+  return outcome;
+}
+
+}  // namespace
+
+TEST_CASE("Deterministic data-parallel: the Trainer ends with the same bits on 1, 2, 4 and 8 ranks",
+          "[train][deterministic]") {
+  const coltrain::testing::TempDir temp("deterministic_trainer");
+  for (const int grad_accum : {1, 2}) {
+    INFO("grad_accum " << grad_accum);
+    Outcomes outcomes;
+    std::map<int, std::string> lines;
+    std::map<int, std::vector<unsigned char>> models, optimizers;
+    for (const int world_size : {1, 2, 4, 8}) {
+      const std::filesystem::path dir =
+          temp.path() / ("accum" + std::to_string(grad_accum) + "_p" + std::to_string(world_size));
+      std::string training_lines;
+      require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
+        outcomes.put(comm.size(), comm.rank(), trainer_run(comm, grad_accum, dir, training_lines));
+      }));
+      lines[world_size] = training_lines;
+      models[world_size] = newest_checkpoint_file(dir, ".model.safetensors");
+      optimizers[world_size] = newest_checkpoint_file(dir, ".optimizer.safetensors");
+    }
+    const Outcome& reference = outcomes.by_world_size[1][0];
+    REQUIRE(reference.bytes.size() > 200);
+    REQUIRE(std::count(lines[1].begin(), lines[1].end(), '\n') == 2);
+    REQUIRE(!models[1].empty());
+    REQUIRE(!optimizers[1].empty());
+    for (const auto& [world_size, ranks] : outcomes.by_world_size) {
+      INFO(world_size << " ranks");
+      for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+        INFO("rank " << rank);
+        CHECK(ranks[rank].first_difference(reference) == -1);
+      }
+      CHECK(lines[world_size] == lines[1]);
+      CHECK(models[world_size] == models[1]);
+      CHECK(optimizers[world_size] == optimizers[1]);
+    }
+  }
+}
