@@ -5,6 +5,7 @@
 // a resumed run ends where an uninterrupted one does, buffers included.
 #include <catch2/catch.hpp>
 
+#include "../support/quadrant_images.hpp"
 #include "../support/temp_dir.hpp"
 #include "../support/thread_ranks.hpp"
 
@@ -259,24 +260,7 @@ TEST_CASE("average_buffers mid-step is an error, as the other helpers",
 
 namespace {
 
-// Four classes of 1 x 6 x 6 images: the bright quadrant is the class, on a noisy background.
-data::ImageDataset quadrants(std::int64_t count, std::uint64_t seed) {
-  const data::ImageShape shape{1, 6, 6};
-  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count * shape.size()));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(count));
-  nn::Rng rng(seed);
-  for (std::int64_t i = 0; i < count; ++i) {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    labels[static_cast<std::size_t>(i)] = label;
-    for (std::int64_t y = 0; y < 6; ++y)
-      for (std::int64_t x = 0; x < 6; ++x) {
-        const bool bright = (y / 3) * 2 + x / 3 == label;
-        pixels[static_cast<std::size_t>(i * 36 + y * 6 + x)] =
-            static_cast<std::uint8_t>(rng.uniform(0, 120) + (bright ? 120 : 0));
-      }
-  }
-  return data::ImageDataset(shape, std::move(pixels), std::move(labels), 4);
-}
+using coltrain::testing::quadrant_images;
 
 using QuadrantModel =
     nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4, 3, 1, 1>>,
@@ -296,7 +280,7 @@ struct Run {
 
 // A short fit on this rank's shard of the training set (the DistributedSampler's).
 Run fit(comm::Communicator& comm, train::TrainerOptions options) {
-  const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
+  const data::ImageDataset train_set = quadrant_images(96, 1), test_set = quadrant_images(40, 2);
   QuadrantNet net({.threads = 1, .seed = 7});
   train::DataParallel ddp(net, comm);
   Sgd sgd(optim::parameters_of(net), optim::Sgd({.lr = 0.1, .momentum = 0.9}));
@@ -362,7 +346,7 @@ TEST_CASE("the trainer evaluates and checkpoints the ranks' averaged statistics"
            "the checkpoint holds the averaged statistics");
     // The validation metrics (each rank's shard, summed) are those of the saved network on the
     // whole set: every rank evaluated with the same statistics.
-    const auto correct = static_cast<double>(correct_on(saved, quadrants(40, 2)));
+    const auto correct = static_cast<double>(correct_on(saved, quadrant_images(40, 2)));
     expect(std::abs(run.result.validation.top1() - correct / 40.0) < 1e-12,
            "validation top-1 " + std::to_string(run.result.validation.top1()) +
                " is the saved network's on the whole set, " + std::to_string(correct / 40.0));

@@ -6,6 +6,7 @@
 // different bits, so that the comparison can fail; and the shard arithmetic and its errors.
 #include <catch2/catch.hpp>
 
+#include "../support/quadrant_images.hpp"
 #include "../support/temp_dir.hpp"
 #include "../support/thread_ranks.hpp"
 
@@ -291,24 +292,7 @@ TEST_CASE("Deterministic data-parallel: shards, and what the mode refuses",
 
 namespace {
 
-// Four classes of 1 x 6 x 6 images: the bright quadrant is the class, on a noisy background.
-data::ImageDataset quadrants(std::int64_t count, std::uint64_t seed) {
-  const data::ImageShape shape{1, 6, 6};
-  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count * shape.size()));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(count));
-  nn::Rng rng(seed);
-  for (std::int64_t i = 0; i < count; ++i) {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    labels[static_cast<std::size_t>(i)] = label;
-    for (std::int64_t y = 0; y < 6; ++y)
-      for (std::int64_t x = 0; x < 6; ++x) {
-        const bool bright = (y / 3) * 2 + x / 3 == label;
-        pixels[static_cast<std::size_t>(i * 36 + y * 6 + x)] =
-            static_cast<std::uint8_t>(rng.uniform(0, 120) + (bright ? 120 : 0));
-      }
-  }
-  return data::ImageDataset(shape, std::move(pixels), std::move(labels), 4);
-}
+using coltrain::testing::quadrant_images;
 
 using TrainerModel =
     nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4, 3, 1, 1, false>>,
@@ -337,7 +321,7 @@ std::vector<unsigned char> newest_checkpoint_file(const std::filesystem::path& d
 Outcome trainer_run(comm::Communicator& comm, int grad_accum, const std::filesystem::path& dir,
                     std::string& training_lines) {
   constexpr std::int64_t kBatch = 16;
-  const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
+  const data::ImageDataset train_set = quadrant_images(96, 1), test_set = quadrant_images(40, 2);
   nn::Network<TrainerModel> net({.seed = 7});
   train::DataParallel ddp(net, comm, {.micro_shards = 8});
   optim::PrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(optim::parameters_of(net),

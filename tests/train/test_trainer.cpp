@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "../comm/collective_fixtures.hpp"
+#include "../support/quadrant_images.hpp"
 #include "../support/temp_dir.hpp"
 
 #include <coltrain/comm.hpp>
@@ -35,24 +36,7 @@ namespace {
 
 constexpr Backend kBackends[] = {Backend::kMpi, Backend::kTcp};
 
-// Four classes of 1 x 6 x 6 images: the bright quadrant is the class, on a noisy background.
-data::ImageDataset quadrants(std::int64_t count, std::uint64_t seed) {
-  const data::ImageShape shape{1, 6, 6};
-  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count * shape.size()));
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(count));
-  nn::Rng rng(seed);
-  for (std::int64_t i = 0; i < count; ++i) {
-    const auto label = static_cast<std::int32_t>(i % 4);
-    labels[static_cast<std::size_t>(i)] = label;
-    for (std::int64_t y = 0; y < 6; ++y)
-      for (std::int64_t x = 0; x < 6; ++x) {
-        const bool bright = (y / 3) * 2 + x / 3 == label;
-        pixels[static_cast<std::size_t>(i * 36 + y * 6 + x)] =
-            static_cast<std::uint8_t>(rng.uniform(0, 120) + (bright ? 120 : 0));
-      }
-  }
-  return data::ImageDataset(shape, std::move(pixels), std::move(labels), 4);
-}
+using coltrain::testing::quadrant_images;
 
 using Model = nn::Sequential<nn::Input<1, 6, 6>, nn::Named<"conv", nn::Conv2d<4, 3, 1, 1>>,
                              nn::Named<"bn", nn::BatchNormReLU2d<>>, nn::MaxPool2d<2>, nn::Flatten,
@@ -94,7 +78,7 @@ Run<T> fit(comm::Communicator& comm, train::TrainerOptions options, Setup setup 
   using N = nn::Network<M, T>;
   using Policy = PolicyFor<T>;
   using Sgd = optim::BasicSgd<T>;
-  const data::ImageDataset train_set = quadrants(96, 1), test_set = quadrants(40, 2);
+  const data::ImageDataset train_set = quadrant_images(96, 1), test_set = quadrant_images(40, 2);
   N net({.threads = 1, .seed = 7});
   const bool zero = setup.zero;
   train::DataParallel ddp(net, comm, {.zero_stage = zero ? 1 : 0});
