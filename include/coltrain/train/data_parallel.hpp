@@ -376,7 +376,6 @@ class DataParallel {
   // ---- deterministic mode (DataParallelOptions::micro_shards) ----
 
   bool deterministic() const { return deterministic_.has_value(); }
-  int micro_shards() const { return options_.micro_shards; }
   // This rank's shards: first_shard() and the local_shards() - 1 after it (0 and 1 when off).
   int first_shard() const { return deterministic_ ? deterministic_->first_shard() : 0; }
   int local_shards() const { return deterministic_ ? deterministic_->local_shards() : 1; }

@@ -120,7 +120,6 @@ class DeterministicGradients {
     first_shard_ = comm_.rank() * local_shards_;
   }
 
-  int micro_shards() const { return shards_; }
   int first_shard() const { return first_shard_; }
   int local_shards() const { return local_shards_; }
 
