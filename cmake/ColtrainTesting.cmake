@@ -202,7 +202,7 @@ function(coltrain_add_gpu_test)
   if(COLTRAIN_GPU_CHECK_ONLY)
     target_link_libraries(${ARG_NAME} PRIVATE coltrain_catch_session CUDA::cudart)
     add_test(NAME ${ARG_NAME}
-             COMMAND sh -c "echo 'skipped: no GPU; compiled by nvcc -cuda, not linked \
+             COMMAND sh -c "echo 'skipped: no GPU; compiled by nvcc -ptx, not linked \
 (COLTRAIN_GPU_CHECK_ONLY)'; exit ${COLTRAIN_SKIP_RETURN_CODE}")
   else()
     if(NOT TARGET coltrain_catch_gpu_main)
@@ -284,7 +284,7 @@ function(coltrain_add_header_checks)
         # nvcc's device pass alone (-ptx: cicc parses the whole file, host functions included, so
         # a header that misses an include fails there): half the time of -cuda, which runs the
         # same front end a second time for the host (cudafe++; trainer.cuh: 11.4 s against 23.5).
-        # The GPU targets run the host passes over every .cuh.
+        # mnist_convnet_cuda, compiled completely in every build, includes every .cuh.
         add_test(NAME header.${relative}.nvcc
                  COMMAND ${nvcc} -ptx "${check_dir}/${stem}.cu" -o "${check_dir}/${stem}.ptx")
         set_tests_properties(header.${relative}.nvcc PROPERTIES LABELS headers
