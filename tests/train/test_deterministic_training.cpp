@@ -2,7 +2,8 @@
 // three SGD steps (fp32, and bf16 with f32 master weights) of a network with BatchNorm and dropout
 // end with the same bits of every parameter, running statistic and loss on every world size and
 // every rank; so do two epochs through the Trainer, with and without gradient accumulation,
-// checkpoints included; inputs that plain data-parallel training on 1 and 2 ranks turns into
+// checkpoints included, and under ZeRO-1 with gradient clipping, whose runs end with the bits of
+// the plain run on one rank; inputs that plain data-parallel training on 1 and 2 ranks turns into
 // different bits, so that the comparison can fail; and the shard arithmetic and its errors.
 #include <catch2/catch.hpp>
 
@@ -18,13 +19,16 @@
 #include <coltrain/train/trainer.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <span>
 #include <sstream>
@@ -242,7 +246,6 @@ TEST_CASE("Deterministic data-parallel: shards, and what the mode refuses",
     };
     CHECK_THROWS_WITH(refused({.micro_shards = -1}), Catch::Contains("-1 micro-shards (0: off)"));
     const std::string folds = "folds the gradients with the rank_order allreduce";
-    CHECK_THROWS_WITH(refused({.zero_stage = 1, .micro_shards = 8}), Catch::Contains(folds));
     CHECK_THROWS_WITH(refused({.compression = comm::WireCompression::kBFloat16, .micro_shards = 8}),
                       Catch::Contains(folds));
     CHECK_THROWS_WITH(refused({.algorithm = comm::Algorithm::kRing, .micro_shards = 8}),
@@ -316,16 +319,30 @@ std::vector<unsigned char> newest_checkpoint_file(const std::filesystem::path& d
   return newest.empty() ? std::vector<unsigned char>{} : file_bytes(newest);
 }
 
+// How a Trainer run is set up: gradient accumulation, ZeRO-1, clipping by the gradients' norm.
+struct TrainerSetup {
+  int grad_accum = 1;
+  bool zero = false;
+  std::optional<double> clip_grad_norm = std::nullopt;
+};
+
 // Two epochs of 96 samples in global batches of 16 through the Trainer, in deterministic mode:
 // the state every rank ends with, and rank 0's epoch lines cut to their training part.
-Outcome trainer_run(comm::Communicator& comm, int grad_accum, const std::filesystem::path& dir,
-                    std::string& training_lines) {
+Outcome trainer_run(comm::Communicator& comm, const TrainerSetup& setup,
+                    const std::filesystem::path& dir, std::string& training_lines) {
   constexpr std::int64_t kBatch = 16;
   const data::ImageDataset train_set = quadrant_images(96, 1), test_set = quadrant_images(40, 2);
-  nn::Network<TrainerModel> net({.seed = 7});
-  train::DataParallel ddp(net, comm, {.micro_shards = 8});
-  optim::PrecisionOptimizer<optim::Fp32, optim::Sgd> sgd(optim::parameters_of(net),
-                                                         optim::Sgd({.lr = 0.1, .momentum = 0.9}));
+  using Net = nn::Network<TrainerModel>;
+  Net net({.seed = 7});
+  train::DataParallel ddp(net, comm, {.zero_stage = setup.zero ? 1 : 0, .micro_shards = 8});
+  const optim::Sgd::Options sgd_options{.lr = 0.1, .momentum = 0.9};
+  // The whole optimizer on every rank, or each rank's shard of it.
+  std::optional<optim::PrecisionOptimizer<optim::Fp32, optim::Sgd>> sgd;
+  std::optional<train::ZeroOptimizer<Net, optim::Fp32, optim::Sgd>> zero_sgd;
+  if (setup.zero)
+    zero_sgd.emplace(ddp, optim::Sgd(sgd_options));
+  else
+    sgd.emplace(optim::parameters_of(net), optim::Sgd(sgd_options));
   data::DistributedSampler sampler(
       train_set.size(),
       {.num_replicas = comm.size(), .rank = comm.rank(), .seed = 3, .global_batch = kBatch});
@@ -338,13 +355,18 @@ Outcome trainer_run(comm::Communicator& comm, int grad_accum, const std::filesys
   std::ostringstream out;
   train::TrainerOptions options;
   options.epochs = 2;
-  options.grad_accum = grad_accum;
+  options.grad_accum = setup.grad_accum;
+  options.clip_grad_norm = setup.clip_grad_norm;
   options.checkpoint_dir = dir;
   options.out = &out;
   options.progress = false;
-  train::Trainer<nn::Network<TrainerModel>, optim::Fp32, optim::Sgd> trainer(
-      net, sgd, ddp, optim::CosineAnnealingLr{.base_lr = 0.1, .t_max = 20}, options);
-  trainer.fit(train_loader, test_loader);
+  const optim::CosineAnnealingLr schedule{.base_lr = 0.1, .t_max = 20};
+  std::optional<train::Trainer<Net, optim::Fp32, optim::Sgd>> trainer;
+  if (setup.zero)
+    trainer.emplace(net, *zero_sgd, ddp, schedule, options);
+  else
+    trainer.emplace(net, *sgd, ddp, schedule, options);
+  trainer->fit(train_loader, test_loader);
   Outcome outcome;
   add_state(outcome, net);
   if (comm.rank() == 0) {
@@ -371,7 +393,8 @@ TEST_CASE("Deterministic data-parallel: the Trainer ends with the same bits on 1
           temp.path() / ("accum" + std::to_string(grad_accum) + "_p" + std::to_string(world_size));
       std::string training_lines;
       require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
-        outcomes.put(comm.size(), comm.rank(), trainer_run(comm, grad_accum, dir, training_lines));
+        outcomes.put(comm.size(), comm.rank(),
+                     trainer_run(comm, {.grad_accum = grad_accum}, dir, training_lines));
       }));
       lines[world_size] = training_lines;
       models[world_size] = newest_checkpoint_file(dir, ".model.safetensors");
@@ -392,5 +415,128 @@ TEST_CASE("Deterministic data-parallel: the Trainer ends with the same bits on 1
       CHECK(models[world_size] == models[1]);
       CHECK(optimizers[world_size] == optimizers[1]);
     }
+  }
+}
+
+TEST_CASE("Deterministic data-parallel: ZeRO-1 with clipping ends with the plain run's bits",
+          "[train][deterministic][zero]") {
+  const coltrain::testing::TempDir temp("deterministic_zero");
+  // Clipping at this norm scales most steps' gradients: the norm, which ZeRO-1 otherwise sums
+  // shard by shard, takes part in every step.
+  const TrainerSetup plain{.clip_grad_norm = 0.05}, zero{.zero = true, .clip_grad_norm = 0.05};
+  struct Run {
+    Outcomes outcomes;
+    std::string lines;
+    std::vector<unsigned char> model, optimizer;
+  };
+  std::map<std::string, Run> runs;
+  const auto run = [&](const std::string& name, int world_size, const TrainerSetup& setup) {
+    Run& r = runs[name];
+    const std::filesystem::path dir = temp.path() / name;
+    require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
+      r.outcomes.put(comm.size(), comm.rank(), trainer_run(comm, setup, dir, r.lines));
+    }));
+    r.model = newest_checkpoint_file(dir, ".model.safetensors");
+    r.optimizer = newest_checkpoint_file(dir, ".optimizer.safetensors");
+  };
+  run("plain_p1", 1, plain);
+  run("unclipped_p1", 1, {});
+  for (const int world_size : {1, 2, 4})
+    run("zero_p" + std::to_string(world_size), world_size, zero);
+
+  const Run& reference = runs["plain_p1"];
+  const Outcome& state = reference.outcomes.by_world_size.at(1)[0];
+  REQUIRE(!reference.model.empty());
+  REQUIRE(!reference.optimizer.empty());
+  // Clipping changed the run: otherwise the norm would not have been tested.
+  CHECK(runs["unclipped_p1"].outcomes.by_world_size.at(1)[0].first_difference(state) != -1);
+  for (const int world_size : {1, 2, 4}) {
+    INFO("ZeRO-1 on " << world_size << " ranks");
+    const Run& r = runs["zero_p" + std::to_string(world_size)];
+    const std::vector<Outcome>& ranks = r.outcomes.by_world_size.at(world_size);
+    for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+      INFO("rank " << rank);
+      CHECK(ranks[rank].first_difference(state) == -1);
+    }
+    CHECK(r.lines == reference.lines);
+    CHECK(r.model == reference.model);
+    CHECK(r.optimizer == reference.optimizer);
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "Deterministic data-parallel: ZeRO-1's gradient norm is the unsharded optimizer's on any "
+    "world size",
+    "[train][deterministic][zero]", optim::Fp32, optim::MixedBf16) {
+  using T = typename TestType::Storage;
+  using Net = nn::Network<ShardNet, T>;
+  // Gradients from 2^-30 to 2^10 in magnitude, of both signs: their squares span more bits than a
+  // double holds, so that the sum depends on the order of the additions (checked below), as a
+  // shard-by-shard sum would show.
+  const auto fill = [](Net& net) {
+    std::int64_t i = 0;
+    net.visit_parameters([&](const std::string&, auto& parameter) {
+      for (T& g : parameter.grad.span()) {
+        const double mantissa = 1.0 + static_cast<double>((i * 2654435761) % 1000) / 1000.0;
+        const double magnitude = std::ldexp(mantissa, static_cast<int>(i % 41) - 30);
+        g = static_cast<T>(static_cast<float>(i % 2 == 0 ? magnitude : -magnitude));
+        ++i;
+      }
+    });
+  };
+  Net net({.seed = 5});
+  fill(net);
+  optim::PrecisionOptimizer<TestType, optim::Sgd> whole(optim::parameters_of(net),
+                                                        optim::Sgd({.lr = 0.1}));
+  REQUIRE(whole.unscale_and_check());
+  const double replicated = whole.gradient_sum_of_squares();
+  std::vector<double> squares;
+  net.visit_parameters([&](const std::string&, auto& parameter) {
+    for (const T g : parameter.grad.span())
+      squares.push_back(static_cast<double>(static_cast<float>(g)) *
+                        static_cast<double>(static_cast<float>(g)));
+  });
+  const auto sum_of = [&](std::size_t begin, std::size_t end) {
+    double sum = 0;
+    for (std::size_t i = begin; i < end; ++i) sum += squares[i];
+    return sum;
+  };
+  REQUIRE(sum_of(0, squares.size()) == replicated);
+  const std::size_t n = squares.size();
+  REQUIRE((sum_of(0, n / 4) + sum_of(n / 4, n) != replicated ||
+           sum_of(0, n / 2) + sum_of(n / 2, n) != replicated ||
+           sum_of(0, 3 * n / 4) + sum_of(3 * n / 4, n) != replicated));
+
+  std::mutex mutex;
+  std::map<int, std::vector<double>> norms;  // world size -> each rank's
+  std::map<int, int> took_nan_for_finite;    // world size -> ranks that would step
+  for (const int world_size : {1, 2, 4}) {
+    require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
+      Net rank_net({.seed = 5});
+      train::DataParallel ddp(rank_net, comm, {.zero_stage = 1, .micro_shards = 8});
+      train::ZeroOptimizer<Net, TestType, optim::Sgd> zero(ddp, optim::Sgd({.lr = 0.1}));
+      train::ShardedOptimizer<Net, TestType, optim::Sgd> sharded(zero);
+      fill(rank_net);
+      // Each rank checked its shard alone; the ranks agree.
+      if (!sharded.all_finite(ddp, zero.unscale_and_check()))
+        throw std::runtime_error("finite gradients taken for non-finite");
+      const double norm = sharded.gradient_sum_of_squares(ddp);
+      // A NaN in the last rank's shard alone: every rank skips the step.
+      zero.abandon_step();
+      T* last = nullptr;
+      rank_net.visit_parameters(
+          [&](const std::string&, auto& parameter) { last = &parameter.grad.span().back(); });
+      *last = static_cast<T>(std::numeric_limits<float>::quiet_NaN());
+      const bool finite = sharded.all_finite(ddp, zero.unscale_and_check());
+      const std::lock_guard lock(mutex);
+      norms[world_size].push_back(norm);
+      if (finite) ++took_nan_for_finite[world_size];
+    }));
+  }
+  for (const auto& [world_size, ranks] : norms) {
+    INFO(world_size << " ranks");
+    REQUIRE(ranks.size() == static_cast<std::size_t>(world_size));
+    for (const double norm : ranks) CHECK(norm == replicated);
+    CHECK(took_nan_for_finite[world_size] == 0);
   }
 }

@@ -274,9 +274,7 @@ class PrecisionOptimizer {
     if (unscaled_) {
       throw Error("PrecisionOptimizer: unscale_and_check() called twice without apply()");
     }
-    const float inv_scale = Precision::kLossScaling
-                                ? static_cast<float>(1.0 / static_cast<double>(scaler_.scale()))
-                                : 1.0f;
+    const float inv_scale = inverse_loss_scale();
     bool finite = true;
     for (std::size_t p = 0; p < params_.size(); ++p) {
       const std::span<const Storage> grad = params_[p].grad;
@@ -322,6 +320,23 @@ class PrecisionOptimizer {
     double sum = 0;
     for (const MasterParam& ref : refs_)
       for (const Master g : ref.grad) sum += static_cast<double>(g) * static_cast<double>(g);
+    return sum;
+  }
+
+  // `sum` plus the squares of `grads` (the model's, in the storage type) as unscale_and_check()
+  // would bring them to the master type now, added one by one in order: gradient_sum_of_squares()'s
+  // bits for gradients this optimizer does not hold, as a ZeRO-1 shard's optimizer needs for a
+  // norm over every rank's gradients (train/optimizer_sharding.hpp, deterministic mode).
+  double add_unscaled_squares(double sum, std::span<const Storage> grads) const {
+    const float inv_scale = inverse_loss_scale();
+    for (const Storage g : grads) {
+      Master master;
+      if constexpr (Precision::kMasterWeights || Precision::kLossScaling)
+        master = static_cast<Master>(static_cast<float>(g) * inv_scale);  // as unscale_and_check
+      else
+        master = g;
+      sum += static_cast<double>(master) * static_cast<double>(master);
+    }
     return sum;
   }
 
@@ -480,6 +495,14 @@ class PrecisionOptimizer {
   }
 
  private:
+  // What unscale_and_check() multiplies the gradients by: 1 without loss scaling.
+  float inverse_loss_scale() const {
+    if constexpr (Precision::kLossScaling)
+      return static_cast<float>(1.0 / static_cast<double>(scaler_.scale()));
+    else
+      return 1.0f;
+  }
+
   std::vector<Param> params_;
   std::vector<std::vector<Master>> master_values_;
   std::vector<std::vector<Master>> master_grads_;

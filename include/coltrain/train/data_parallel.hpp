@@ -90,8 +90,9 @@ struct DataParallelOptions {
   int zero_stage = 0;
   // > 0: deterministic mode (above), with this many micro-shards a global batch: the world size
   // must divide them into a power of two per rank (8: 1, 2, 4 or 8 ranks). The gradients are then
-  // folded by the rank_order allreduce: `algorithm` must be automatic, there is no compression,
-  // and ZeRO-1 is not available in this mode.
+  // folded by the rank_order allreduce: `algorithm` must be automatic and there is no compression.
+  // With zero_stage = 1 every rank still holds the whole folded gradient, and a ZeroOptimizer
+  // steps its shard of it (finish_gradient_sync() has nothing to reduce-scatter).
   int micro_shards = 0;
 };
 
@@ -216,12 +217,11 @@ class DataParallel {
           "DataParallel: " + std::to_string(options_.micro_shards) + " micro-shards (0: off)",
           error_context("construct"));
     }
-    if (options_.micro_shards > 0 &&
-        (options_.zero_stage != 0 || options_.compression != comm::WireCompression::kNone ||
-         options_.algorithm != comm::Algorithm::kAutomatic)) {
+    if (options_.micro_shards > 0 && (options_.compression != comm::WireCompression::kNone ||
+                                      options_.algorithm != comm::Algorithm::kAutomatic)) {
       throw InvalidArgument(
           "DataParallel: deterministic mode (micro_shards) folds the gradients with the "
-          "rank_order allreduce: it takes the automatic algorithm, no compression and no ZeRO-1",
+          "rank_order allreduce: it takes the automatic algorithm and no compression",
           error_context("construct"));
     }
     if (network_.context().gradient_ready_hook()) {

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <span>
+#include <string>
 
 namespace coltrain::train {
 
@@ -48,6 +49,12 @@ class ReplicatedOptimizer
 
   Local& local() { return this->optimizer_; }
   void apply(bool finite, double lr) { this->optimizer_.apply(finite, lr); }
+  // Whether every rank's gradients are finite, from this rank's check of all of them: the same
+  // answer everywhere without communication where the ranks hold the same bits.
+  template <class Ddp>
+  bool all_finite(Ddp& ddp, bool local_finite) {
+    return ddp.gradients_identical_on_every_rank() ? local_finite : ddp.all_finite(local_finite);
+  }
   // The squared global norm of the averaged gradients, which every rank holds whole.
   template <class Ddp>
   double gradient_sum_of_squares(Ddp&) {
@@ -67,9 +74,25 @@ class ShardedOptimizer : public detail::HeldOptimizer<Net, ZeroOptimizer<Net, Po
 
   Local& local() { return this->optimizer_.local(); }
   void apply(bool finite, double lr) { this->optimizer_.apply(finite, lr); }
+  // Each rank checked its shard alone: the ranks agree. Collective.
+  template <class Ddp>
+  bool all_finite(Ddp& ddp, bool local_finite) {
+    return ddp.all_finite(local_finite);
+  }
   // Each rank holds its shard of the averaged gradients: the shards' sums, summed. Collective.
+  // In deterministic mode every rank holds all of them: summed here, in the order and with the
+  // rounding of the unsharded optimizer, so that the norm (and the bits of the run) does not
+  // depend on where the shards begin, that is on the world size.
   template <class Ddp>
   double gradient_sum_of_squares(Ddp& ddp) {
+    if (ddp.deterministic()) {
+      double sum = 0;
+      const Local& local = this->optimizer_.local();
+      ddp.network().visit_parameters([&](const std::string&, const auto& parameter) {
+        sum = local.add_unscaled_squares(sum, parameter.grad.span());
+      });
+      return sum;
+    }
     double sum = this->optimizer_.local().gradient_sum_of_squares();
     ddp.allreduce(std::span<double>(&sum, 1), comm::ReduceOp::kSum);
     return sum;

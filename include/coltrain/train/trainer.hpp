@@ -453,7 +453,7 @@ class Trainer {
       // averaged gradients are identical on every rank, else by a one-flag allreduce.
       const bool local_finite = optimizer_.unscale_and_check();
       const bool finite =
-          ddp().gradients_identical_on_every_rank() ? local_finite : ddp().all_finite(local_finite);
+          std::visit([&](auto& held) { return held.all_finite(ddp(), local_finite); }, sharding_);
       if (finite && options_.clip_grad_norm) clip_gradients();
       const double lr = schedule_(global_step_);
       std::visit([&](auto& held) { held.apply(finite, lr); }, sharding_);
