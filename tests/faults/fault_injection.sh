@@ -70,6 +70,13 @@ for ranks in 2 3 4 5; do
         sleep 0.05
       done
       milliseconds=$((($(date +%s%N) - struck) / 1000000))
+      # A survivor still running past the deadline: where each of its threads is, for the report.
+      for rank in "${survivors[@]}"; do
+        if kill -0 "${pids[$rank]}" 2>/dev/null && command -v gdb > /dev/null; then
+          timeout 60 gdb -p "${pids[$rank]}" -batch -ex "thread apply all bt" \
+            > "$dir/stacks.$rank" 2>&1
+        fi
+      done
       kill -KILL "${pids[@]}" 2>/dev/null
       statuses=()
       for ((rank = 0; rank < ranks; rank++)); do
@@ -91,6 +98,10 @@ for ranks in 2 3 4 5; do
         if [ "${statuses[$rank]}" -ne 1 ]; then
           echo "  FAILED: survivor rank $rank exited with ${statuses[$rank]}, not 1:"
           sed 's/^/    /' "$dir/output.$rank"
+          if [ -s "$dir/stacks.$rank" ]; then
+            echo "  its threads at the deadline:"
+            grep -E '^(Thread|#)' "$dir/stacks.$rank" | sed 's/^/    /'
+          fi
           failed=1
         elif ! grep -q -E "$named" "$dir/output.$rank"; then
           echo "  FAILED: survivor rank $rank does not name rank $victim as the cause:"
