@@ -1,7 +1,9 @@
 // train::share_training_state (coltrain/train/elastic.hpp): after the ranks changed, every rank
-// takes rank 0's position and optimizer state (Adam's moments and step counts, fp32 masters, the
+// takes one rank's position and optimizer state (Adam's moments and step counts, fp32 masters, the
 // loss scale) from memory. 3 TCP ranks as threads of this process; rank 0 took more steps than the
-// others, as a leader one collective ahead may have.
+// others, as a leader one collective ahead may have; then the leader took none while the others
+// took one, as when a step's allreduce completed on them and failed on it, and the state comes from
+// the lowest of the ranks ahead (most_advanced_rank).
 
 #include "../support/thread_ranks.hpp"
 
@@ -67,6 +69,45 @@ TEST_CASE("every rank takes rank 0's position and optimizer state", "[elastic]")
         std::vector<float> root_scale = scale;
         comm.broadcast(std::span(root_scale));
         expect(scale == root_scale, "the loss scale equals rank 0's");
+      }));
+  INFO(failures);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("a leader one step behind takes the state of the lowest rank ahead", "[elastic]") {
+  const std::string failures = coltrain::testing::joined(
+      coltrain::testing::run_thread_ranks(3, [](comm::Communicator& comm) {
+        Net net({.seed = 5});
+        Optimizer optimizer(optim::parameters_of(net), optim::Adam({.lr = 1e-2}));
+        // Rank 0 never completed a step: its optimizer has no state to hand over.
+        take_steps(net, optimizer, comm.rank() == 0 ? 0 : 1, comm.rank());
+        const train::ElasticPosition mine{.epoch = 0,
+                                          .taken = comm.rank() == 0 ? 0 : 32,
+                                          .global_step = comm.rank() == 0 ? 0 : 1,
+                                          .context_step = comm.rank() == 0 ? 3u : 5u};
+        const int source = train::most_advanced_rank(comm, mine.global_step);
+        expect(source == 1, "rank 1, the lowest of the ranks that completed the most steps");
+        // Rank 1's snapshot as it was, to compare with (ranks 1 and 2 took steps on different
+        // gradients, so their states differ).
+        const optim::OptimizerSnapshot before = optimizer.export_state();
+        std::vector<float> rank1_flat;
+        for (const auto* group : {&before.state, &before.masters})
+          for (const auto& t : *group)
+            rank1_flat.insert(rank1_flat.end(), t.values.begin(), t.values.end());
+        std::int64_t size = static_cast<std::int64_t>(rank1_flat.size());
+        comm.broadcast(std::span(&size, 1), 1);
+        rank1_flat.resize(static_cast<std::size_t>(size));
+        comm.broadcast(std::span(rank1_flat), 1);
+
+        const train::ElasticPosition at = train::share_training_state(comm, optimizer, mine, 1);
+        expect(at.taken == 32 && at.global_step == 1 && at.context_step == 5u, "rank 1's position");
+        const optim::OptimizerSnapshot after = optimizer.export_state();
+        std::vector<float> flat;
+        for (const auto* group : {&after.state, &after.masters})
+          for (const auto& t : *group) flat.insert(flat.end(), t.values.begin(), t.values.end());
+        expect(!flat.empty() && flat == rank1_flat, "the optimizer state equals rank 1's");
+        for (const auto& [name, count] : after.step_counts)
+          expect(count == 1, "Adam's step count " + name + " is rank 1's, 1");
       }));
   INFO(failures);
   CHECK(failures.empty());

@@ -162,12 +162,14 @@ void require_equal_counts(Communicator& comm, std::vector<std::int64_t>& counts,
   }
 }
 
-// Rank 0's parameters and buffers to every rank: what both data-parallel wrappers start from.
+// Rank `root`'s parameters and buffers to every rank: rank 0's are what both data-parallel
+// wrappers start from.
 template <class Net>
-void broadcast_parameters_and_buffers(Net& network, comm::Communicator& comm) {
+void broadcast_parameters_and_buffers(Net& network, comm::Communicator& comm, int root = 0) {
   network.visit_parameters(
-      [&](const std::string&, auto& parameter) { comm.broadcast(parameter.value.span()); });
-  network.visit_buffers([&](const std::string&, auto& buffer) { comm.broadcast(buffer.span()); });
+      [&](const std::string&, auto& parameter) { comm.broadcast(parameter.value.span(), root); });
+  network.visit_buffers(
+      [&](const std::string&, auto& buffer) { comm.broadcast(buffer.span(), root); });
 }
 
 }  // namespace detail

@@ -1,16 +1,21 @@
 #pragma once
 // Elastic training's hand-over: after the ranks changed (comm/elastic/elastic_group.hpp), every
-// rank takes rank 0's training state from memory, so no checkpoint is read. Rank 0 of the new
-// generation is the lowest surviving rank; its state is that of the last step it completed, and a
-// step completes only with every old rank's gradients, so it is a state of the run. Its parameters
-// and buffers travel with the new DataParallel's start; this header carries the rest: where in the
-// epoch the run stands, the step counters, and the optimizer's state (moments, fp32 masters, loss
-// scale).
+// rank takes one rank's training state from memory, so no checkpoint is read. A step completes
+// only with every old rank's gradients, so the state after any rank's last completed step is a
+// state of the run; but the survivors need not have completed the same steps: a collective can
+// complete on some ranks and fail on others (a rank killed just after its last send loses the
+// bytes still on their way to a slower peer with its connection), leaving them one step apart. The
+// state handed over is that of the lowest rank among those that completed the most steps
+// (most_advanced_rank), so no completed step is trained twice. Rank 0's parameters and buffers
+// travel with the new DataParallel's start (another rank's are broadcast after it); this header
+// carries the rest: where in the epoch the run stands, the step counters, and the optimizer's
+// state (moments, fp32 masters, loss scale).
 //
-// The rest of the epoch is shared anew among the ranks left (data/epoch_plan.hpp), from where rank
-// 0 stood. The learning rate is left as it was: each rank's gradients are averaged, so with fewer
-// ranks a step averages fewer samples (the global batch shrinks with the ranks) at the same rate,
-// which is what Horovod elastic and torchrun do unless the user rescales (docs/fault-tolerance.md).
+// The rest of the epoch is shared anew among the ranks left (data/epoch_plan.hpp), from where the
+// handing rank stood. The learning rate is left as it was: each rank's gradients are averaged, so
+// with fewer ranks a step averages fewer samples (the global batch shrinks with the ranks) at the
+// same rate, which is what Horovod elastic and torchrun do unless the user rescales
+// (docs/fault-tolerance.md).
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/core/config.hpp>
@@ -18,6 +23,7 @@
 #include <coltrain/core/json.hpp>
 #include <coltrain/optim/precision.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -38,13 +44,13 @@ struct ElasticPosition {
 
 namespace detail {
 
-// Rank 0's text to every rank: the length, then the bytes in 8-byte words. Collective.
-inline std::string broadcast_text(comm::Communicator& comm, std::string text) {
+// Rank `root`'s text to every rank: the length, then the bytes in 8-byte words. Collective.
+inline std::string broadcast_text(comm::Communicator& comm, std::string text, int root) {
   std::int64_t length = static_cast<std::int64_t>(text.size());
-  comm.broadcast(std::span(&length, 1));
+  comm.broadcast(std::span(&length, 1), root);
   std::vector<std::int64_t> words(static_cast<std::size_t>((length + 7) / 8));
-  if (comm.rank() == 0 && length > 0) std::memcpy(words.data(), text.data(), text.size());
-  comm.broadcast(std::span(words));
+  if (comm.rank() == root && length > 0) std::memcpy(words.data(), text.data(), text.size());
+  comm.broadcast(std::span(words), root);
   text.resize(static_cast<std::size_t>(length));
   if (length > 0) std::memcpy(text.data(), words.data(), text.size());
   return text;
@@ -52,18 +58,26 @@ inline std::string broadcast_text(comm::Communicator& comm, std::string text) {
 
 }  // namespace detail
 
-// Rank 0's position and optimizer state to every rank; returns rank 0's position. The optimizer
+// The rank whose state every rank takes: the lowest of those that completed the most steps
+// (`completed_steps`, this rank's count). Collective.
+inline int most_advanced_rank(comm::Communicator& comm, std::int64_t completed_steps) {
+  std::vector<std::int64_t> steps(static_cast<std::size_t>(comm.size()));
+  comm.allgather(std::span<const std::int64_t>(&completed_steps, 1), std::span(steps));
+  return static_cast<int>(std::max_element(steps.begin(), steps.end()) - steps.begin());
+}
+
+// Rank `source`'s position and optimizer state to every rank; returns its position. The optimizer
 // must be built over the same parameters on every rank. Collective.
 template <class Policy, class Optimizer>
 ElasticPosition share_training_state(comm::Communicator& comm,
                                      optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
-                                     const ElasticPosition& mine) {
+                                     const ElasticPosition& mine, int source = 0) {
   using Snapshot = typename optim::PrecisionOptimizer<Policy, Optimizer>::Snapshot;
   // The header travels as JSON text: dump() writes the shortest text that reads back to the same
   // double, so positions and the loss scale arrive bit for bit.
   Json header;
   std::vector<optim::master_t<Policy>> values;
-  if (comm.rank() == 0) {
+  if (comm.rank() == source) {
     const Snapshot snapshot = optimizer.export_state();
     header = Json::object({{"epoch", mine.epoch},
                            {"taken", mine.taken},
@@ -93,13 +107,13 @@ ElasticPosition share_training_state(comm::Communicator& comm,
       header["loss_scale"] = pair(snapshot.loss_scale->scale, snapshot.loss_scale->growth_tracker);
     }
   }
-  header =
-      Json::parse(detail::broadcast_text(comm, comm.rank() == 0 ? header.dump() : std::string()));
+  header = Json::parse(
+      detail::broadcast_text(comm, comm.rank() == source ? header.dump() : std::string(), source));
   std::size_t total = 0;
   for (const char* key : {"state", "masters"})
     for (const auto& entry : header[key]) total += entry[1].get<std::size_t>();
   values.resize(total);
-  comm.broadcast(std::span(values));
+  comm.broadcast(std::span(values), source);
 
   ElasticPosition position;
   position.epoch = header["epoch"].get<std::int64_t>();
@@ -108,7 +122,7 @@ ElasticPosition share_training_state(comm::Communicator& comm,
   position.global_step = header["global_step"].get<std::int64_t>();
   position.context_step = header["context_step"].get<std::uint64_t>();
   position.train_seconds = header["train_seconds"].get<double>();
-  if (comm.rank() == 0) return position;
+  if (comm.rank() == source) return position;
 
   Snapshot snapshot;
   for (const Json& entry : header["step_counts"])

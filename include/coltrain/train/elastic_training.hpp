@@ -2,7 +2,7 @@
 // ElasticTraining: train::Trainer's strategy for elastic training over a comm::ElasticGroup. It
 // owns what only an elastic run has: the DataParallel on the group's current communicator (built
 // anew each generation), the epoch's plan shared among the ranks of now (data/epoch_plan.hpp), the
-// network's buffers as the current step found them, and the hand-over of rank 0's state
+// network's buffers as the current step found them, and the hand-over of the training state
 // (train/elastic.hpp) when ranks die or join. The trainer calls it at four points: an epoch's
 // start (joiners come in, the plan is shared), a step's start, a failed collective (regroup and
 // hand-over), and fit()'s start (the loaders' checks).
@@ -32,9 +32,10 @@ class ElasticTraining {
   using T = typename Net::value_type;
 
  public:
-  // Builds the DataParallel on the group's communicator (collective) and takes rank 0's state:
-  // its optimizer state (fp32 masters built before its weights were broadcast) and, for a joiner
-  // (ElasticOptions::join), the running job's position, as start() returns it.
+  // Builds the DataParallel on the group's communicator (collective) and takes the running ranks'
+  // state (take_state): the optimizer state (fp32 masters built before the weights were
+  // broadcast) and, for a joiner (ElasticOptions::join), the running job's position, as start()
+  // returns it.
   ElasticTraining(Net& network, LocalOptimizer& optimizer, comm::ElasticGroup& group,
                   DataParallelOptions ddp_options)
       : network_(network),
@@ -43,7 +44,7 @@ class ElasticTraining {
         ddp_options_(ddp_options),
         joining_(group.options().join) {
     ddp_.emplace(network_, group_.communicator(), ddp_options_);
-    start_ = share_training_state(group_.communicator(), optimizer_, ElasticPosition{});
+    start_ = take_state(ElasticPosition{});
     network_.context().set_step(start_.context_step);
   }
 
@@ -105,10 +106,10 @@ class ElasticTraining {
     return mine;
   }
 
-  // A collective failed: regroups the survivors and takes rank 0's state, which it returns (the
-  // network's weights, buffers and counter and the optimizer's state are set already). Below the
-  // group's min_ranks, the leader calls last_words(mine) (the trainer's final checkpoint), and
-  // every rank throws the regroup's error.
+  // A collective failed: regroups the survivors and takes the state handed over (take_state),
+  // which it returns (the network's weights, buffers and counter and the optimizer's state are set
+  // already). Below the group's min_ranks, the leader calls last_words(mine) (the trainer's final
+  // checkpoint), and every rank throws the regroup's error.
   template <class Transform, class LastWords>
   ElasticPosition recover(const CommError& error, const ElasticPosition& mine,
                           data::Loader<T, Transform>& validation, std::ostream& out,
@@ -146,6 +147,16 @@ class ElasticTraining {
   }
 
  private:
+  // After the DataParallel's start (rank 0's parameters and buffers on every rank): the state of
+  // the most advanced rank (train/elastic.hpp), whose parameters and buffers follow when it is not
+  // rank 0. Collective.
+  ElasticPosition take_state(const ElasticPosition& mine) {
+    comm::Communicator& comm = group_.communicator();
+    const int source = most_advanced_rank(comm, mine.global_step);
+    if (source != 0) detail::broadcast_parameters_and_buffers(network_, comm, source);
+    return share_training_state(comm, optimizer_, mine, source);
+  }
+
   void restore_step_start() {
     std::size_t next = 0;
     network_.visit_buffers([&](const std::string&, auto& buffer) {
@@ -167,7 +178,7 @@ class ElasticTraining {
     validation.set_order(std::move(shard));
   }
 
-  // Rank 0's parameters, buffers (DataParallel's start), position and optimizer state to every
+  // The handing rank's parameters, buffers, position and optimizer state to every
   // rank of the new generation (a joiner's constructor takes them likewise); the validation set
   // shared among its ranks.
   template <class Transform>
@@ -175,7 +186,7 @@ class ElasticTraining {
                               data::Loader<T, Transform>& validation, const ElasticPosition& mine,
                               std::ostream& out, const std::string& cause = {}) {
     ddp_.emplace(network_, group_.communicator(), ddp_options_);
-    const ElasticPosition at = share_training_state(group_.communicator(), optimizer_, mine);
+    const ElasticPosition at = take_state(mine);
     network_.context().set_step(at.context_step);
     share_validation(validation);
     if (ddp_->rank() == 0) {

@@ -149,10 +149,11 @@ class Trainer {
 
   // Elastic training over `group` (comm/elastic/elastic_group.hpp): the trainer keeps its own
   // DataParallel (built here, collectively, with `ddp_options`) on the group's communicator. When
-  // ranks die, fit() regroups the survivors, hands rank 0's state to all (train/elastic.hpp),
-  // shares the rest of the epoch among them and goes on; below the group's min_ranks it writes a
-  // final checkpoint (with a checkpoint directory) and throws. At every epoch start it admits
-  // processes waiting to join. A joining process (ElasticOptions::join) takes the state first.
+  // ranks die, fit() regroups the survivors, hands the most advanced survivor's state to all
+  // (train/elastic.hpp), shares the rest of the epoch among them and goes on; below the group's
+  // min_ranks it writes a final checkpoint (with a checkpoint directory) and throws. At every
+  // epoch start it admits processes waiting to join. A joining process (ElasticOptions::join)
+  // takes the state first.
   Trainer(Net& network, optim::PrecisionOptimizer<Policy, Optimizer>& optimizer,
           comm::ElasticGroup& group, Schedule schedule, TrainerOptions options = {},
           DataParallelOptions ddp_options = {})
