@@ -1,5 +1,5 @@
 // DataParallel's deterministic mode (micro_shards) on 1, 2, 4 and 8 TCP ranks run as threads:
-// three SGD steps (fp32, and bf16 with f32 master weights) of a network with BatchNorm and dropout
+// three SGD steps (fp32, bf16 with f32 master weights, fp16 with loss scaling) of a network with BatchNorm and dropout
 // end with the same bits of every parameter, running statistic and loss on every world size and
 // every rank; so do two epochs through the Trainer, with and without gradient accumulation,
 // checkpoints included, and under ZeRO-1 with gradient clipping, whose runs end with the bits of
@@ -77,15 +77,16 @@ std::vector<std::int32_t> labels_of(std::int64_t first, std::int64_t count) {
   return labels;
 }
 
-// Forward, cross-entropy, backward on samples [first, first + count); the mean loss.
+// Forward, cross-entropy, backward on samples [first, first + count), the loss's gradient
+// multiplied by `loss_scale` (fp16's loss scaling); the mean loss.
 template <class Net>
-double forward_backward(Net& net, std::int64_t first, std::int64_t count) {
+double forward_backward(Net& net, std::int64_t first, std::int64_t count, float loss_scale = 1) {
   using T = typename Net::value_type;
   const tensor::Tensor<T> inputs = inputs_of<Net>(first, count);
   const auto logits = net.forward(inputs.view());
   tensor::Tensor<T> grad(logits.shape());
-  const double loss =
-      nn::SoftmaxCrossEntropy().loss_and_grad<T>(logits, labels_of(first, count), grad.view());
+  const double loss = nn::SoftmaxCrossEntropy().loss_and_grad<T>(
+      logits, labels_of(first, count), grad.view(), loss_scale);
   net.backward(grad.view());
   return loss;
 }
@@ -117,7 +118,8 @@ void add_state(Outcome& outcome, Net& net) {
   });
 }
 
-// Three SGD steps under `Policy`: fp32, or bf16 with f32 master weights.
+// Three SGD steps under `Policy`: fp32, bf16 with f32 master weights, or fp16 with f32 master
+// weights and loss scaling.
 template <class Policy>
 Outcome deterministic_run(comm::Communicator& comm, int micro_shards) {
   nn::Network<ShardNet, typename Policy::Storage> net({.seed = 5});
@@ -130,7 +132,7 @@ Outcome deterministic_run(comm::Communicator& comm, int micro_shards) {
   for (int step = 0; step < kSteps; ++step) {
     losses.push_back(ddp.compute_gradients(static_cast<std::uint64_t>(step), [&](int shard) {
       const auto [begin, end] = ddp.shard_samples(kGlobalBatch, shard);
-      return forward_backward(net, step * kGlobalBatch + begin, end - begin);
+      return forward_backward(net, step * kGlobalBatch + begin, end - begin, sgd.loss_scale());
     }));
     sgd.step(0.1);
   }
@@ -161,7 +163,7 @@ void require_all_passed(const std::vector<std::string>& failures) {
 }  // namespace
 
 TEMPLATE_TEST_CASE("Deterministic data-parallel: 1, 2, 4 and 8 ranks end with the same bits",
-                   "[train][deterministic]", optim::Fp32, optim::MixedBf16) {
+                   "[train][deterministic]", optim::Fp32, optim::MixedBf16, optim::MixedFp16) {
   Outcomes outcomes;
   for (const int world_size : {1, 2, 4, 8}) {
     require_all_passed(run_thread_ranks(world_size, [&](comm::Communicator& comm) {
