@@ -36,6 +36,14 @@ void take_steps(Net& net, Optimizer& optimizer, int steps, int rank) {
   }
 }
 
+// A snapshot's optimizer state and masters, one after the other.
+std::vector<float> flat_values(const optim::OptimizerSnapshot& snapshot) {
+  std::vector<float> flat;
+  for (const auto* group : {&snapshot.state, &snapshot.masters})
+    for (const auto& t : *group) flat.insert(flat.end(), t.values.begin(), t.values.end());
+  return flat;
+}
+
 TEST_CASE("every rank takes rank 0's position and optimizer state", "[elastic]") {
   const std::string failures = coltrain::testing::joined(
       coltrain::testing::run_thread_ranks(3, [](comm::Communicator& comm) {
@@ -54,11 +62,8 @@ TEST_CASE("every rank takes rank 0's position and optimizer state", "[elastic]")
                "rank 0's position");
         // Rank 0's snapshot, to every rank, to compare with: exported and broadcast as floats.
         const optim::OptimizerSnapshot after = optimizer.export_state();
-        std::vector<float> mine_flat, root_flat;
-        for (const auto* group : {&after.state, &after.masters})
-          for (const auto& t : *group)
-            mine_flat.insert(mine_flat.end(), t.values.begin(), t.values.end());
-        root_flat = mine_flat;
+        const std::vector<float> mine_flat = flat_values(after);
+        std::vector<float> root_flat = mine_flat;
         comm.broadcast(std::span(root_flat));
         expect(mine_flat == root_flat, "the optimizer state equals rank 0's");
         std::vector<std::int64_t> counts;
@@ -89,11 +94,7 @@ TEST_CASE("a leader one step behind takes the state of the lowest rank ahead", "
         expect(source == 1, "rank 1, the lowest of the ranks that completed the most steps");
         // Rank 1's snapshot as it was, to compare with (ranks 1 and 2 took steps on different
         // gradients, so their states differ).
-        const optim::OptimizerSnapshot before = optimizer.export_state();
-        std::vector<float> rank1_flat;
-        for (const auto* group : {&before.state, &before.masters})
-          for (const auto& t : *group)
-            rank1_flat.insert(rank1_flat.end(), t.values.begin(), t.values.end());
+        std::vector<float> rank1_flat = flat_values(optimizer.export_state());
         std::int64_t size = static_cast<std::int64_t>(rank1_flat.size());
         comm.broadcast(std::span(&size, 1), 1);
         rank1_flat.resize(static_cast<std::size_t>(size));
@@ -102,9 +103,7 @@ TEST_CASE("a leader one step behind takes the state of the lowest rank ahead", "
         const train::ElasticPosition at = train::share_training_state(comm, optimizer, mine, 1);
         expect(at.taken == 32 && at.global_step == 1 && at.context_step == 5u, "rank 1's position");
         const optim::OptimizerSnapshot after = optimizer.export_state();
-        std::vector<float> flat;
-        for (const auto* group : {&after.state, &after.masters})
-          for (const auto& t : *group) flat.insert(flat.end(), t.values.begin(), t.values.end());
+        const std::vector<float> flat = flat_values(after);
         expect(!flat.empty() && flat == rank1_flat, "the optimizer state equals rank 1's");
         for (const auto& [name, count] : after.step_counts)
           expect(count == 1, "Adam's step count " + name + " is rank 1's, 1");
