@@ -268,13 +268,11 @@ inline void resolve_and_check(Options& o, const std::string& program) {
         std::string(o.device != "cpu" ? "--device cuda (the GPU trainer keeps it whole)"
                     : o.elastic ? "--elastic (the survivors would lose the dead ranks' shards)"
                                 : "--grad-compression (the reduce-scatter is uncompressed)"));
-  if (o.global_batch > 0 &&
-      (o.device != "cpu" || o.elastic || o.grad_compression != "none" || o.scale_lr)) {
+  if (o.global_batch > 0 && (o.device != "cpu" || o.grad_compression != "none" || o.scale_lr)) {
     throw ct::ConfigError(
         "--global-batch trains the same bits on any number of ranks on the CPU trainer; it does "
         "not combine with " +
         std::string(o.device != "cpu" ? "--device cuda"
-                    : o.elastic       ? "--elastic"
                     : o.scale_lr      ? "--scale-lr (the batch does not grow with the ranks)"
                                       : "--grad-compression (the fold adds in f32, uncompressed)"));
   }

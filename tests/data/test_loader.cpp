@@ -247,3 +247,31 @@ TEST_CASE("an epoch over a given order, and a fixed order replaced", "[loader]")
     shard.insert(shard.end(), batch->indices.begin(), batch->indices.end());
   CHECK(shard == std::vector<std::int64_t>{1, 4, 7, 10});
 }
+
+TEST_CASE("a batch size changed between epochs", "[loader]") {
+  using Catch::Matchers::Contains;
+  const data::ImageDataset set = synthetic_dataset(30, kShape);
+  const data::ImageTransform transform;
+  const int prefetch = GENERATE(0, 2);
+  // Deterministic elastic training: a rank's block of the global batch doubles when half the
+  // ranks leave, in the middle of an epoch started with the old size.
+  Loader<float> loader(set, DistributedSampler(set.size(), {.seed = 5}),
+                       {.batch_size = 4, .prefetch = prefetch}, transform);
+  const std::vector<std::int64_t> order{7, 3, 29, 0, 11, 5, 6, 8, 9, 1, 2};
+  loader.start_epoch(2, order);
+  REQUIRE(loader.next() != nullptr);  // a batch in flight, the worker filling the next
+  loader.set_batch_size(8);
+  CHECK(loader.options().batch_size == 8);
+  CHECK_THROWS_WITH(loader.next(), Contains("before start_epoch()"));
+  loader.start_epoch(2, order);
+  CHECK(loader.batches_this_epoch() == 2);
+  const std::vector<Expected> expected = serial_batches(set, order, 8, false, transform, 2);
+  for (const Expected& e : expected) {
+    const Batch<float>* batch = loader.next();
+    REQUIRE(batch != nullptr);
+    CHECK(batch->indices == e.indices);
+    CHECK(std::vector<float>(batch->images.span().begin(), batch->images.span().end()) == e.images);
+  }
+  CHECK(loader.next() == nullptr);
+  CHECK_THROWS_WITH(loader.set_batch_size(0), Contains("batch_size is 0"));
+}

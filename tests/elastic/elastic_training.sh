@@ -18,25 +18,8 @@ set -uo pipefail
 worker=$1 python=$2 work=$3
 checker="$(dirname "$0")/check_coverage.py"
 export COLTRAIN_TIMEOUT=2
-failed=0
-free_port() { "$python" "$(dirname "$0")/../../scripts/free_port"; }
-fail() {
-  echo "FAIL: $*"
-  failed=1
-}
-# launch DIR RANKS EPOCHS MIN_RANKS PORT: starts the ranks in the background; their pids in $pids.
-launch() {
-  local dir=$1 ranks=$2 epochs=$3 min=$4 port=$5
-  pids=()
-  for ((r = 0; r < ranks; r++)); do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=$ranks \
-      timeout 120 "$worker" "$dir" "$r" "$epochs" "$min" >"$dir/out.$r" 2>&1 &
-    pids+=($!)
-  done
-}
-# shellcheck source=../support/wait_ranks.sh
-source "$(dirname "$0")/../support/wait_ranks.sh"
-weights_of() { grep -h '^final-weights' "$1" | awk '{print $2}'; }
+# shellcheck source=elastic_job.sh
+source "$(dirname "$0")/elastic_job.sh"
 
 # ---- 1. shrink ----------------------------------------------------------------------------------
 reference=""

@@ -6,6 +6,9 @@
 // With FAULT=RANK:STEP:SIGNAL (SIGNAL KILL or STOP), launch rank RANK raises that signal when it
 // loads the first sample of training step STEP of epoch 0: no rank can complete that step, so the
 // survivors' schedule is the same whichever rank it is. Several faults: a comma-separated list.
+// With DETERMINISTIC=1, deterministic mode: global batches of 64 in 8 micro-shards, each rank's
+// loader batch its block of them (64 / ranks), so the final weights are the same on every world
+// size, and after any shrinking and growing among 1, 2, 4 and 8 ranks.
 //   usage: elastic_worker OUT NAME EPOCHS MIN_RANKS [join]
 #include <coltrain/coltrain.hpp>
 
@@ -28,6 +31,8 @@ namespace {
 constexpr std::int64_t kTrainSamples = 1152;
 constexpr std::int64_t kTestSamples = 288;
 constexpr std::int64_t kBatch = 32;
+constexpr std::int64_t kGlobalBatch = 64;  // deterministic mode
+constexpr int kMicroShards = 8;
 
 ct::data::ImageDataset first(const ct::data::ImageDataset& all, std::int64_t count) {
   const auto image = static_cast<std::size_t>(all.image_shape().size());
@@ -103,6 +108,9 @@ int main(int argc, char** argv) {
   try {
     const ct::LaunchEnv env = ct::detect_launch_env();
     const Fault fault = fault_of(env.rank, std::getenv("FAULT"));
+    const char* deterministic_env = std::getenv("DETERMINISTIC");
+    const bool deterministic =
+        deterministic_env != nullptr && std::strcmp(deterministic_env, "1") == 0;
     const auto all_train =
         ct::data::load_mnist(ct::data::default_mnist_dir(), ct::data::Split::kTrain);
     const auto all_test =
@@ -121,14 +129,18 @@ int main(int argc, char** argv) {
     transform.shared = std::make_shared<RecordingTransform::Shared>();
     transform.shared->log.open(out + "/samples." + name);
     transform.shared->strike = !join && env.rank == fault.rank;
-    transform.shared->strike_at = fault.step * kBatch;
+    const std::int64_t batch = deterministic ? kGlobalBatch / group.size() : kBatch;
+    transform.shared->strike_at = fault.step * batch;
     transform.shared->signal = fault.signal;
-    ct::data::DistributedSampler sampler(
-        train.size(), {.num_replicas = group.size(), .rank = group.rank(), .seed = 3});
+    ct::data::DistributedSampler sampler(train.size(),
+                                         {.num_replicas = group.size(),
+                                          .rank = group.rank(),
+                                          .seed = 3,
+                                          .global_batch = deterministic ? kGlobalBatch : 0});
     // No prefetching: a sample is loaded when its step starts, so the fault strikes at a fixed
     // step.
     ct::data::Loader<float, RecordingTransform> train_loader(
-        train, sampler, {.batch_size = kBatch, .prefetch = 0}, transform);
+        train, sampler, {.batch_size = batch, .prefetch = 0}, transform);
     // The trainer shares the validation set among the ranks itself; its samples are not recorded.
     RecordingTransform evaluation{.shared = std::make_shared<RecordingTransform::Shared>()};
     ct::data::Loader<float, RecordingTransform> test_loader(
@@ -140,7 +152,8 @@ int main(int argc, char** argv) {
                                 .checkpoint_every = epochs,
                                 .model_name = "mlp",
                                 .progress = false,
-                                .report = false});
+                                .report = false},
+                               {.micro_shards = deterministic ? kMicroShards : 0});
     trainer.fit(train_loader, test_loader);
 
     std::uint64_t hash = 14695981039346656037ull;

@@ -1,6 +1,6 @@
 #!/bin/sh
 # mnist_mlp --global-batch 64 (8 micro-shards) for one epoch on 1, 2 and 4 TCP ranks, on 4 with
-# --zero 1, and on 4 MPI ranks (mpiexec, where given): the epoch's training loss and accuracy and the validation accuracy in
+# --zero 1, on 4 with --elastic, and on 4 MPI ranks (mpiexec, where given): the epoch's training loss and accuracy and the validation accuracy in
 # metrics.jsonl (doubles written to round trip) and the checkpoint's weights file are the same bits
 # in every run. (The validation
 # loss is summed over each rank's part of the validation set, so its last bits may differ.)
@@ -14,7 +14,9 @@ for ranks in 1 2 4; do
 done
 "$launch" 4 "$sample" --backend tcp --global-batch 64 --zero 1 --epochs 1 --no-progress \
   --log-dir "$dir/p4zero" --checkpoint-dir "$dir/p4zero/checkpoints"
-runs="1 2 4 4zero"
+"$launch" 4 "$sample" --backend tcp --global-batch 64 --elastic --epochs 1 --no-progress \
+  --log-dir "$dir/p4elastic" --checkpoint-dir "$dir/p4elastic/checkpoints"
+runs="1 2 4 4zero 4elastic"
 if [ -n "$mpiexec" ]; then
   "$mpiexec" -n 4 "$sample" --backend mpi --global-batch 64 --epochs 1 --no-progress \
     --log-dir "$dir/p4mpi" --checkpoint-dir "$dir/p4mpi/checkpoints"

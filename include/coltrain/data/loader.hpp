@@ -114,6 +114,20 @@ class Loader {
     started_ = false;
   }
 
+  // Batches of `batch_size` from the next epoch on: deterministic elastic training gives each rank
+  // its block of the global batch, which grows when ranks leave. Throws InvalidArgument below 1.
+  void set_batch_size(std::int64_t batch_size) {
+    if (batch_size < 1) {
+      ErrorContext c;
+      c.operation = "Loader::set_batch_size";
+      throw InvalidArgument("batch_size is " + std::to_string(batch_size) + ", expected at least 1",
+                            c);
+    }
+    stop();
+    options_.batch_size = batch_size;
+    started_ = false;
+  }
+
   const std::optional<DistributedSampler>& sampler() const { return sampler_; }
   // Batches in the epoch started last.
   std::int64_t batches_this_epoch() const { return batches_; }

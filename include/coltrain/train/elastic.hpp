@@ -15,7 +15,10 @@
 // handing rank stood. The learning rate is left as it was: each rank's gradients are averaged, so
 // with fewer ranks a step averages fewer samples (the global batch shrinks with the ranks) at the
 // same rate, which is what Horovod elastic and torchrun do unless the user rescales
-// (docs/fault-tolerance.md).
+// (docs/fault-tolerance.md). In deterministic mode (DataParallelOptions::micro_shards) the global
+// batch stays the same instead: each rank's block of it grows as ranks leave, a failed step is
+// computed again by the ranks left, and the run keeps the bits of one that never changed its
+// ranks (train/trainer.hpp).
 
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/core/config.hpp>
@@ -40,6 +43,10 @@ struct ElasticPosition {
   std::int64_t global_step = 0;    // steps completed
   std::uint64_t context_step = 0;  // the network's random-mask counter
   double train_seconds = 0;
+  // Deterministic mode: the epoch's summed global-batch losses and samples so far, the same on
+  // every rank that completed the same steps (the Trainer counts them once, on rank 0).
+  double loss_sum = 0;
+  double samples = 0;
 };
 
 namespace detail {
@@ -84,7 +91,9 @@ ElasticPosition share_training_state(comm::Communicator& comm,
                            {"trained", mine.trained},
                            {"global_step", mine.global_step},
                            {"context_step", mine.context_step},
-                           {"train_seconds", mine.train_seconds}});
+                           {"train_seconds", mine.train_seconds},
+                           {"loss_sum", mine.loss_sum},
+                           {"samples", mine.samples}});
     Json& step_counts = header["step_counts"] = Json::array();
     // Element by element: the snapshot's type depends on the policy, and cudafe++ mistranslates
     // braced lists of dependent members (as checkpoint.hpp's AdamRecord says).
@@ -122,6 +131,8 @@ ElasticPosition share_training_state(comm::Communicator& comm,
   position.global_step = header["global_step"].get<std::int64_t>();
   position.context_step = header["context_step"].get<std::uint64_t>();
   position.train_seconds = header["train_seconds"].get<double>();
+  position.loss_sum = header["loss_sum"].get<double>();
+  position.samples = header["samples"].get<double>();
   if (comm.rank() == source) return position;
 
   Snapshot snapshot;

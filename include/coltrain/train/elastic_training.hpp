@@ -5,13 +5,17 @@
 // network's buffers as the current step found them, and the hand-over of the training state
 // (train/elastic.hpp) when ranks die or join. The trainer calls it at four points: an epoch's
 // start (joiners come in, the plan is shared), a step's start, a failed collective (regroup and
-// hand-over), and fit()'s start (the loaders' checks).
+// hand-over), and fit()'s start (the loaders' checks). In deterministic mode the plan shares
+// whole global batches and each rank's loader batch follows its block of them; a world size that
+// would change the bits (micro_shards_fit) is refused: joiners wait, and a regroup to such a size
+// ends the run with the leader's final checkpoint.
 
 #include <coltrain/comm/elastic/elastic_group.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/data/epoch_plan.hpp>
 #include <coltrain/data/loader.hpp>
 #include <coltrain/train/data_parallel.hpp>
+#include <coltrain/train/deterministic_gradients.hpp>
 #include <coltrain/train/elastic.hpp>
 
 #include <algorithm>
@@ -65,6 +69,15 @@ class ElasticTraining {
           "shared anew when the ranks change) and the validation loader a fixed order (rank r "
           "of R evaluates samples r, r + R, ...)");
     }
+    const std::int64_t global_batch = train.sampler()->options().global_batch;
+    if (ddp_options_.micro_shards > 0 &&
+        (global_batch <= 0 || global_batch % ddp_options_.micro_shards != 0)) {
+      throw InvalidArgument(
+          "Trainer (elastic, deterministic): the training sampler's global_batch is " +
+          std::to_string(global_batch) + "; it must be a positive multiple of the " +
+          std::to_string(ddp_options_.micro_shards) +
+          " micro-shards, so that every world size takes the same global batches");
+    }
     share_validation(validation);
   }
 
@@ -75,6 +88,7 @@ class ElasticTraining {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     plan_ = sampler.plan();
     plan_.replicas = ddp_->world_size();
+    follow_block(train);
     train.start_epoch(static_cast<std::uint64_t>(epoch), plan_.share(ddp_->rank()));
   }
 
@@ -82,6 +96,7 @@ class ElasticTraining {
   template <class Transform>
   void resume_epoch(data::Loader<T, Transform>& train, const ElasticPosition& at) {
     plan_ = plan_.remainder(at.trained ? plan_.per_rank() : at.taken, ddp_->world_size());
+    follow_block(train);
     train.start_epoch(static_cast<std::uint64_t>(at.epoch),
                       at.trained ? std::vector<std::int64_t>{} : plan_.share(ddp_->rank()));
   }
@@ -129,6 +144,11 @@ class ElasticTraining {
       if (group_.leading()) last_words(mine);
       throw;
     }
+    if (!fits(change.size)) {
+      if (group_.leading()) last_words(mine);
+      throw InvalidArgument("Trainer (elastic, deterministic): " + std::to_string(change.size) +
+                            " ranks left after " + error.message() + "; " + fit_rule());
+    }
     return adopt_state(change, validation, mine, out, error.message());
   }
 
@@ -141,8 +161,22 @@ class ElasticTraining {
     double waiting = static_cast<double>(group_.joiners_waiting());
     ddp_->allreduce(std::span(&waiting, 1), comm::ReduceOp::kMax);
     if (waiting == 0) return std::nullopt;
+    const int size = ddp_->world_size() + static_cast<int>(waiting);
+    if (!fits(size)) {  // they wait on; a later arrival may make a size that fits
+      if (ddp_->rank() == 0) {
+        out << "elastic: " << waiting << " waiting to join not admitted: " << size << " ranks; "
+            << fit_rule() << '\n'
+            << std::flush;
+      }
+      return std::nullopt;
+    }
     ddp_.reset();
     const comm::MembershipChange change = group_.admit_joiners();
+    if (!fits(change.size)) {
+      throw InvalidArgument("Trainer (elastic, deterministic): " + std::to_string(change.size) +
+                            " ranks after admitting " + std::to_string(change.joined) + "; " +
+                            fit_rule());
+    }
     return adopt_state(change, validation, position(mine), out);
   }
 
@@ -155,6 +189,23 @@ class ElasticTraining {
     const int source = most_advanced_rank(comm, mine.global_step);
     if (source != 0) detail::broadcast_parameters_and_buffers(network_, comm, source);
     return share_training_state(comm, optimizer_, mine, source);
+  }
+
+  // Deterministic mode: whether `size` ranks keep the run's bits
+  // (train/deterministic_gradients.hpp).
+  bool fits(int size) const {
+    return ddp_options_.micro_shards == 0 || micro_shards_fit(ddp_options_.micro_shards, size);
+  }
+  std::string fit_rule() const {
+    return "deterministic mode's " + std::to_string(ddp_options_.micro_shards) +
+           " micro-shards need a world size that divides them into a power of two per rank";
+  }
+
+  // Deterministic mode: each rank's batch is its block of the global batch, which depends on the
+  // ranks of now.
+  template <class Transform>
+  void follow_block(data::Loader<T, Transform>& train) const {
+    if (plan_.global_batch > 0) train.set_batch_size(plan_.block());
   }
 
   void restore_step_start() {

@@ -32,8 +32,12 @@
 // of the global losses, the others adding none, so that it too does not depend on the world size.
 //
 // Elastic (the constructor that takes a comm::ElasticGroup, TCP): when ranks die, the survivors
-// regroup, take the lowest survivor's state from memory and share the rest of the epoch, and the
-// run goes on; processes that ask to join come in at an epoch start (docs/fault-tolerance.md).
+// regroup, take the most advanced survivor's state from memory and share the rest of the epoch,
+// and the run goes on; processes that ask to join come in at an epoch start
+// (docs/fault-tolerance.md). In deterministic mode the global batch stays the same whatever the
+// ranks (each loader's batch follows its block), so a run that shrinks and grows ends with the
+// bits of one that did not; only the epoch's training accuracy counts the hits of the survivors
+// alone in an epoch where ranks died.
 //
 // What the CPU and GPU trainers share (resume, the epoch's counts across ranks, the epoch line,
 // run records, the target, early stopping, the report) is train/epoch_loop.hpp's EpochLoop; the
@@ -162,10 +166,6 @@ class Trainer {
         sharding_(ReplicatedOptimizer<Net, Policy, Optimizer>(optimizer)),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
-    if (ddp_options.micro_shards != 0)
-      throw InvalidArgument(
-          "Trainer (elastic): deterministic mode (micro_shards) is not available with elastic "
-          "training");
     elastic_.emplace(network_, optimizer_, group, ddp_options);
     global_step_ = elastic_->start().global_step;
     check_options();
@@ -198,12 +198,12 @@ class Trainer {
         }
         network_.train();
         if (!trained_) train_epoch(train, epoch, counts);
-        loop_->count_training(ddp(), counts);
+        loop_->count_training(ddp(), contribution(counts));
         auto timed = loop_->phases().time(Phase::kOther);
         metrics = evaluate(validation);
       } catch (const CommError& e) {
         if (!elastic_ || dynamic_cast<const MismatchError*>(&e) != nullptr) throw;
-        const ElasticPosition at = recover(e, epoch, validation);
+        const ElasticPosition at = recover(e, epoch, counts, validation);
         epoch_begins = at.taken == 0 && !at.trained;  // nothing taken: it starts again
         if (!epoch_begins) resume_epoch(train, at);
         epoch = at.epoch;
@@ -297,7 +297,8 @@ class Trainer {
     // time, which a rank alone would not count either.
     if (ddp().world_size() > 1) ddp().barrier();
     const std::int64_t batches = train.batches_this_epoch();
-    double shown_loss_sum = 0;  // the progress bar's: this rank's samples' share of the losses
+    double shown_loss_sum = 0;  // the progress bar's: this rank's batches' losses and samples
+    double shown_samples = 0;
     for (std::int64_t b = 0;; ++b) {
       const auto step_started = std::chrono::steady_clock::now();
       const data::Batch<T>* batch = nullptr;
@@ -312,23 +313,34 @@ class Trainer {
                                       : step(*batch, phases, b, batches);
       taken_ += batch->size();
       shown_loss_sum += outcome.loss * samples;
-      if (!ddp().deterministic()) {
+      shown_samples += samples;
+      if (ddp().deterministic()) {  // the global batch's mean loss, the same on every rank
+        const double global = samples * static_cast<double>(ddp().world_size());
+        counts.loss_sum += outcome.loss * global;
+        counts.samples += global;
+      } else {
         counts.loss_sum += outcome.loss * samples;
-      } else if (rank0()) {  // the global batch's mean loss, counted once
-        counts.loss_sum += outcome.loss * samples * static_cast<double>(ddp().world_size());
+        counts.samples += samples;
       }
       counts.correct += static_cast<double>(outcome.correct);
-      counts.samples += samples;
       counts.step_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_started).count();
       if (progress_ && (b % 10 == 0 || b + 1 == batches))
         *options_.out << detail::progress_bar(epoch + 1, options_.epochs, b + 1, batches,
-                                              shown_loss_sum / counts.samples,
-                                              counts.samples / counts.step_seconds)
+                                              shown_loss_sum / shown_samples,
+                                              shown_samples / counts.step_seconds)
                       << std::flush;
     }
     if (progress_) *options_.out << '\r' << std::string(80, ' ') << '\r';
     trained_ = true;
+  }
+
+  // What this rank adds to the epoch's counts across ranks: in deterministic mode every rank counts
+  // the global batches' losses and samples, so rank 0 alone adds them (the same bits on every
+  // world size, and after a hand-over, whichever rank is rank 0 then).
+  EpochCounts contribution(EpochCounts counts) const {
+    if (ddp().deterministic() && !rank0()) counts.loss_sum = counts.samples = 0;
+    return counts;
   }
 
   // A batch's mean loss and top-1 hits (deterministic mode: the global batch's mean loss and
@@ -506,14 +518,16 @@ class Trainer {
     elastic_->resume_epoch(train, at);
   }
 
-  // A collective failed in epoch `epoch` of an elastic run: the survivors regroup and take rank
-  // 0's state. Below the group's min_ranks the leader writes a final checkpoint, and every rank
-  // throws.
+  // A collective failed in epoch `epoch` of an elastic run: the survivors regroup and take the
+  // most advanced survivor's state (in deterministic mode its epoch counts of loss and samples
+  // too, into `counts`). Below the group's min_ranks the leader writes a final checkpoint, and
+  // every rank throws.
   template <class Transform>
-  ElasticPosition recover(const CommError& error, std::int64_t epoch,
+  ElasticPosition recover(const CommError& error, std::int64_t epoch, EpochCounts& counts,
                           data::Loader<T, Transform>& validation) {
     const ElasticPosition mine =
-        elastic_->position({epoch, taken_, trained_, global_step_, 0, loop_->train_seconds()});
+        elastic_->position({epoch, taken_, trained_, global_step_, 0, loop_->train_seconds(),
+                            counts.loss_sum, counts.samples});
     const ElasticPosition at =
         elastic_->recover(error, mine, validation, *options_.out, [&](const ElasticPosition& last) {
           if (options_.checkpoint_dir.empty()) return;
@@ -524,6 +538,10 @@ class Trainer {
                         << std::flush;
         });
     global_step_ = at.global_step;
+    if (ddp().deterministic()) {
+      counts.loss_sum = at.loss_sum;
+      counts.samples = at.samples;
+    }
     return at;
   }
 
