@@ -7,6 +7,9 @@ fail() {
   failed=1
 }
 # launch DIR RANKS EPOCHS MIN_RANKS PORT: starts the ranks in the background; their pids in $pids.
+# timeout runs each in a process group of its own, linked to the session by this script, so that a
+# rank that stops itself stays stopped whatever the group that started the test does
+# (tests/faults/fault_injection.sh says why that matters).
 launch() {
   local dir=$1 ranks=$2 epochs=$3 min=$4 port=$5
   pids=()

@@ -15,6 +15,16 @@
 # Then a rank sent SIGTERM writes its flight record and ends with status 143.
 #   usage: fault_injection.sh WORKER PYTHON DIAGNOSE WORKDIR
 set -uo pipefail
+# Job control: every rank runs in a process group of its own, which this script links to the
+# session for as long as it runs. In the group of whatever started the test, a stopped victim is
+# at the mercy of that group's other processes: when the last of them with a parent outside it
+# exits (a shell that launched the test in the background and returned), the kernel sends the
+# group SIGHUP and SIGCONT (POSIX's orphaned process group rule), the victim goes on, and its
+# peers, rightly, do not fail. Seen as "2 ranks, STOP rank 0": the survivor still running at the
+# deadline, the victim running too, SIGCONT from the kernel in both.
+set -m
+pids=()
+trap 'kill -KILL "${pids[@]}" 2>/dev/null' EXIT  # no rank outlives the script, stopped or not
 worker=$1 python=$2 diagnose=$3 work=$4
 timeout_s=2
 margin_s=4  # a loaded CI machine; the times are printed
