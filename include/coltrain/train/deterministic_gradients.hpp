@@ -143,7 +143,8 @@ class DeterministicGradients {
     auto& arena = network_.parameter_arena();
     const std::size_t n = arena.size();
     const auto local = static_cast<std::size_t>(local_shards_);
-    gradient_slots_.resize(local);
+    open_sums_.resize(static_cast<std::size_t>(std::bit_width(local)));
+    std::size_t open = 0;  // partial sums in open_sums_ waiting for their right operand
     buffer_slots_.resize(local);
     losses_.assign(local, 0.0);
     if (accumulate) {
@@ -164,22 +165,18 @@ class DeterministicGradients {
         restore_after_failed_pass(accumulate);
         throw;
       }
-      std::vector<G>& slot = gradient_slots_[k];
-      slot.resize(n);
-      const T* gradients = arena.gradients();
-      for (std::size_t i = 0; i < n; ++i) slot[i] = static_cast<G>(gradients[i]);
+      open = fold_gradients(k, open, arena.gradients(), n);
       detail::take_buffers(network_, buffer_slots_[k]);
     }
     network_.context().set_step((pass_number + 1) * total);
 
     detail::fold_slots_in_fixed_tree(local, [&](std::size_t into, std::size_t from) {
-      add_into(gradient_slots_[into], gradient_slots_[from]);
       add_into(buffer_slots_[into].floats, buffer_slots_[from].floats);
       add_into(buffer_slots_[into].doubles, buffer_slots_[from].doubles);
       add_into(buffer_slots_[into].integers, buffer_slots_[from].integers);
       losses_[into] = losses_[into] + losses_[from];
     });
-    std::vector<G>& gradient = gradient_slots_[0];
+    std::vector<G>& gradient = open_sums_[0];
     detail::BufferSnapshot& buffers = buffer_slots_[0];
     double loss = losses_[0];
     sum_across_ranks(std::span<G>(gradient));
@@ -207,6 +204,47 @@ class DeterministicGradients {
   }
 
  private:
+  // Shard k's gradients (in `gradients`, n of them) into the fold, which follows the tree of
+  // fold_slots_in_fixed_tree as a binary counter does: the local shards are a power of two, and
+  // shard k completes as many subtrees as k has trailing one bits. Each completed subtree's left
+  // operand waits in open_sums_ (the oldest, and largest, first); the shard's gradients become
+  // open_sums_[open] when k is even, else they are added to the waiting sums, newest first, in
+  // one pass: left_2 + (left_1 + (left_0 + shard)), rounded after each addition as the tree is.
+  // So only every other shard's gradients are copied aside, and the passes over the gradients
+  // (larger than the caches for most networks) are as few as the tree allows. Returns the number
+  // of sums open after it.
+  std::size_t fold_gradients(std::size_t k, std::size_t open, const T* gradients, std::size_t n) {
+    const auto closed = static_cast<std::size_t>(std::countr_one(k));
+    if (closed == 0) {
+      std::vector<G>& slot = open_sums_[open];
+      slot.resize(n);
+      for (std::size_t i = 0; i < n; ++i) slot[i] = static_cast<G>(gradients[i]);
+      return open + 1;
+    }
+    // The newest waiting sums, up to three, with the shard in one pass; older ones after it.
+    const std::size_t fused = std::min<std::size_t>(closed, 3);
+    G* target = open_sums_[open - fused].data();
+    const G* left_0 = open_sums_[open - 1].data();
+    if (fused == 1) {
+      for (std::size_t i = 0; i < n; ++i) target[i] = left_0[i] + static_cast<G>(gradients[i]);
+    } else if (fused == 2) {
+      const G* left_1 = open_sums_[open - 2].data();
+      for (std::size_t i = 0; i < n; ++i)
+        target[i] = left_1[i] + (left_0[i] + static_cast<G>(gradients[i]));
+    } else {
+      const G* left_1 = open_sums_[open - 2].data();
+      const G* left_2 = open_sums_[open - 3].data();
+      for (std::size_t i = 0; i < n; ++i)
+        target[i] = left_2[i] + (left_1[i] + (left_0[i] + static_cast<G>(gradients[i])));
+    }
+    for (std::size_t level = fused; level < closed; ++level) {
+      G* into = open_sums_[open - 1 - level].data();
+      const G* right = open_sums_[open - level].data();
+      for (std::size_t i = 0; i < n; ++i) into[i] = into[i] + right[i];
+    }
+    return open - closed + 1;
+  }
+
   template <class U>
   static void add_into(std::vector<U>& into, const std::vector<U>& from) {
     for (std::size_t i = 0; i < into.size(); ++i) into[i] = into[i] + from[i];
@@ -240,7 +278,7 @@ class DeterministicGradients {
   int shards_;
   int local_shards_ = 1;
   int first_shard_ = 0;
-  std::vector<std::vector<G>> gradient_slots_;
+  std::vector<std::vector<G>> open_sums_;  // fold_gradients' waiting left operands
   std::vector<detail::BufferSnapshot> buffer_slots_;
   std::vector<double> losses_;
   std::vector<T> accumulated_;  // the gradients a call with `accumulate` adds to
