@@ -424,12 +424,13 @@ TEST_CASE("BatchNorm2d: training on one value per channel is an error", "[nn][ba
 }
 
 // A fused layer and its separate twin, with the same parameters (filled in name order), give the
-// same names, outputs and parameter gradients, bit for bit.
-template <class Fused, class Separate>
-void check_fusion(tensor::Shape input, tensor::Shape output, bool training) {
+// same names, outputs and parameter gradients, bit for bit, in storage type T. With `relu`, a tenth
+// of the outputs at least must be zeros, so that the ReLU is exercised.
+template <class Fused, class Separate, class T = float>
+void check_fusion(tensor::Shape input, tensor::Shape output, bool training, bool relu = true) {
   INFO((training ? "training" : "evaluation"));
-  nn::Network<Fused> fused({.threads = 2});
-  nn::Network<Separate> separate({.threads = 2});
+  nn::Network<Fused, T> fused({.threads = 2});
+  nn::Network<Separate, T> separate({.threads = 2});
   std::vector<std::string> fused_names, separate_names;
   fused.visit_parameters([&](const std::string& name, auto& p) {
     fused_names.push_back(name);
@@ -444,28 +445,29 @@ void check_fusion(tensor::Shape input, tensor::Shape output, bool training) {
     fused.eval();
     separate.eval();
   }
-  tensor::Tensor<float> x(input), dy(output);
+  tensor::Tensor<T> x(input), dy(output);
   nn_test::fill_uniform(x.span(), 1, -2.0, 2.0);
   nn_test::fill_uniform(dy.span(), 2, -1.0, 1.0);
   const auto y1 = fused.forward(x.view());
   const auto y2 = separate.forward(x.view());
   std::int64_t zeros = 0;
   for (std::int64_t i = 0; i < y1.numel(); ++i) {
-    REQUIRE(y1.data()[i] == y2.data()[i]);
-    zeros += y1.data()[i] == 0.0f;
+    REQUIRE(nn_test::as_double(y1.data()[i]) == nn_test::as_double(y2.data()[i]));
+    zeros += nn_test::as_double(y1.data()[i]) == 0.0;
   }
-  CHECK(zeros > y1.numel() / 10);  // the ReLU is exercised
+  if (relu) CHECK(zeros > y1.numel() / 10);
   fused.backward(dy.view());
   separate.backward(dy.view());
-  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<double>> grads;
   fused.visit_parameters([&](const std::string&, auto& p) {
-    grads.emplace_back(p.grad.span().begin(), p.grad.span().end());
+    grads.emplace_back();
+    for (const auto& g : p.grad.span()) grads.back().push_back(nn_test::as_double(g));
   });
   std::size_t index = 0;
   separate.visit_parameters([&](const std::string& name, auto& p) {
     INFO(name);
-    const std::vector<float>& g = grads[index++];
-    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == p.grad.span()[i]);
+    const std::vector<double>& g = grads[index++];
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == nn_test::as_double(p.grad.span()[i]));
   });
 }
 
@@ -489,6 +491,40 @@ TEST_CASE("Conv2dReLU: equals Conv2d then ReLU, bit for bit, with the same names
       Sequential<Input<4, 6, 6>, Named<"pre", nn::Conv2d<4, 1>>, Named<"conv", nn::Conv2dReLU<8, 3, 1, 1, false>>>,
       Sequential<Input<4, 6, 6>, Named<"pre", nn::Conv2d<4, 1>>, Named<"conv", nn::Conv2d<8, 3, 1, 1, false>>,
                  nn::ReLU>>(tensor::Shape{11, 4, 6, 6}, tensor::Shape{11, 8, 6, 6}, true);
+}
+
+// A block whose body ends in BatchNorm2d adds the shortcut and applies the ReLU in the BatchNorm's
+// output pass (nn/layer.hpp, forward_add); a Dropout<0> (the identity) after the BatchNorm turns
+// that off, so the twin sums in a pass of its own. A layer before the block carries its input
+// gradient into a weight gradient. 16-bit storage rounds the BatchNorm's output before the sum in
+// both.
+TEMPLATE_TEST_CASE("Residual: the sum in the BatchNorm's pass equals the sum after it, bit for bit",
+                   "[nn][residual]", float, bfloat16, half, double) {
+  using nn::Named;
+  using Body = Sequential<Named<"conv1", nn::Conv2d<8, 3, 1, 1, false>>, Named<"bn1", nn::BatchNormReLU2d<>>,
+                          Named<"conv2", nn::Conv2d<8, 3, 1, 1, false>>, Named<"bn2", nn::BatchNorm2d<>>>;
+  using Twin = Sequential<Named<"conv1", nn::Conv2d<8, 3, 1, 1, false>>, Named<"bn1", nn::BatchNormReLU2d<>>,
+                          Named<"conv2", nn::Conv2d<8, 3, 1, 1, false>>, Named<"bn2", nn::BatchNorm2d<>>,
+                          nn::Dropout<0.0>>;
+  using Projected = Sequential<Named<"conv1", nn::Conv2d<8, 3, 2, 1, false>>, Named<"bn2", nn::BatchNorm2d<>>>;
+  using ProjectedTwin =
+      Sequential<Named<"conv1", nn::Conv2d<8, 3, 2, 1, false>>, Named<"bn2", nn::BatchNorm2d<>>, nn::Dropout<0.0>>;
+  const tensor::Shape in{9, 8, 12, 12}, halved{9, 8, 6, 6};
+  for (const bool training : {true, false}) {
+    check_fusion<Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>,
+                            Named<"block", nn::Residual<Body, nn::IdentityShortcut, nn::ReLU>>>,
+                 Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>,
+                            Named<"block", nn::Residual<Twin, nn::IdentityShortcut, nn::ReLU>>>,
+                 TestType>(in, in, training);
+    check_fusion<Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>,
+                            Named<"block", nn::Residual<Projected, nn::Projection<8, 2>, nn::ReLU>>>,
+                 Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>,
+                            Named<"block", nn::Residual<ProjectedTwin, nn::Projection<8, 2>, nn::ReLU>>>,
+                 TestType>(in, halved, training);
+    check_fusion<Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>, Named<"block", nn::Residual<Body>>>,
+                 Sequential<Input<8, 12, 12>, Named<"pre", nn::Conv2d<8, 1>>, Named<"block", nn::Residual<Twin>>>,
+                 TestType>(in, in, training, /*relu=*/false);
+  }
 }
 
 // ----------------------------------------------------------------------------------------------

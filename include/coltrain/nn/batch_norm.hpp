@@ -69,59 +69,18 @@ class BatchNorm2dLayer {
 
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
-    const std::int64_t batch = in.extent(0);
-    const bool training = ctx.training();
-    if (training && batch * kPlane < 2)
-      throw InvalidArgument(
-          "BatchNorm2d: training needs more than one value per channel, got a batch of " +
-          std::to_string(batch) + " samples of " + std::to_string(kPlane) + " pixels");
-    const T* x = in.data();
-    T* y = out.data();
-    const double count = static_cast<double>(batch * kPlane);
-    if (training) {
-      // One pass for both sums, of (x - shift) and its square, shifted by one of the channel's
-      // values so that the variance does not come from the difference of two large numbers.
-      const int parts =
-          for_each_image_range(ctx, batch, [&](std::int64_t begin, std::int64_t end, int part) {
-            double* sums = partial_sums(part);
-            for (std::int64_t b = begin; b < end; ++b)
-              for (std::int64_t c = 0; c < kC; ++c) {
-                const T* plane = x + (b * kC + c) * kPlane;
-                const P shift = P{} + detail::to_compute_value<S>(x[c * kPlane]);
-                plane_sums(sums + 2 * c * kN, [&](std::int64_t i) {
-                  const P d = load(plane + i) - shift;
-                  return std::pair<P, P>(d, d * d);
-                });
-              }
-          });
-      for (std::int64_t c = 0; c < kC; ++c) {
-        const auto [sum, squares] = channel_sums(parts, c);
-        const double shifted_mean = sum / count;
-        const double mean = detail::to_compute_value<S>(x[c * kPlane]) + shifted_mean;
-        const double var = std::max(0.0, squares / count - shifted_mean * shifted_mean);
-        S& rm = running_mean_.data()[c];
-        S& rv = running_var_.data()[c];
-        rm = static_cast<S>((1.0 - Momentum) * rm + Momentum * mean);
-        rv = static_cast<S>((1.0 - Momentum) * rv + Momentum * var * count / (count - 1.0));
-        set_statistics(c, mean, var);
-      }
-      batches_tracked_.data()[0] += 1;
-    } else {
-      for (std::int64_t c = 0; c < kC; ++c)
-        set_statistics(c, running_mean_.data()[c], running_var_.data()[c]);
-    }
-    for_each_image_range(ctx, batch, [&](std::int64_t begin, std::int64_t end, int) {
-      for (std::int64_t b = begin; b < end; ++b)
-        for (std::int64_t c = 0; c < kC; ++c) {
-          const T* src = x + (b * kC + c) * kPlane;
-          T* dst = y + (b * kC + c) * kPlane;
-          const P scale = P{} + scale_.data()[c], shift = P{} + shift_.data()[c];
-          for (std::int64_t i = 0; i < kPlane; i += kN) {
-            const P v = normalized(load(src + i), scale, shift);
-            store(dst + i, FusedRelu ? tensor::relu_pack(v) : v);
-          }
-        }
-    });
+    normalize(in, ctx);
+    write_output<false>(in, nullptr, out, ctx);
+  }
+
+  // out = BatchNorm(in) + addend, then ReLU when Relu, in the output pass: a residual block's sum
+  // (nn/layer.hpp). Not with the fused ReLU, whose backward reads the output.
+  template <bool Relu>
+  requires(!FusedRelu) void forward_add(tensor::TensorView<const T, Device> in, const T* addend,
+                                        tensor::TensorView<T, Device> out, Context<Device>& ctx,
+                                        std::bool_constant<Relu>) {
+    normalize(in, ctx);
+    write_output<Relu>(in, addend, out, ctx);
   }
 
   // Training mode: the batch statistics depend on the input, which adds the two mean terms;
@@ -204,6 +163,80 @@ class BatchNorm2dLayer {
   }
 
  private:
+  // The statistics that normalise: the batch's in training (moving the running ones), the running
+  // ones in evaluation; then scale_ and shift_ hold the folded affine map of each channel.
+  void normalize(tensor::TensorView<const T, Device> in, Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    const bool training = ctx.training();
+    if (training && batch * kPlane < 2)
+      throw InvalidArgument(
+          "BatchNorm2d: training needs more than one value per channel, got a batch of " +
+          std::to_string(batch) + " samples of " + std::to_string(kPlane) + " pixels");
+    const T* x = in.data();
+    const double count = static_cast<double>(batch * kPlane);
+    if (training) {
+      // One pass for both sums, of (x - shift) and its square, shifted by one of the channel's
+      // values so that the variance does not come from the difference of two large numbers.
+      const int parts =
+          for_each_image_range(ctx, batch, [&](std::int64_t begin, std::int64_t end, int part) {
+            double* sums = partial_sums(part);
+            for (std::int64_t b = begin; b < end; ++b)
+              for (std::int64_t c = 0; c < kC; ++c) {
+                const T* plane = x + (b * kC + c) * kPlane;
+                const P shift = P{} + detail::to_compute_value<S>(x[c * kPlane]);
+                plane_sums(sums + 2 * c * kN, [&](std::int64_t i) {
+                  const P d = load(plane + i) - shift;
+                  return std::pair<P, P>(d, d * d);
+                });
+              }
+          });
+      for (std::int64_t c = 0; c < kC; ++c) {
+        const auto [sum, squares] = channel_sums(parts, c);
+        const double shifted_mean = sum / count;
+        const double mean = detail::to_compute_value<S>(x[c * kPlane]) + shifted_mean;
+        const double var = std::max(0.0, squares / count - shifted_mean * shifted_mean);
+        S& rm = running_mean_.data()[c];
+        S& rv = running_var_.data()[c];
+        rm = static_cast<S>((1.0 - Momentum) * rm + Momentum * mean);
+        rv = static_cast<S>((1.0 - Momentum) * rv + Momentum * var * count / (count - 1.0));
+        set_statistics(c, mean, var);
+      }
+      batches_tracked_.data()[0] += 1;
+    } else {
+      for (std::int64_t c = 0; c < kC; ++c)
+        set_statistics(c, running_mean_.data()[c], running_var_.data()[c]);
+    }
+  }
+
+  // y = the normalised x, plus the addend when there is one (rounded to T first, as a separate
+  // BatchNorm's output would be), then ReLU when fused or asked for.
+  template <bool Relu>
+  void write_output(tensor::TensorView<const T, Device> in, const T* addend,
+                    tensor::TensorView<T, Device> out, Context<Device>& ctx) {
+    const T* x = in.data();
+    T* y = out.data();
+    const auto pass = [&]<bool Add>() {
+      for_each_image_range(ctx, in.extent(0), [&](std::int64_t begin, std::int64_t end, int) {
+        for (std::int64_t b = begin; b < end; ++b)
+          for (std::int64_t c = 0; c < kC; ++c) {
+            const std::int64_t offset = (b * kC + c) * kPlane;
+            const T* src = x + offset;
+            T* dst = y + offset;
+            const P scale = P{} + scale_.data()[c], shift = P{} + shift_.data()[c];
+            for (std::int64_t i = 0; i < kPlane; i += kN) {
+              P v = normalized(load(src + i), scale, shift);
+              if constexpr (Add) v = rounded(v) + load(addend + offset + i);
+              store(dst + i, FusedRelu || Relu ? tensor::relu_pack(v) : v);
+            }
+          }
+      });
+    };
+    if (addend)
+      pass.template operator()<true>();
+    else
+      pass.template operator()<false>();
+  }
+
   // kN values at a time: a vector of floats in fp32 (tensor::Pack), one value in 16-bit storage
   // (converted on load and store) and in double.
   static constexpr int kN = std::is_same_v<T, float> ? tensor::pack_lanes<float>(kPlane) : 1;
@@ -222,6 +255,14 @@ class BatchNorm2dLayer {
       *p = detail::to_storage_value<T>(v);
     else
       tensor::store_pack(p, v);
+  }
+
+  // v as stored in T and read back: what a separate layer would hand on.
+  static P rounded(P v) {
+    if constexpr (kN == 1)
+      return detail::to_compute_value<S>(detail::to_storage_value<T>(v));
+    else
+      return v;
   }
 
   // The normalised value before the ReLU: x * scale + shift with the channel's folded affine map.

@@ -19,6 +19,14 @@
 // (Inside a Network, f is a ParameterVisitor or BufferVisitor, nn/state_visitors.hpp: a buffer is a
 // tensor of compute_t<T> or std::int64_t.)
 //
+// Optionally, a layer whose last pass writes its output element by element may offer
+//   void forward_add(TensorView<const T, D> in, const T* addend, TensorView<T, D> out, Context<D>&,
+//                    std::bool_constant<Relu>);
+// out = forward(in) + addend (then ReLU when Relu) in that pass, and promise that its backward()
+// never reads `out` (it may then be given an empty view). A residual block whose body ends in such
+// a layer (Sequential forwards the offer of its last child) adds its shortcut there, so the body's
+// own output is never written and read back (AddsInOutputPass in nn/sequential.hpp).
+//
 // Tensors carry the batch as their first axis. backward() adds to the parameter gradients and
 // writes grad_in unless grad_in is empty (the first layer's input needs no gradient). A shape that
 // does not fit is a static_assert in the bound layer, with a message that names the layer.

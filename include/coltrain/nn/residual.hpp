@@ -52,6 +52,10 @@ class ResidualLayer {
   static constexpr bool kFusedRelu = std::is_same_v<AfterSpec, ReLU>;
   using BodyLayer = bind_t<BodySpec, In, T, Device>;
   using Out = typename BodyLayer::Output;
+  // A body that ends in a BatchNorm adds the shortcut (and applies the ReLU) in its output pass:
+  // the body's own output is then neither written nor read back.
+  static constexpr bool kSumInBody =
+      (kFusedRelu || !kActivation) && AddsInOutputPass<BodyLayer, T, Device>;
   static_assert(!kIdentity || std::is_same_v<In, Out>,
                 "coltrain::nn::Residual: the body changes the sample shape, so the identity shortcut "
                 "cannot be added to it; use a projection shortcut, Residual<Body, Projection<C, S>>");
@@ -95,14 +99,18 @@ class ResidualLayer {
                Context<Device>& ctx) {
     const std::int64_t batch = in.extent(0);
     const tensor::Shape shape = Out::batch(batch);
-    body_out_.resize(shape);
-    body_.forward(in, body_out_.view(), ctx);
     const T* added = in.data();
     if constexpr (!kIdentity) {
       shortcut_out_.resize(shape);
       shortcut_.forward(in, shortcut_out_.view(), ctx);
       added = shortcut_out_.data();
     }
+    if constexpr (kSumInBody) {
+      body_.forward_add(in, added, out, ctx, std::bool_constant<kFusedRelu>{});
+      return;
+    }
+    body_out_.resize(shape);
+    body_.forward(in, body_out_.view(), ctx);
     if constexpr (kFusedRelu) {
       add<true>(ctx, body_out_.data(), added, out.data(), body_out_.numel());
     } else if constexpr (kActivation) {
@@ -136,7 +144,11 @@ class ResidualLayer {
       shortcut_.backward(in, shortcut_out_.view(), grad_sum, shortcut_grad, ctx);
       shortcut_report_(shortcut_, ctx);
     }
-    body_.backward(in, body_out_.view(), grad_sum, grad_in, ctx);
+    // With the sum in the body, its last layer does not read its output, which was never stored.
+    body_.backward(in,
+                   kSumInBody ? tensor::TensorView<const T, Device>{}
+                              : tensor::TensorView<const T, Device>(body_out_.view()),
+                   grad_sum, grad_in, ctx);
     body_report_(body_, ctx);
     if (want_input_grad) {
       const T* shortcut_share = kIdentity ? grad_sum.data() : grad_shortcut_in_.data();

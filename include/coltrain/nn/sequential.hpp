@@ -22,6 +22,15 @@
 
 namespace coltrain::nn {
 
+// A bound layer that offers forward_add (the protocol is in nn/layer.hpp).
+template <class Layer, class T, class Device>
+concept AddsInOutputPass = requires(Layer& layer, tensor::TensorView<const T, Device> in,
+                                    const T* addend, tensor::TensorView<T, Device> out,
+                                    Context<Device>& ctx) {
+  layer.forward_add(in, addend, out, ctx, std::true_type{});
+  layer.forward_add(in, addend, out, ctx, std::false_type{});
+};
+
 namespace detail {
 
 // Reports the parameters of one child of a container to the context's gradient-ready hook, unless
@@ -139,11 +148,18 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
 
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
-    const std::int64_t batch = in.extent(0);
-    for_each_index([&]<std::size_t I>() {
-      if constexpr (I + 1 < kCount) activations_[I].resize(LayerAt<I>::Output::batch(batch));
-      std::get<I>(layers_).forward(input_of<I>(in), output_of<I>(out), ctx);
-    });
+    forward_all_but_last(in, ctx);
+    std::get<kCount - 1>(layers_).forward(input_of<kCount - 1>(in), out, ctx);
+  }
+
+  // Offered when the last layer offers it: that layer adds `addend` in its own output pass.
+  template <bool Relu>
+  requires AddsInOutputPass<LayerAt<kCount - 1>, T, Device>
+  void forward_add(tensor::TensorView<const T, Device> in, const T* addend,
+                   tensor::TensorView<T, Device> out, Context<Device>& ctx,
+                   std::bool_constant<Relu> relu) {
+    forward_all_but_last(in, ctx);
+    std::get<kCount - 1>(layers_).forward_add(input_of<kCount - 1>(in), addend, out, ctx, relu);
   }
 
   void backward(tensor::TensorView<const T, Device> in, tensor::TensorView<const T, Device> out,
@@ -193,11 +209,20 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
   }
 
  private:
-  template <class F>
+  // f.template operator()<I>() for I = 0, 1, ... Count - 1.
+  template <std::size_t Count = kCount, class F>
   static void for_each_index(F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (f.template operator()<I>(), ...);
-    }(std::make_index_sequence<kCount>{});
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (f.template operator()<I>(), ...); }
+    (std::make_index_sequence<Count>{});
+  }
+
+  // Every layer but the last, each into its stored activation.
+  void forward_all_but_last(tensor::TensorView<const T, Device> in, Context<Device>& ctx) {
+    const std::int64_t batch = in.extent(0);
+    for_each_index<kCount - 1>([&]<std::size_t I>() {
+      activations_[I].resize(LayerAt<I>::Output::batch(batch));
+      std::get<I>(layers_).forward(input_of<I>(in), activations_[I].view(), ctx);
+    });
   }
   template <class F>
   static void for_each_index_reversed(F&& f) {
@@ -212,13 +237,6 @@ class SequentialLayer<In, T, Device, TypeList<Specs...>, TypeList<Layers...>> {
       return in;
     else
       return activations_[I - 1].view();
-  }
-  template <std::size_t I>
-  tensor::TensorView<T, Device> output_of(tensor::TensorView<T, Device> out) {
-    if constexpr (I + 1 == kCount)
-      return out;
-    else
-      return activations_[I].view();
   }
 
   LayerTuple layers_;
