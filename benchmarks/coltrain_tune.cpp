@@ -247,11 +247,15 @@ void tune(Communicator& comm, const Settings& settings, double gamma, TuningFile
     const Collective collective = parse_collective(name);
     std::vector<Measurement> points;
     for (std::size_t bytes = settings.min_bytes; bytes <= settings.max_bytes; bytes *= 4) {
+      // What automatic would run here before this file: marked, so that a sweep also says how
+      // the choice it had fares (scripts/bench_shaped_links).
+      const Algorithm automatic = comm.choose(collective, bytes);
       for (const Measurement& m : measure_point(comm, collective, bytes, settings)) {
         points.push_back(m);
         if (comm.rank() == 0)
-          std::printf("%-4s %-15s %10zu B  %-17s %12.1f us\n", name_of(backend).data(),
-                      name.c_str(), m.bytes, name_of(m.algorithm).data(), m.us);
+          std::printf("%-4s %-15s %10zu B  %-17s %12.1f us%s\n", name_of(backend).data(),
+                      name.c_str(), m.bytes, name_of(m.algorithm).data(), m.us,
+                      m.algorithm == automatic ? "  (automatic)" : "");
       }
       if (collective == Collective::kBarrier) break;
     }

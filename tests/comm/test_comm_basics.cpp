@@ -332,6 +332,21 @@ TEST_CASE("COLTRAIN_SHM_SINGLE_COPY takes 0, 1 or a piece size, and other values
   ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
 }
 
+TEST_CASE("COLTRAIN_SPIN_US sets the polling before a wait sleeps; bad values name the variable",
+          "[comm][options]") {
+  ::unsetenv("COLTRAIN_SPIN_US");
+  CHECK_FALSE(comm_options_from_env().spin_before_sleep.has_value());
+  ::setenv("COLTRAIN_SPIN_US", "0", 1);
+  CHECK(comm_options_from_env().spin_before_sleep == std::chrono::microseconds(0));
+  ::setenv("COLTRAIN_SPIN_US", "250", 1);
+  CHECK(comm_options_from_env().spin_before_sleep == std::chrono::microseconds(250));
+  for (const char* bad : {"-5", "50us", "10000001", "soon"}) {
+    ::setenv("COLTRAIN_SPIN_US", bad, 1);
+    CHECK_THROWS_WITH(comm_options_from_env(), Contains(std::string("COLTRAIN_SPIN_US=") + bad));
+  }
+  ::unsetenv("COLTRAIN_SPIN_US");
+}
+
 TEST_CASE("COLTRAIN_HOST_ID replaces the host identity, and a long one is refused",
           "[comm][options]") {
   using coltrain::comm::detail::host_identity;

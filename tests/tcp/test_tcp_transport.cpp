@@ -425,6 +425,30 @@ TEST_CASE("a receive that never gets its message times out, and the peer hears o
              Contains("seen first by rank 0") && Contains("alive ranks wait on each other"));
 }
 
+TEST_CASE(
+    "COLTRAIN_SPIN_US sets how long a wait polls before it sleeps; unset, the core count does",
+    "[tcp]") {
+  const auto outcomes = launch_ranks(
+      2,
+      [](int rank) {
+        const coltrain::LaunchEnv env = coltrain::detect_launch_env();
+        coltrain::comm::CommOptions options = coltrain::comm::comm_options_from_env();
+        if (rank == 1) options.spin_before_sleep = std::chrono::microseconds(0);
+        TcpTransport transport(env, options);
+        const auto spin = transport.spin_before_sleep().count();
+        const auto policy = coltrain::comm::detail::spin_before_sleep(env).count();
+        expect(spin == (rank == 1 ? 0 : policy),
+               "spins " + std::to_string(spin) + " us (policy " + std::to_string(policy) + ")");
+        // It still works: a message each way.
+        std::vector<std::byte> out(8, std::byte{static_cast<unsigned char>(rank)}), in(8);
+        transport.wait(transport.isend(1 - rank, header_of(1, 8), out));
+        transport.wait(transport.irecv(1 - rank, header_of(1, 8), in));
+        expect(in[0] == std::byte{static_cast<unsigned char>(1 - rank)}, "the peer's byte arrived");
+      },
+      on_either_path());
+  require_all_passed(outcomes);
+}
+
 TEST_CASE("a rank that stops taking part is named by every rank along the chain waiting on it",
           "[tcp]") {
   // A one-way ring: rank r receives from r - 1 and sends to r + 1. Rank 2 stops calling in (as a

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 namespace coltrain::comm {
@@ -59,6 +60,11 @@ struct CommOptions {
   // then chooses from what was measured there. Empty: the built-in cost model.
   // COLTRAIN_TUNING_FILE.
   std::filesystem::path tuning_file;
+  // How long a TCP rank waiting for its peers keeps polling before it sleeps in poll(); unset:
+  // 2 ms where the host's ranks have a core each, 50 us where they outnumber its cores
+  // (comm/transport/tcp/spin_policy.hpp). Set it short where ranks share cores the launcher does
+  // not know about (other jobs, hosts simulated in namespaces). COLTRAIN_SPIN_US.
+  std::optional<std::chrono::microseconds> spin_before_sleep;
 };
 
 namespace detail {

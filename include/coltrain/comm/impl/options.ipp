@@ -53,6 +53,23 @@ inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes) {
   return true;
 }
 
+// COLTRAIN_SPIN_US: whole microseconds, 0 (sleep at once) to 10 s.
+inline std::chrono::microseconds parse_spin_microseconds(const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long us = 0;
+  try {
+    us = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.front() == '-' || us > 10'000'000) {
+    throw ConfigError("COLTRAIN_SPIN_US=" + text +
+                      ": expected the microseconds a waiting rank polls before it sleeps, 0 to "
+                      "10000000");
+  }
+  return std::chrono::microseconds(static_cast<long long>(us));
+}
+
 }  // namespace detail
 
 COLTRAIN_DECL CommOptions comm_options_from_env() {
@@ -81,6 +98,9 @@ COLTRAIN_DECL CommOptions comm_options_from_env() {
   if (const char* single = detail::nonempty_env("COLTRAIN_SHM_SINGLE_COPY")) {
     options.shared_memory_single_copy =
         detail::parse_single_copy(single, options.single_copy_bytes);
+  }
+  if (const char* spin = detail::nonempty_env("COLTRAIN_SPIN_US")) {
+    options.spin_before_sleep = detail::parse_spin_microseconds(spin);
   }
   if (const char* host = detail::nonempty_env("COLTRAIN_HOST_ID")) {
     options.host_id = host;

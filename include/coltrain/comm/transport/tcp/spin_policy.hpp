@@ -1,6 +1,7 @@
 #pragma once
 // How long a TCP rank waiting for its peers spins (non-blocking attempts) before it sleeps in
-// poll(). TcpTransport asks spin_before_sleep() once, at construction.
+// poll(). TcpTransport asks spin_before_sleep() once, at construction, unless CommOptions
+// (COLTRAIN_SPIN_US) sets it.
 
 #include <coltrain/core/launch_env.hpp>
 

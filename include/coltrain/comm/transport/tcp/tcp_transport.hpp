@@ -96,14 +96,14 @@ class TcpTransport {
 
   // Over sockets already connected to every other rank (one per rank, empty at `rank`), as an
   // elastic regroup (comm/elastic/elastic_group.hpp) builds them; `env` sizes the spin before
-  // sleeping.
+  // sleeping unless the options set it.
   TcpTransport(int rank, std::vector<detail::FileDescriptor> sockets, const LaunchEnv& env,
                const CommOptions& options)
       : options_(options),
         env_(env),
         rank_(rank),
         size_(static_cast<int>(sockets.size())),
-        spin_before_sleep_(detail::spin_before_sleep(env)),
+        spin_before_sleep_(options.spin_before_sleep.value_or(detail::spin_before_sleep(env))),
         detector_(rank, size_) {
     detail::SharedMemorySetup shared =
         detail::setup_shared_memory(rank, sockets, options, Logger(rank, size_));
@@ -146,6 +146,8 @@ class TcpTransport {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // How long a wait polls before it sleeps in poll() (CommOptions::spin_before_sleep).
+  std::chrono::microseconds spin_before_sleep() const { return spin_before_sleep_; }
   const CommOptions& options() const { return options_; }
   const LaunchEnv& launch_env() const { return env_; }
 
