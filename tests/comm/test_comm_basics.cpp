@@ -332,8 +332,9 @@ TEST_CASE("COLTRAIN_SHM_SINGLE_COPY takes 0, 1 or a piece size, and other values
   ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
 }
 
-TEST_CASE("COLTRAIN_SPIN_US sets the polling before a wait sleeps; bad values name the variable",
-          "[comm][options]") {
+TEST_CASE(
+    "COLTRAIN_SPIN_US sets the polling before a wait sleeps, and bad values name the variable",
+    "[comm][options]") {
   ::unsetenv("COLTRAIN_SPIN_US");
   CHECK_FALSE(comm_options_from_env().spin_before_sleep.has_value());
   ::setenv("COLTRAIN_SPIN_US", "0", 1);

@@ -425,9 +425,8 @@ TEST_CASE("a receive that never gets its message times out, and the peer hears o
              Contains("seen first by rank 0") && Contains("alive ranks wait on each other"));
 }
 
-TEST_CASE(
-    "COLTRAIN_SPIN_US sets how long a wait polls before it sleeps; unset, the core count does",
-    "[tcp]") {
+TEST_CASE("COLTRAIN_SPIN_US sets how long a wait polls before it sleeps, else the core count does",
+          "[tcp]") {
   const auto outcomes = launch_ranks(
       2,
       [](int rank) {
