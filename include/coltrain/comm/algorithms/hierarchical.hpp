@@ -98,12 +98,18 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
     return;
   }
 
-  const detail::RingLayout ring(local_ranks, local.rank(), count, element_bytes, tuning);
-  if (local_ranks > 1) {
-    ring_reduce_scatter_phase(local, input, output, count, partial, call, tuning);
-  } else {
-    detail::copy_bytes(output, input, count * element_bytes);
+  if (local_ranks == 1) {
+    // One rank a host: nothing to do inside the hosts, so the ring between them takes the whole
+    // vector out of place, without copying it into the output first (a 64 MiB copy was 8% of the
+    // allreduce on a 10 Gbit/s link).
+    const std::vector<int> peers = detail::ranks_at_local_index(hosts, 0);
+    detail::SubgroupTransport<Tr> across(transport, peers);
+    ring_allreduce(across, input, output, count, partial, call, tuning);
+    reduction.finish(output, count * element_bytes, p);
+    return;
   }
+  const detail::RingLayout ring(local_ranks, local.rank(), count, element_bytes, tuning);
+  ring_reduce_scatter_phase(local, input, output, count, partial, call, tuning);
   const auto segment = static_cast<std::size_t>(local.rank());
   const detail::ByteRange mine =
       detail::to_bytes({ring.segments.begin(segment), ring.segments.size(segment)}, element_bytes);
@@ -112,7 +118,7 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
   ring_allreduce(across, output + mine.begin, output + mine.begin, mine.size / element_bytes,
                  partial, call, tuning);
   reduction.finish(output + mine.begin, mine.size, p);
-  if (local_ranks > 1) ring_allgather_segments(local, ring, output, call);
+  ring_allgather_segments(local, ring, output, call);
 }
 
 }  // namespace coltrain::comm
