@@ -311,18 +311,27 @@ TEST_CASE("COLTRAIN_SHM turns shared memory off with 0, other values name the va
   ::unsetenv("COLTRAIN_SHM");
 }
 
-TEST_CASE("COLTRAIN_SHM_SINGLE_COPY takes 0, 1 or a piece size, and other values name the variable",
-          "[comm][options]") {
+TEST_CASE(
+    "COLTRAIN_SHM_SINGLE_COPY takes 0, 1, always or a piece size, and other values name the "
+    "variable",
+    "[comm][options]") {
   ::unsetenv("COLTRAIN_SHM_SINGLE_COPY");
   const CommOptions defaults = comm_options_from_env();
   CHECK(defaults.shared_memory_single_copy);
+  CHECK(defaults.single_copy_where_it_pays);
   ::setenv("COLTRAIN_SHM_SINGLE_COPY", "0", 1);
   CHECK_FALSE(comm_options_from_env().shared_memory_single_copy);
   ::setenv("COLTRAIN_SHM_SINGLE_COPY", "1", 1);
   CHECK(comm_options_from_env().shared_memory_single_copy);
+  CHECK(comm_options_from_env().single_copy_where_it_pays);
+  CHECK(comm_options_from_env().single_copy_bytes == defaults.single_copy_bytes);
+  ::setenv("COLTRAIN_SHM_SINGLE_COPY", "always", 1);
+  CHECK(comm_options_from_env().shared_memory_single_copy);
+  CHECK_FALSE(comm_options_from_env().single_copy_where_it_pays);
   CHECK(comm_options_from_env().single_copy_bytes == defaults.single_copy_bytes);
   ::setenv("COLTRAIN_SHM_SINGLE_COPY", "1048576", 1);
   CHECK(comm_options_from_env().shared_memory_single_copy);
+  CHECK(comm_options_from_env().single_copy_where_it_pays);
   CHECK(comm_options_from_env().single_copy_bytes == 1048576);
   for (const char* bad : {"100", "-65536", "64K", "yes"}) {
     ::setenv("COLTRAIN_SHM_SINGLE_COPY", bad, 1);

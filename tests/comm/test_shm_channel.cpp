@@ -3,18 +3,22 @@
 #include <catch2/catch.hpp>
 
 #include <coltrain/comm/transport/shm/shm_channel.hpp>
+#include <coltrain/comm/transport/tcp/tcp_peer_channel.hpp>
+#include <coltrain/core/host_memory.hpp>
 
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -270,6 +274,86 @@ TEST_CASE("single copy: large pieces come straight from the writer's memory, in 
   errno = 0;
   CHECK(receive_bytes(*pair.high, piece) == -1);
   CHECK(errno == EAGAIN);
+}
+
+TEST_CASE("single copy: a large piece the caller keeps off it goes through the ring",
+          "[comm][shm]") {
+  if (!single_copy_runs_here()) return;
+  constexpr std::size_t kLarge = 4096;
+  Pair pair(kLarge);
+  const auto& lower_to_higher = *reinterpret_cast<const ShmRingState*>(pair.spy.base() + kShmPage);
+  const auto a = pattern(2 * kLarge, 5), b = pattern(3 * kLarge, 6);
+  const std::array<iovec, 2> gather{iovec{const_cast<std::byte*>(a.data()), a.size()},
+                                    iovec{const_cast<std::byte*>(b.data()), b.size()}};
+  // Bit 0 clear: a goes into the ring although it is large; b, bit 1 set, by reference.
+  REQUIRE(pair.low->send(gather.data(), gather.size(), 0b10) ==
+          static_cast<ssize_t>(a.size() + b.size()));
+  CHECK(lower_to_higher.written.load() == a.size());
+  CHECK(pair.low->references_sent() == 1);
+  std::vector<std::byte> whole(a.size() + b.size());
+  std::size_t got_total = 0;
+  while (got_total < whole.size()) {
+    std::vector<std::byte> piece(whole.size() - got_total);
+    const ssize_t got = receive_bytes(*pair.high, piece);
+    REQUIRE(got > 0);
+    std::copy(piece.begin(), piece.begin() + got, whole.begin() + static_cast<long>(got_total));
+    got_total += static_cast<std::size_t>(got);
+  }
+  std::vector<std::byte> expected = a;
+  expected.insert(expected.end(), b.begin(), b.end());
+  CHECK(whole == expected);
+  CHECK(pair.low->references_done() == 1);
+}
+
+// The transport's choice, payload by payload (CommOptions::single_copy_where_it_pays).
+TEST_CASE("single copy pays on huge pages only, for exchanges from the call size, never one way",
+          "[comm][shm]") {
+  using coltrain::comm::Algorithm;
+  using coltrain::comm::Collective;
+  using coltrain::comm::MessageHeader;
+  using coltrain::comm::detail::single_copy_pays;
+  constexpr std::size_t kExchangeBytes = std::size_t{2} << 20;
+  constexpr std::size_t kBlock = 4 * coltrain::kHugePageBytes;
+  auto* huge = static_cast<std::byte*>(coltrain::allocate_host_memory(kBlock));
+  const std::span<const std::byte> on_huge(huge + 4096, std::size_t{1} << 20);
+  const auto call = [](Collective collective, Algorithm algorithm, std::size_t bytes) {
+    MessageHeader header;
+    header.collective = collective;
+    header.algorithm = algorithm;
+    header.dtype = coltrain::DataType::kFloat32;
+    header.count = bytes / 4;
+    return header;
+  };
+  // Exchanges: from the call size on.
+  for (const Collective collective : {Collective::kAllreduce, Collective::kReduceScatter,
+                                      Collective::kAllgather, Collective::kAllgatherv}) {
+    INFO("collective " << static_cast<int>(collective));
+    for (const Algorithm algorithm : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
+      CHECK(single_copy_pays(call(collective, algorithm, kExchangeBytes), on_huge, kExchangeBytes));
+      CHECK_FALSE(single_copy_pays(call(collective, algorithm, kExchangeBytes - 4), on_huge,
+                                   kExchangeBytes));
+    }
+  }
+  // One way: never.
+  CHECK_FALSE(single_copy_pays(call(Collective::kAllreduce, Algorithm::kTree, kBlock * 64), on_huge,
+                               kExchangeBytes));
+  for (const Collective collective : {Collective::kBroadcast, Collective::kReduce})
+    CHECK_FALSE(
+        single_copy_pays(call(collective, Algorithm::kRing, kBlock * 64), on_huge, kExchangeBytes));
+  // Whole blocks to one peer: at any size.
+  for (const Collective collective :
+       {Collective::kAlltoall, Collective::kAlltoallv, Collective::kGather, Collective::kScatter,
+        Collective::kSendRecv})
+    CHECK(single_copy_pays(call(collective, Algorithm::kRing, 1 << 20), on_huge, kExchangeBytes));
+  // Memory on 4 KiB pages: never (unless the kernel puts all memory on huge pages).
+  if (!coltrain::detail::transparent_huge_pages_always()) {
+    const std::vector<std::byte> ordinary(std::size_t{1} << 20);
+    CHECK_FALSE(single_copy_pays(call(Collective::kAlltoall, Algorithm::kRing, 1 << 20), ordinary,
+                                 kExchangeBytes));
+    CHECK_FALSE(single_copy_pays(call(Collective::kAllreduce, Algorithm::kRing, kBlock * 64),
+                                 ordinary, kExchangeBytes));
+  }
+  coltrain::free_host_memory(huge);
 }
 
 TEST_CASE("single copy: a writer with every reference slot taken waits for the reader",

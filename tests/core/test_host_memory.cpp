@@ -74,6 +74,35 @@ TEST_CASE("host memory from 2 MiB up is aligned to 2 MiB and advised as huge pag
   coltrain::free_host_memory(small);
 }
 
+TEST_CASE("huge-page blocks are known by address until freed, and no other memory is",
+          "[core][host_memory]") {
+  // Where the kernel backs all memory with huge pages, every address is on them.
+  if (coltrain::detail::transparent_huge_pages_always()) {
+    const int anywhere = 0;
+    CHECK(coltrain::on_huge_pages(&anywhere, sizeof anywhere));
+    return;
+  }
+  constexpr std::size_t kBytes = 3 * kHugePageBytes;
+  auto* block = static_cast<std::byte*>(coltrain::allocate_host_memory(kBytes));
+  auto* small = static_cast<std::byte*>(coltrain::allocate_host_memory(kHugePageBytes - 64));
+  CHECK(coltrain::on_huge_pages(block, kBytes));
+  CHECK(coltrain::on_huge_pages(block + kHugePageBytes + 3, kHugePageBytes));
+  CHECK(coltrain::on_huge_pages(block + kBytes - 1, 1));
+  CHECK_FALSE(coltrain::on_huge_pages(block + 1, kBytes));  // runs past the block's end
+  CHECK_FALSE(coltrain::on_huge_pages(block - 1, 2));       // starts before it
+  CHECK_FALSE(coltrain::on_huge_pages(small, 64));          // below 2 MiB: 4 KiB pages
+  std::string ordinary(1 << 20, 'x');
+  CHECK_FALSE(coltrain::on_huge_pages(ordinary.data(), ordinary.size()));
+  // Another allocator that advises its blocks may note them too.
+  coltrain::note_huge_page_memory(ordinary.data(), ordinary.size());
+  CHECK(coltrain::on_huge_pages(ordinary.data() + 10, 100));
+  coltrain::forget_huge_page_memory(ordinary.data());
+  CHECK_FALSE(coltrain::on_huge_pages(ordinary.data() + 10, 100));
+  coltrain::free_host_memory(small);
+  coltrain::free_host_memory(block);
+  CHECK_FALSE(coltrain::on_huge_pages(block, 1));
+}
+
 TEST_CASE("COLTRAIN_HUGE_PAGES takes 1 or 0", "[core][host_memory]") {
   CHECK(coltrain::parse_huge_pages(nullptr));
   CHECK(coltrain::parse_huge_pages(""));

@@ -42,6 +42,18 @@ struct CommOptions {
   bool shared_memory_single_copy = true;
   // Below this size the reader's system call costs more than the ring's second copy.
   std::size_t single_copy_bytes = std::size_t{64} << 10;
+  // Where single copy pays (measured with 2 ranks, docs/benchmarks.md): only for payloads on huge
+  // pages (on_huge_pages(): coltrain's own tensors and buffers); on 4 KiB pages the reader's
+  // process_vm_readv is slower than both sides copying through the rings at every size (1.2-2.2x
+  // for allreduce at 1-16 MiB). Allreduce, reduce_scatter and allgather(v), which exchange pieces
+  // both ways and reduce or forward them at once, only in calls of at least
+  // single_copy_exchange_bytes (the caller's count): below it the data sits in cache, where each
+  // side copying into its ring and out of the other at memcpy speed wins. Broadcast, reduce and
+  // the tree allreduce, where bytes flow one way, never: the rings' two copies then run on both
+  // sides at once. false: every piece of at least single_copy_bytes goes by single copy
+  // (COLTRAIN_SHM_SINGLE_COPY=always).
+  bool single_copy_where_it_pays = true;
+  std::size_t single_copy_exchange_bytes = std::size_t{2} << 20;
   // Replaces the host identity that decides which ranks share memory (as NCCL_HOSTID does): ranks
   // with the same COLTRAIN_HOST_ID try shared memory (a segment that is not in fact shared falls
   // back to TCP), ranks with different ones use TCP. At most 60 characters.

@@ -18,6 +18,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -42,6 +46,58 @@ inline bool huge_pages_wanted() {
   return wanted;
 }
 
+namespace detail {
+
+// The blocks advised as huge pages in this process, by address: the transport asks where a payload
+// lies (single copy between the ranks of a host pays only on huge pages; CommOptions). Never
+// destroyed, so that blocks freed during static destruction still find it.
+struct HugePageBlocks {
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> blocks;  // start -> bytes
+};
+inline HugePageBlocks& huge_page_blocks() {
+  static auto* blocks = new HugePageBlocks;
+  return *blocks;
+}
+
+// Whether the kernel backs all anonymous memory with huge pages where it can (THP "always").
+inline bool transparent_huge_pages_always() {
+  static const bool always = [] {
+    std::ifstream policy("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string text;
+    std::getline(policy, text);
+    return text.find("[always]") != std::string::npos;
+  }();
+  return always;
+}
+
+}  // namespace detail
+
+// Records that [memory, memory + bytes) was advised as huge pages (allocate_host_memory does it for
+// its own blocks; other allocators that advise theirs may too), until forget_huge_page_memory.
+inline void note_huge_page_memory(const void* memory, std::size_t bytes) {
+  detail::HugePageBlocks& registry = detail::huge_page_blocks();
+  const std::lock_guard lock(registry.mutex);
+  registry.blocks[reinterpret_cast<std::uintptr_t>(memory)] = bytes;
+}
+inline void forget_huge_page_memory(const void* memory) noexcept {
+  detail::HugePageBlocks& registry = detail::huge_page_blocks();
+  const std::lock_guard lock(registry.mutex);
+  registry.blocks.erase(reinterpret_cast<std::uintptr_t>(memory));
+}
+// Whether [memory, memory + bytes) lies on huge pages, as far as this process knows: inside one
+// noted block, or anywhere where the kernel's THP policy is "always".
+inline bool on_huge_pages(const void* memory, std::size_t bytes) {
+  if (detail::transparent_huge_pages_always()) return true;
+  const auto begin = reinterpret_cast<std::uintptr_t>(memory);
+  detail::HugePageBlocks& registry = detail::huge_page_blocks();
+  const std::lock_guard lock(registry.mutex);
+  auto after = registry.blocks.upper_bound(begin);
+  if (after == registry.blocks.begin()) return false;
+  const auto& [start, size] = *std::prev(after);
+  return begin - start <= size && bytes <= size - (begin - start);
+}
+
 // `bytes` (> 0) zeroed bytes, to be released with free_host_memory. Throws std::bad_alloc.
 inline void* allocate_host_memory(std::size_t bytes) {
   const bool huge = bytes >= kHugePageBytes && huge_pages_wanted();
@@ -55,9 +111,20 @@ inline void* allocate_host_memory(std::size_t bytes) {
   // a kernel without THP refuses it, and the memory works as it is.
   if (huge) ::madvise(memory, rounded, MADV_HUGEPAGE);
   std::memset(memory, 0, rounded);
+  if (huge) {
+    try {
+      note_huge_page_memory(memory, rounded);
+    } catch (...) {
+      std::free(memory);
+      throw;
+    }
+  }
   return memory;
 }
 
-inline void free_host_memory(void* memory) noexcept { std::free(memory); }
+inline void free_host_memory(void* memory) noexcept {
+  if (memory != nullptr && huge_pages_wanted()) forget_huge_page_memory(memory);
+  std::free(memory);
+}
 
 }  // namespace coltrain

@@ -875,14 +875,18 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 namespace {
 
 // PyTorch 1.13 allocates tensors on 4 KiB pages where the kernel's THP policy is "madvise"
-// (Debian's default), and coltrain's single copy between the ranks of a host pins every page of
-// the peer's tensor: a 25 MB allreduce takes about twice as long as on huge pages
-// (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU allocations of 2 MiB and
-// more are 2 MiB-aligned and advised as huge pages, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does;
-// smaller ones are 64-byte aligned, as PyTorch's own. Every block is freed by one function, which
-// PyTorch's raw_allocate/raw_deallocate need. Opt-in: it changes every later allocation of the
-// process, not only the backend's.
-void free_cpu_memory(void* memory) { std::free(memory); }
+// (Debian's default); between the ranks of a host their bytes then go through the shared-memory
+// rings, since coltrain's single copy pays only on huge pages (CommOptions), and large
+// allreduces lose it (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU
+// allocations of 2 MiB and more are 2 MiB-aligned, advised as huge pages and noted as such for the
+// transport, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does (without the note); smaller ones are
+// 64-byte aligned, as PyTorch's own. Every block is freed by one function, which PyTorch's
+// raw_allocate/raw_deallocate need. Opt-in: it changes every later allocation of the process, not
+// only the backend's.
+void free_cpu_memory(void* memory) {
+  coltrain::forget_huge_page_memory(memory);
+  std::free(memory);
+}
 
 class HugePageCpuAllocator final : public c10::Allocator {
  public:
@@ -897,7 +901,15 @@ class HugePageCpuAllocator final : public c10::Allocator {
     TORCH_CHECK(memory != nullptr, "coltrain: cannot allocate ", bytes,
                 " bytes (COLTRAIN_TORCH_HUGE_PAGES=1)");
     // Before the first touch, so that the pages are huge when they fault in. Only advice.
-    if (huge) ::madvise(memory, rounded, MADV_HUGEPAGE);
+    if (huge) {
+      ::madvise(memory, rounded, MADV_HUGEPAGE);
+      try {
+        coltrain::note_huge_page_memory(memory, rounded);
+      } catch (...) {
+        std::free(memory);
+        throw;
+      }
+    }
     return {memory, memory, &free_cpu_memory, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_cpu_memory; }

@@ -32,11 +32,17 @@ inline std::chrono::milliseconds parse_timeout_seconds(const std::string& text) 
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
 }
 
-// COLTRAIN_SHM_SINGLE_COPY: 0 (off), 1 (on, the default size), or the smallest payload piece in
-// bytes that goes by single copy (4096 or more). Returns whether it is on.
-inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes) {
+// COLTRAIN_SHM_SINGLE_COPY: 0 (off), 1 (on where it pays, the default), always (every piece of the
+// default size or more), or the smallest payload piece in bytes that goes by single copy (4096 or
+// more) where it pays. Returns whether it is on.
+inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes,
+                              bool& where_it_pays) {
   if (text == "0") return false;
   if (text == "1") return true;
+  if (text == "always") {
+    where_it_pays = false;
+    return true;
+  }
   std::size_t used = 0;
   unsigned long long bytes = 0;
   try {
@@ -46,8 +52,8 @@ inline bool parse_single_copy(const std::string& text, std::size_t& min_bytes) {
   }
   if (used != text.size() || text.front() == '-' || bytes < 4096 || bytes > (1ull << 40)) {
     throw ConfigError("COLTRAIN_SHM_SINGLE_COPY=" + text +
-                      ": expected 0, 1 (the default), or the smallest payload in bytes that goes "
-                      "by single copy (4096 to 2^40)");
+                      ": expected 0, 1 (the default), always, or the smallest payload in bytes "
+                      "that goes by single copy (4096 to 2^40)");
   }
   min_bytes = static_cast<std::size_t>(bytes);
   return true;
@@ -97,7 +103,8 @@ COLTRAIN_DECL CommOptions comm_options_from_env() {
   }
   if (const char* single = detail::nonempty_env("COLTRAIN_SHM_SINGLE_COPY")) {
     options.shared_memory_single_copy =
-        detail::parse_single_copy(single, options.single_copy_bytes);
+        detail::parse_single_copy(single, options.single_copy_bytes,
+                                  options.single_copy_where_it_pays);
   }
   if (const char* spin = detail::nonempty_env("COLTRAIN_SPIN_US")) {
     options.spin_before_sleep = detail::parse_spin_microseconds(spin);

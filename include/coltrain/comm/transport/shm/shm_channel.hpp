@@ -207,6 +207,8 @@ struct ShmSingleCopy {
   pid_t peer = 0;             // the peer's process, whose referenced memory this end reads
   std::size_t min_bytes = 0;  // this end sends pieces of at least this many bytes by reference;
                               // 0: never (the peer cannot read this process's memory)
+  bool where_it_pays = false;               // CommOptions::single_copy_where_it_pays
+  std::size_t min_exchange_call_bytes = 0;  // CommOptions::single_copy_exchange_bytes
 };
 
 // One rank's end of a pair's segment: it writes one ring and reads the other. `doorbell` is the
@@ -235,6 +237,12 @@ class ShmStream {
   bool sends_by_reference() const { return single_copy_.min_bytes > 0; }
   // The smallest piece sent by reference (while sends_by_reference()).
   std::size_t reference_min_bytes() const { return single_copy_.min_bytes; }
+  // Whether this end sends by reference only where it pays, and from which call size exchanges
+  // do (CommOptions::single_copy_where_it_pays, single_copy_exchange_bytes).
+  bool references_where_they_pay() const { return single_copy_.where_it_pays; }
+  std::size_t reference_min_exchange_call_bytes() const {
+    return single_copy_.min_exchange_call_bytes;
+  }
   // References this end has sent, and how many of them the peer has copied: the bytes handed over
   // up to reference n are the caller's to reuse once references_done() >= n.
   std::uint64_t references_sent() const { return references_posted_; }
@@ -244,9 +252,12 @@ class ShmStream {
 
   // As sendmsg() on a non-blocking socket: copies what fits of the iovecs into the outbound ring,
   // and hands over each large piece by reference while a reference slot is free (its bytes count
-  // as sent; the caller keeps them unchanged until references_done() covers them). -1 with EPIPE
-  // (or the socket's error) once the peer is gone, EAGAIN when nothing could be handed over.
-  ssize_t send(const iovec* iov, std::size_t count) {
+  // as sent; the caller keeps them unchanged until references_done() covers them). Bit i of
+  // `may_reference` clear: iov[i] (of the first 64) goes through the ring whatever its size. -1
+  // with EPIPE (or the socket's error) once the peer is gone, EAGAIN when nothing could be handed
+  // over.
+  ssize_t send(const iovec* iov, std::size_t count,
+               std::uint64_t may_reference = ~std::uint64_t{0}) {
     if (closed_) {
       errno = close_error_ != 0 ? close_error_ : EPIPE;
       return -1;
@@ -261,7 +272,8 @@ class ShmStream {
     bool posted = false;
     references_full_ = false;
     for (std::size_t i = 0; i < count; ++i) {
-      if (sends_by_reference() && iov[i].iov_len >= single_copy_.min_bytes) {
+      if (sends_by_reference() && (i >= 64 || (may_reference >> i & 1) != 0) &&
+          iov[i].iov_len >= single_copy_.min_bytes) {
         if (references_posted_ - done >= kShmReferences) {
           references_full_ = true;
           break;

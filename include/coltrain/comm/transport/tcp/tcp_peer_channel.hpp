@@ -11,6 +11,7 @@
 #include <coltrain/comm/protocol/message_header.hpp>
 #include <coltrain/comm/transport/shm/shm_channel.hpp>
 #include <coltrain/comm/transport/tcp/socket.hpp>
+#include <coltrain/core/host_memory.hpp>
 
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -91,6 +92,28 @@ struct StalledOperation {
 
 // One peer's connection and its queues. Tickets count posted and completed operations per
 // direction; ticket t is complete once t < completed.
+// Whether single copy pays for `payload` of `header`'s call (CommOptions::single_copy_where_it_pays
+// says where and why): on huge pages only; in allreduce, reduce_scatter and allgather(v) from calls
+// of `min_exchange_call_bytes`; never in broadcast, reduce and the tree allreduce.
+inline bool single_copy_pays(const MessageHeader& header, std::span<const std::byte> payload,
+                             std::size_t min_exchange_call_bytes) {
+  if (!on_huge_pages(payload.data(), payload.size())) return false;
+  switch (header.collective) {
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+      return false;
+    case Collective::kAllreduce:
+      if (header.algorithm == Algorithm::kTree) return false;
+      [[fallthrough]];
+    case Collective::kReduceScatter:
+    case Collective::kAllgather:
+    case Collective::kAllgatherv:
+      return header.count * size_of(header.dtype) >= min_exchange_call_bytes;
+    default:
+      return true;
+  }
+}
+
 struct PeerChannel {
   FileDescriptor socket;
   // A peer on this host: the stream's bytes go through shared memory, and the socket carries
@@ -131,8 +154,8 @@ struct PeerChannel {
     message.msg_iovlen = count;
     return ::recvmsg(socket.get(), &message, MSG_DONTWAIT);
   }
-  ssize_t write(iovec* iov, std::size_t count) {
-    if (shm) return shm->send(iov, count);
+  ssize_t write(iovec* iov, std::size_t count, std::uint64_t may_reference) {
+    if (shm) return shm->send(iov, count, may_reference);
     msghdr message{};
     message.msg_iov = iov;
     message.msg_iovlen = count;
@@ -145,6 +168,12 @@ struct PeerChannel {
     return nullptr;
   }
   std::size_t inbox_size() const { return inbox_end - inbox_begin; }
+  // Whether `payload` of `header`'s call may go by single copy, if large enough.
+  bool single_copy_suits(const MessageHeader& header, std::span<const std::byte> payload) const {
+    return !shm->references_where_they_pay() ||
+           single_copy_pays(header, payload, shm->reference_min_exchange_call_bytes());
+  }
+
   // Writes what one gathered write takes of the queued sends (kGatherBytes, kMaxSendIovecs) and
   // completes those that went out whole; sets `progressed` if any send moved or completed.
   // Returns 0, or the errno of a write that failed (one that would block is not a failure).
@@ -153,7 +182,9 @@ struct PeerChannel {
     if (sends.empty()) return 0;
     const std::size_t by_reference =
         shm && shm->sends_by_reference() ? shm->reference_min_bytes() : SIZE_MAX;
+    static_assert(kMaxSendIovecs <= 64, "one bit of may_reference per iovec");
     std::array<iovec, kMaxSendIovecs> iov;
+    std::uint64_t may_reference = 0;
     std::size_t count = 0;
     std::size_t gathered = 0;
     for (auto it = sends.begin(); it != sends.end(); ++it) {
@@ -166,11 +197,14 @@ struct PeerChannel {
       const std::size_t payload_sent = it->sent > kHeaderBytes ? it->sent - kHeaderBytes : 0;
       const std::size_t payload_left = it->payload.size() - payload_sent;
       if (payload_left > 0) {
+        const bool referenced =
+            payload_left >= by_reference && single_copy_suits(it->header, it->payload);
+        if (referenced) may_reference |= std::uint64_t{1} << count;
         iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent, payload_left};
-        if (payload_left < by_reference) gathered += payload_left;
+        if (!referenced) gathered += payload_left;
       }
     }
-    const ssize_t sent = write(iov.data(), count);
+    const ssize_t sent = write(iov.data(), count, may_reference);
     if (sent < 0) {
       const int error = errno;
       return error == EAGAIN || error == EWOULDBLOCK || error == EINTR ? 0 : error;
