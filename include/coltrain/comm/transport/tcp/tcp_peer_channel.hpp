@@ -90,8 +90,6 @@ struct StalledOperation {
   std::string what;
 };
 
-// One peer's connection and its queues. Tickets count posted and completed operations per
-// direction; ticket t is complete once t < completed.
 // Whether single copy pays for `payload` of `header`'s call (CommOptions::single_copy_where_it_pays
 // says where and why): on huge pages only; in allreduce, reduce_scatter and allgather(v) from calls
 // of `min_exchange_call_bytes`; never in broadcast, reduce and the tree allreduce.
@@ -114,6 +112,8 @@ inline bool single_copy_pays(const MessageHeader& header, std::span<const std::b
   }
 }
 
+// One peer's connection and its queues. Tickets count posted and completed operations per
+// direction; ticket t is complete once t < completed.
 struct PeerChannel {
   FileDescriptor socket;
   // A peer on this host: the stream's bytes go through shared memory, and the socket carries
