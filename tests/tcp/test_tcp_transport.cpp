@@ -386,6 +386,60 @@ TEST_CASE("the survivors of a rank that dies mid-exchange fail fast, naming it",
   }
 }
 
+TEST_CASE("single copy: a send the peer leaves without copying fails at once, naming it", "[tcp]") {
+  // The send is handed over by reference, and its sender awaits nothing else from the peer: only
+  // the peer's copy could complete it, so the peer's end of stream must fail it. Rank 2 relays
+  // "rank 1 has handed it over" to rank 0, as rank 0 cannot read past the message to hear it.
+  const bool killed = GENERATE(true, false);
+  CAPTURE(killed);
+  if (!host_allows_single_copy()) {
+    WARN("skipped part: this host refuses process_vm_readv between sibling processes");
+    return;
+  }
+  LaunchOptions options;
+  options.env["COLTRAIN_SHM"] = "1";
+  options.env["COLTRAIN_SHM_SINGLE_COPY"] = "always";
+  options.env["COLTRAIN_TIMEOUT"] = "10";
+  const auto outcomes = launch_ranks(
+      3,
+      [killed](int rank) {
+        TcpTransport transport = connect_from_env();
+        expect(transport.single_copy_with((rank + 1) % 3), "single copy is on");
+        std::vector<std::byte> token(8);
+        if (rank == 0) {
+          transport.wait(transport.irecv(2, header_of(1, token.size()), token));
+          if (killed) ::raise(SIGKILL);
+          ::_exit(3);
+        }
+        if (rank == 2) {
+          transport.wait(transport.irecv(1, header_of(1, token.size()), token));
+          transport.wait(transport.isend(0, header_of(1, token.size()), token));
+          return;
+        }
+        const std::vector<std::byte> outgoing = payload_of(rank, 0, 1 << 20);
+        const auto send = transport.isend(0, header_of(0, outgoing.size()), outgoing);
+        // Its progress hands the large send over too, in the same pass or an earlier one.
+        transport.wait(transport.isend(2, header_of(1, token.size()), token));
+        const auto start = std::chrono::steady_clock::now();
+        const std::string lost = expect_throws<coltrain::PeerLostError>(
+            [&] { transport.wait(send); }, "waiting on the send rank 0 left without copying");
+        std::cerr << "rank 1 saw: " << lost << std::endl;
+        expect(seconds_since(start) < 3, "the loss was noticed well within COLTRAIN_TIMEOUT=10");
+      },
+      options);
+  INFO(coltrain::testing::describe(outcomes));
+  CHECK(outcomes[1].passed());
+  CHECK_THAT(outcomes[1].output,
+             Contains("lost its connection to rank 0 (peer closed the connection before copying "
+                      "this rank's message) during allgather #0"));
+  CHECK(outcomes[2].passed());
+  if (killed) {
+    CHECK(outcomes[0].signal == SIGKILL);
+  } else {
+    CHECK(outcomes[0].exit_code == 3);
+  }
+}
+
 TEST_CASE("a receive that never gets its message times out, and the peer hears of it", "[tcp]") {
   const LaunchOptions options = on_either_path();
   const auto outcomes = launch_ranks(

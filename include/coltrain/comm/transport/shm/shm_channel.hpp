@@ -441,6 +441,10 @@ class ShmStream {
     return !(reading && readable) && !(writing && writable) && !(settling && settled);
   }
 
+  // Whether the socket said the peer is gone (answer_doorbell()): references it has not copied by
+  // now it never will.
+  bool peer_gone() const { return closed_; }
+
   // The socket was readable: reads the doorbells; an end of stream or an error marks the peer gone
   // (receive() still hands out what the ring holds).
   void answer_doorbell() {

@@ -422,6 +422,12 @@ class TcpTransport {
       throw_connection_error(peer, channel.sends.front().header, detail::errno_text(error),
                              is_connection_loss(error));
     }
+    // Every byte handed over, but a peer that left before copying them never will: this send
+    // fails now, not at the timeout (no receive from the peer may be posted to notice it).
+    if (!channel.unsettled.empty() && channel.shm->peer_gone()) {
+      throw_connection_error(peer, channel.unsettled.front().header,
+                             "peer closed the connection before copying this rank's message", true);
+    }
     return progressed;
   }
 
