@@ -98,32 +98,43 @@ inline bool on_huge_pages(const void* memory, std::size_t bytes) {
   return begin - start <= size && bytes <= size - (begin - start);
 }
 
-// `bytes` (> 0) zeroed bytes, to be released with free_host_memory. Throws std::bad_alloc.
-inline void* allocate_host_memory(std::size_t bytes) {
-  const bool huge = bytes >= kHugePageBytes && huge_pages_wanted();
+// `bytes` (> 0) bytes as they come, to be released with free_host_memory: from 2 MiB, where
+// `huge_pages`, 2 MiB-aligned, advised as huge pages and noted as such; else 64-byte aligned.
+// Throws std::bad_alloc. (The torch backend's CPU allocator is this, with huge pages always.)
+inline void* allocate_uninitialized_host_memory(std::size_t bytes,
+                                                bool huge_pages = huge_pages_wanted()) {
+  const bool huge = bytes >= kHugePageBytes && huge_pages;
   const std::size_t alignment = huge ? kHugePageBytes : kCacheLineAlignment;
   if (bytes > SIZE_MAX - alignment) throw std::bad_alloc();
   // aligned_alloc takes a multiple of the alignment.
   const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   void* memory = std::aligned_alloc(alignment, rounded);
   if (memory == nullptr) throw std::bad_alloc();
-  // Before the first touch, so that the zeroing below already faults in huge pages. Only advice:
-  // a kernel without THP refuses it, and the memory works as it is.
-  if (huge) ::madvise(memory, rounded, MADV_HUGEPAGE);
-  std::memset(memory, 0, rounded);
-  if (huge) {
-    try {
-      note_huge_page_memory(memory, rounded);
-    } catch (...) {
-      std::free(memory);
-      throw;
-    }
+  if (!huge) return memory;
+  // Before the first touch, so that the pages are huge when they fault in. Only advice: a kernel
+  // without THP refuses it, and the memory works as it is.
+  ::madvise(memory, rounded, MADV_HUGEPAGE);
+  try {
+    note_huge_page_memory(memory, rounded);
+  } catch (...) {
+    std::free(memory);
+    throw;
   }
   return memory;
 }
 
+// `bytes` (> 0) zeroed bytes, to be released with free_host_memory. Throws std::bad_alloc.
+inline void* allocate_host_memory(std::size_t bytes) {
+  void* memory = allocate_uninitialized_host_memory(bytes);
+  std::memset(memory, 0, bytes);
+  return memory;
+}
+
 inline void free_host_memory(void* memory) noexcept {
-  if (memory != nullptr && huge_pages_wanted()) forget_huge_page_memory(memory);
+  // Only blocks on huge pages are noted, and they start on a 2 MiB boundary: other frees skip the
+  // registry's lock.
+  if (memory != nullptr && reinterpret_cast<std::uintptr_t>(memory) % kHugePageBytes == 0)
+    forget_huge_page_memory(memory);
   std::free(memory);
 }
 

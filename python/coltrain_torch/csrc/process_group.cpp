@@ -34,7 +34,6 @@
 #include <coltrain/core/launch_env.hpp>
 
 #include <c10/core/CPUAllocator.h>
-#include <sys/mman.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -43,6 +42,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -880,39 +880,24 @@ namespace {
 // allreduces lose it (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU
 // allocations of 2 MiB and more are 2 MiB-aligned, advised as huge pages and noted as such for the
 // transport, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does (without the note); smaller ones are
-// 64-byte aligned, as PyTorch's own. Every block is freed by one function, which PyTorch's
-// raw_allocate/raw_deallocate need. Opt-in: it changes every later allocation of the process, not
-// only the backend's.
-void free_cpu_memory(void* memory) {
-  coltrain::forget_huge_page_memory(memory);
-  std::free(memory);
-}
-
+// 64-byte aligned, as PyTorch's own: coltrain's allocate_uninitialized_host_memory. Every block is
+// freed by one function, which PyTorch's raw_allocate/raw_deallocate need. Opt-in: it changes
+// every later allocation of the process, not only the backend's.
 class HugePageCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t bytes) const override {
     const c10::Device cpu(c10::DeviceType::CPU);
-    if (bytes == 0) return {nullptr, nullptr, &free_cpu_memory, cpu};
-    const bool huge = bytes >= coltrain::kHugePageBytes;
-    const std::size_t alignment = huge ? coltrain::kHugePageBytes : coltrain::kCacheLineAlignment;
-    TORCH_CHECK(bytes <= SIZE_MAX - alignment, "coltrain: cannot allocate ", bytes, " bytes");
-    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-    void* memory = std::aligned_alloc(alignment, rounded);
-    TORCH_CHECK(memory != nullptr, "coltrain: cannot allocate ", bytes,
-                " bytes (COLTRAIN_TORCH_HUGE_PAGES=1)");
-    // Before the first touch, so that the pages are huge when they fault in. Only advice.
-    if (huge) {
-      ::madvise(memory, rounded, MADV_HUGEPAGE);
-      try {
-        coltrain::note_huge_page_memory(memory, rounded);
-      } catch (...) {
-        std::free(memory);
-        throw;
-      }
+    if (bytes == 0) return {nullptr, nullptr, &coltrain::free_host_memory, cpu};
+    void* memory = nullptr;
+    try {
+      memory = coltrain::allocate_uninitialized_host_memory(bytes, /*huge_pages=*/true);
+    } catch (const std::bad_alloc&) {
+      TORCH_CHECK(false, "coltrain: cannot allocate ", bytes,
+                  " bytes (COLTRAIN_TORCH_HUGE_PAGES=1)");
     }
-    return {memory, memory, &free_cpu_memory, cpu};
+    return {memory, memory, &coltrain::free_host_memory, cpu};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &free_cpu_memory; }
+  c10::DeleterFnPtr raw_deleter() const override { return &coltrain::free_host_memory; }
 };
 
 void use_huge_pages_if_asked() {

@@ -207,8 +207,6 @@ struct ShmSingleCopy {
   pid_t peer = 0;             // the peer's process, whose referenced memory this end reads
   std::size_t min_bytes = 0;  // this end sends pieces of at least this many bytes by reference;
                               // 0: never (the peer cannot read this process's memory)
-  bool where_it_pays = false;               // CommOptions::single_copy_where_it_pays
-  std::size_t min_exchange_call_bytes = 0;  // CommOptions::single_copy_exchange_bytes
 };
 
 // One rank's end of a pair's segment: it writes one ring and reads the other. `doorbell` is the
@@ -237,12 +235,6 @@ class ShmStream {
   bool sends_by_reference() const { return single_copy_.min_bytes > 0; }
   // The smallest piece sent by reference (while sends_by_reference()).
   std::size_t reference_min_bytes() const { return single_copy_.min_bytes; }
-  // Whether this end sends by reference only where it pays, and from which call size exchanges
-  // do (CommOptions::single_copy_where_it_pays, single_copy_exchange_bytes).
-  bool references_where_they_pay() const { return single_copy_.where_it_pays; }
-  std::size_t reference_min_exchange_call_bytes() const {
-    return single_copy_.min_exchange_call_bytes;
-  }
   // References this end has sent, and how many of them the peer has copied: the bytes handed over
   // up to reference n are the caller's to reuse once references_done() >= n.
   std::uint64_t references_sent() const { return references_posted_; }

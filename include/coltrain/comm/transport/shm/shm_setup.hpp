@@ -143,8 +143,7 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   }
   // What a stream to `p` sends by reference: only what the peer has proved it can read.
   const auto single_copy = [&](std::size_t p, std::uint64_t peer_reads_mine) {
-    return ShmSingleCopy{pids[p], peer_reads_mine != 0 ? options.single_copy_bytes : 0,
-                         options.single_copy_where_it_pays, options.single_copy_exchange_bytes};
+    return ShmSingleCopy{pids[p], peer_reads_mine != 0 ? options.single_copy_bytes : 0};
   };
   setup.hosts = HostLayout(identities);
   if (local_peers == 0) return setup;

@@ -47,7 +47,8 @@ inline constexpr std::size_t kHeaderBytes = sizeof(MessageHeader);
 struct PendingSend {
   MessageHeader header;
   std::span<const std::byte> payload;
-  std::size_t sent = 0;  // of header and payload together
+  std::size_t sent = 0;       // of header and payload together
+  bool by_reference = false;  // the payload may go by single copy (decided once, when posted)
 
   std::size_t total() const { return kHeaderBytes + payload.size(); }
 };
@@ -168,11 +169,6 @@ struct PeerChannel {
     return nullptr;
   }
   std::size_t inbox_size() const { return inbox_end - inbox_begin; }
-  // Whether `payload` of `header`'s call may go by single copy, if large enough.
-  bool single_copy_suits(const MessageHeader& header, std::span<const std::byte> payload) const {
-    return !shm->references_where_they_pay() ||
-           single_copy_pays(header, payload, shm->reference_min_exchange_call_bytes());
-  }
 
   // Writes what one gathered write takes of the queued sends (kGatherBytes, kMaxSendIovecs) and
   // completes those that went out whole; sets `progressed` if any send moved or completed.
@@ -180,8 +176,6 @@ struct PeerChannel {
   int write_queued(bool& progressed) {
     progressed = settle();
     if (sends.empty()) return 0;
-    const std::size_t by_reference =
-        shm && shm->sends_by_reference() ? shm->reference_min_bytes() : SIZE_MAX;
     static_assert(kMaxSendIovecs <= 64, "one bit of may_reference per iovec");
     std::array<iovec, kMaxSendIovecs> iov;
     std::uint64_t may_reference = 0;
@@ -197,11 +191,14 @@ struct PeerChannel {
       const std::size_t payload_sent = it->sent > kHeaderBytes ? it->sent - kHeaderBytes : 0;
       const std::size_t payload_left = it->payload.size() - payload_sent;
       if (payload_left > 0) {
-        const bool referenced =
-            payload_left >= by_reference && single_copy_suits(it->header, it->payload);
-        if (referenced) may_reference |= std::uint64_t{1} << count;
+        // (A payload by reference goes whole or waits for a free slot, never part through the
+        // ring.)
+        if (it->by_reference) {
+          may_reference |= std::uint64_t{1} << count;
+        } else {
+          gathered += payload_left;
+        }
         iov[count++] = {const_cast<std::byte*>(it->payload.data()) + payload_sent, payload_left};
-        if (!referenced) gathered += payload_left;
       }
     }
     const ssize_t sent = write(iov.data(), count, may_reference);

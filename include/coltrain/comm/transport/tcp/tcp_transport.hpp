@@ -162,7 +162,7 @@ class TcpTransport {
 
   Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
     detail::PeerChannel& channel = post_check(peer, header, payload.size(), "isend");
-    channel.sends.push_back({header, payload, 0});
+    channel.sends.push_back({header, payload, 0, by_reference(channel, header, payload)});
     detector_.set_call(header);
     activate(peer);
     return {peer, true, false, channel.sends_posted++};
@@ -410,6 +410,18 @@ class TcpTransport {
   // and no message waiting for a receive in front of it (unless parking reads past it).
   bool watched_for_notices(const PeerChannel& channel) const {
     return channel.receives.empty() && !channel.gone && (!channel.data_waiting || parking_);
+  }
+
+  // Whether `payload` of a send to `channel` may go by single copy: the peer can read this
+  // process's memory, the piece is large enough, and (CommOptions::single_copy_where_it_pays) it
+  // pays for this call. Decided once per send: the huge-page registry takes a lock.
+  bool by_reference(const PeerChannel& channel, const MessageHeader& header,
+                    std::span<const std::byte> payload) const {
+    if (!channel.shm || !channel.shm->sends_by_reference() ||
+        payload.size() < channel.shm->reference_min_bytes())
+      return false;
+    return !options_.single_copy_where_it_pays ||
+           detail::single_copy_pays(header, payload, options_.single_copy_exchange_bytes);
   }
 
   // One sendmsg() of the queued messages that kGatherBytes admits (payloads that go by reference
