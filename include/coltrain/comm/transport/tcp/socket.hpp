@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <span>
@@ -356,6 +357,24 @@ inline std::optional<IpAddress> outward_address(std::uint16_t family) {
   return found;
 }
 
+// Why a bind to port 0 or a connect found no local port, and what cures it: every port of the
+// kernel's ephemeral range is taken (each connection holds one per destination, a listener on port
+// 0 one of its own, and closed connections keep theirs in TIME_WAIT for a minute).
+inline std::string out_of_local_ports() {
+  std::ifstream file("/proc/sys/net/ipv4/ip_local_port_range");
+  long low = 0;
+  long high = 0;
+  std::string range = "net.ipv4.ip_local_port_range";
+  if (file >> low >> high && high >= low) {
+    range += " = " + std::to_string(low) + "-" + std::to_string(high) + ", " +
+             std::to_string(high - low + 1) + " ports";
+  }
+  return "this host has no local port left (" + range +
+         ", taken by open connections and those in TIME_WAIT): widen the range (sysctl -w "
+         "net.ipv4.ip_local_port_range=\"1024 65535\" keeps clear of well-known ports), or run "
+         "fewer ranks a host";
+}
+
 // A listening socket on `at` (port 0: an ephemeral port; read it back with local_endpoint).
 // SO_REUSEADDR lets a new job bind the port while the last job's connections sit in TIME_WAIT.
 // `buffer_bytes` (if nonzero) is inherited by the accepted connections.
@@ -373,6 +392,8 @@ inline FileDescriptor listen_tcp(const Endpoint& at, int buffer_bytes, std::stri
       throw ConfigError(what + ": " + at.address.text() + " is not an address of this host",
                         context);
     }
+    if (error == EADDRINUSE && at.port == 0)
+      throw CommError(what + ": " + out_of_local_ports(), context);
     if (error == EADDRINUSE) {
       throw CommError(
           what + ": " + errno_text(error) + " (another job, or another program, holds this port)",
@@ -460,9 +481,11 @@ inline FileDescriptor connect_with_retry(const Endpoint& to, int buffer_bytes,
     std::this_thread::sleep_for(std::min(pause, deadline.remaining()));
     pause = std::min<Clock::duration>(pause * 2, kLongestPause);
   }
+  std::string why = errno_text(last_error);
+  if (last_error == EADDRNOTAVAIL) why += ": " + out_of_local_ports();
   throw TimeoutError("could not connect to " + std::string(target) + " at " + to.to_string() +
                          " within " + format_seconds(timeout) +
-                         " (COLTRAIN_TIMEOUT); last error: " + errno_text(last_error),
+                         " (COLTRAIN_TIMEOUT); last error: " + why,
                      context);
 }
 
