@@ -57,6 +57,7 @@ Result measure(const Settings& settings) {
   auto params = optim::parameters_of(net);
   optim::PrecisionOptimizer<Precision, optim::Sgd> optimizer(
       params, optim::Sgd({.lr = 0.01, .momentum = 0.9}));
+  optimizer.use_threads(&net.context().pool());  // as the Trainer does
   nn::SoftmaxCrossEntropy loss;
   tensor::Tensor<T> grad_logits(Net::Output::batch(settings.batch));
 

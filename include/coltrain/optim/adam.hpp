@@ -15,6 +15,8 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/thread_pool.hpp>
+#include <coltrain/optim/element_shares.hpp>
 #include <coltrain/optim/parameter_ref.hpp>
 
 #include <cmath>
@@ -60,8 +62,9 @@ class AdamEngine {
                 "Adam and AdamW compute in float or double");
 
  public:
+  // With `threads`, the update runs on that pool (the network's), with the same bits.
   void step(std::span<const MasterParamRef<T>> params, double lr, const AdamHyperparameters& h,
-            std::string_view name) {
+            std::string_view name, ThreadPool* threads) {
     check_lr(lr, name);
     layout_.bind(params, name);
     ensure_state(params);
@@ -71,38 +74,39 @@ class AdamEngine {
     const T one_minus_beta1 = static_cast<T>(1.0 - h.beta1);
     const T one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
     const T eps = static_cast<T>(h.eps);
+    const T shrink = static_cast<T>(1.0 - lr * h.weight_decay);
+    // Each parameter's step count and scalars, before the parameters are shared out.
+    factors_.resize(params.size());
     for (std::size_t p = 0; p < params.size(); ++p) {
-      const MasterParamRef<T>& param = params[p];
       State& state = state_[p];
       state.step += 1;
       const double t = static_cast<double>(state.step);
       const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
       const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
-      const T neg_step_size = static_cast<T>(-(lr / bias_correction1));
-      const T bias_correction2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-
-      const bool decay = h.weight_decay != 0 && param.weight_decay;
-      const T l2 = decay && !h.decoupled ? static_cast<T>(h.weight_decay) : T(0);
-      const bool decoupled = decay && h.decoupled;
-      const T shrink = static_cast<T>(1.0 - lr * h.weight_decay);
-
-      T* value = param.value.data();
-      const T* grad = param.grad.data();
-      T* m = state.exp_avg.data();
-      T* v = state.exp_avg_sq.data();
-      const std::size_t n = param.value.size();
+      const bool decay = h.weight_decay != 0 && params[p].weight_decay;
+      factors_[p] = {
+          static_cast<T>(-(lr / bias_correction1)), static_cast<T>(std::sqrt(bias_correction2)),
+          decay && !h.decoupled ? static_cast<T>(h.weight_decay) : T(0), decay && h.decoupled};
+    }
+    for_each_element_share(params, threads, [&](std::size_t p, std::size_t begin, std::size_t end) {
+      const Factors& f = factors_[p];
+      T* value = params[p].value.data() + begin;
+      const T* grad = params[p].grad.data() + begin;
+      T* m = state_[p].exp_avg.data() + begin;
+      T* v = state_[p].exp_avg_sq.data() + begin;
+      const std::size_t n = end - begin;
       for (std::size_t i = 0; i < n; ++i) {
         T g = grad[i];
-        if (l2 != T(0)) g = g + l2 * value[i];
-        if (decoupled) value[i] = value[i] * shrink;
+        if (f.l2 != T(0)) g = g + f.l2 * value[i];
+        if (f.decoupled) value[i] = value[i] * shrink;
         m[i] = m[i] * beta1;
         m[i] = m[i] + one_minus_beta1 * g;
         v[i] = v[i] * beta2;
         v[i] = v[i] + one_minus_beta2 * g * g;
-        const T denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
-        value[i] = value[i] + neg_step_size * m[i] / denom;
+        const T denom = std::sqrt(v[i]) / f.bias_correction2_sqrt + eps;
+        value[i] = value[i] + f.neg_step_size * m[i] / denom;
       }
-    }
+    });
   }
 
   template <class F>
@@ -163,8 +167,17 @@ class AdamEngine {
     }
   }
 
+  // A parameter's scalars for one step.
+  struct Factors {
+    T neg_step_size;
+    T bias_correction2_sqrt;
+    T l2;            // Adam's decay, folded into the gradient
+    bool decoupled;  // AdamW's decay
+  };
+
   ParamLayout layout_;
   std::vector<State> state_;
+  std::vector<Factors> factors_;  // step's scratch
 };
 
 // Adam and AdamW differ in their decay and its default; everything else is this template.
@@ -198,14 +211,15 @@ class AdamOptimizer {
 
   // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
   // must be the same, in the same order, at every step: state is kept by index.
-  void step(std::span<const Param> params, double lr) {
+  // With `threads`, the update runs on that pool (the network's), with the same bits.
+  void step(std::span<const Param> params, double lr, ThreadPool* threads = nullptr) {
     AdamHyperparameters hyperparameters;
     hyperparameters.beta1 = options_.beta1;
     hyperparameters.beta2 = options_.beta2;
     hyperparameters.eps = options_.eps;
     hyperparameters.weight_decay = options_.weight_decay;
     hyperparameters.decoupled = kDecoupled;
-    engine_.step(params, lr, hyperparameters, kName);
+    engine_.step(params, lr, hyperparameters, kName, threads);
   }
   void step(std::span<const Param> params) { step(params, options_.lr); }
 

@@ -24,10 +24,13 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/thread_pool.hpp>
+#include <coltrain/optim/element_shares.hpp>
 #include <coltrain/optim/loss_scaler.hpp>
 #include <coltrain/optim/parameter_ref.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -275,17 +278,24 @@ class PrecisionOptimizer {
       throw Error("PrecisionOptimizer: unscale_and_check() called twice without apply()");
     }
     const float inv_scale = inverse_loss_scale();
-    bool finite = true;
-    for (std::size_t p = 0; p < params_.size(); ++p) {
-      const std::span<const Storage> grad = params_[p].grad;
-      if constexpr (Precision::kMasterWeights) {
-        finite &= optim::unscale_and_check(grad, std::span<Master>(master_grads_[p]), inv_scale);
-      } else if constexpr (Precision::kLossScaling) {
-        finite &= optim::unscale_and_check(grad, params_[p].grad, inv_scale);
-      } else {
-        for (const Storage g : grad) finite &= std::isfinite(g);
-      }
-    }
+    std::atomic<bool> all_finite{true};
+    detail::for_each_element_share(
+        std::span<const Param>(params_), threads_,
+        [&](std::size_t p, std::size_t begin, std::size_t end) {
+          const std::span<const Storage> grad = params_[p].grad.subspan(begin, end - begin);
+          bool finite = true;
+          if constexpr (Precision::kMasterWeights) {
+            finite = optim::unscale_and_check(
+                grad, std::span<Master>(master_grads_[p]).subspan(begin, end - begin), inv_scale);
+          } else if constexpr (Precision::kLossScaling) {
+            finite = optim::unscale_and_check(grad, params_[p].grad.subspan(begin, end - begin),
+                                              inv_scale);
+          } else {
+            for (const Storage g : grad) finite &= std::isfinite(g);
+          }
+          if (!finite) all_finite.store(false, std::memory_order_relaxed);
+        });
+    const bool finite = all_finite.load(std::memory_order_relaxed);
     unscaled_ = true;
     return finite;
   }
@@ -301,7 +311,12 @@ class PrecisionOptimizer {
     detail::check_lr(lr, "PrecisionOptimizer");
     unscaled_ = false;
     if (all_finite) {
-      optimizer_.step(std::span<const MasterParam>(refs_), lr);
+      if constexpr (requires {
+                      optimizer_.step(std::span<const MasterParam>(refs_), lr, threads_);
+                    })
+        optimizer_.step(std::span<const MasterParam>(refs_), lr, threads_);
+      else
+        optimizer_.step(std::span<const MasterParam>(refs_), lr);
       if constexpr (Precision::kMasterWeights) round_masters_into_model();
     }
     if constexpr (Precision::kLossScaling) scaler_.update(!all_finite);
@@ -356,6 +371,12 @@ class PrecisionOptimizer {
     }
   }
 
+  // Runs the elementwise passes of a step (unscaling and checking, the update, rounding the
+  // masters into the model) on `pool`'s threads too, with the same bits: pass the network's
+  // (network.context().pool(); the Trainer does). The pool must outlive this object; nullptr,
+  // the default, steps on the calling thread alone.
+  void use_threads(ThreadPool* pool) { threads_ = pool; }
+
   // The factor to multiply the loss by before the backward pass; 1 without loss scaling.
   float loss_scale() const {
     if constexpr (Precision::kLossScaling) {
@@ -394,11 +415,13 @@ class PrecisionOptimizer {
   }
 
   void round_masters_into_model() requires Precision::kMasterWeights {
-    for (std::size_t p = 0; p < params_.size(); ++p) {
-      const std::span<Storage> value = params_[p].value;
-      const std::vector<Master>& master = master_values_[p];
-      for (std::size_t i = 0; i < value.size(); ++i) value[i] = Storage(master[i]);
-    }
+    detail::for_each_element_share(std::span<const Param>(params_), threads_,
+                                   [&](std::size_t p, std::size_t begin, std::size_t end) {
+                                     Storage* value = params_[p].value.data();
+                                     const Master* master = master_values_[p].data();
+                                     for (std::size_t i = begin; i < end; ++i)
+                                       value[i] = Storage(master[i]);
+                                   });
   }
 
   // Forgets an unscale_and_check() whose apply() will not come: a collective between them failed,
@@ -509,6 +532,7 @@ class PrecisionOptimizer {
   std::vector<MasterParam> refs_;  // what the optimizer steps: masters, or the model itself
   Optimizer optimizer_;
   DynamicLossScaler scaler_;  // unused without loss scaling; kept so the layout is uniform
+  ThreadPool* threads_ = nullptr;
   bool unscaled_ = false;
 };
 

@@ -14,6 +14,8 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/thread_pool.hpp>
+#include <coltrain/optim/element_shares.hpp>
 #include <coltrain/optim/parameter_ref.hpp>
 
 #include <cstddef>
@@ -64,7 +66,8 @@ class BasicSgd {
 
   // One step at learning rate lr (a schedule's value; options().lr is not used). The parameters
   // must be the same, in the same order, at every step: the momentum buffers are kept by index.
-  void step(std::span<const Param> params, double lr) {
+  // With `threads`, the update runs on that pool (the network's), with the same bits.
+  void step(std::span<const Param> params, double lr, ThreadPool* threads = nullptr) {
     detail::check_lr(lr, "SGD");
     layout_.bind(params, "SGD");
     if (state_.size() != params.size()) state_.resize(params.size());
@@ -72,36 +75,43 @@ class BasicSgd {
     const T momentum = static_cast<T>(options_.momentum);
     const T blend = static_cast<T>(1.0 - options_.dampening);
     const T neg_lr = static_cast<T>(-lr);
-    for (std::size_t p = 0; p < params.size(); ++p) {
-      const Param& param = params[p];
-      const bool decay = options_.weight_decay != 0 && param.weight_decay;
-      const T weight_decay = decay ? static_cast<T>(options_.weight_decay) : T(0);
-      T* value = param.value.data();
-      const T* grad = param.grad.data();
-      const std::size_t n = param.value.size();
-
-      if (options_.momentum == 0) {
-        for (std::size_t i = 0; i < n; ++i) {
-          T d = grad[i];
-          if (decay) d = d + weight_decay * value[i];
-          value[i] = value[i] + neg_lr * d;
-        }
-        continue;
-      }
-
-      State& state = state_[p];
-      const bool first = !state.has_buffer;
-      if (first) {
-        state.momentum_buffer.assign(n, T(0));
+    // Which buffers this step creates (a copy of the gradient, not a blend), decided before the
+    // parameters are shared out.
+    first_.assign(params.size(), false);
+    if (options_.momentum != 0) {
+      for (std::size_t p = 0; p < params.size(); ++p) {
+        State& state = state_[p];
+        if (state.has_buffer) continue;
+        state.momentum_buffer.assign(params[p].value.size(), T(0));
         state.has_buffer = true;
+        first_[p] = true;
       }
-      T* buf = state.momentum_buffer.data();
-      // The flags select one of eight loops, so that each vectorises without branches.
-      dispatch(decay, first, options_.nesterov, [&]<bool kDecay, bool kFirst, bool kNesterov>() {
-        momentum_update<kDecay, kFirst, kNesterov>(value, grad, buf, n, weight_decay, momentum, blend,
-                                                   neg_lr);
-      });
     }
+    detail::for_each_element_share(
+        params, threads, [&](std::size_t p, std::size_t begin, std::size_t end) {
+          const Param& param = params[p];
+          const bool decay = options_.weight_decay != 0 && param.weight_decay;
+          const T weight_decay = decay ? static_cast<T>(options_.weight_decay) : T(0);
+          T* value = param.value.data() + begin;
+          const T* grad = param.grad.data() + begin;
+          const std::size_t n = end - begin;
+
+          if (options_.momentum == 0) {
+            for (std::size_t i = 0; i < n; ++i) {
+              T d = grad[i];
+              if (decay) d = d + weight_decay * value[i];
+              value[i] = value[i] + neg_lr * d;
+            }
+            return;
+          }
+          T* buf = state_[p].momentum_buffer.data() + begin;
+          // The flags select one of eight loops, so that each vectorises without branches.
+          dispatch(decay, first_[p], options_.nesterov,
+                   [&]<bool kDecay, bool kFirst, bool kNesterov>() {
+                     momentum_update<kDecay, kFirst, kNesterov>(value, grad, buf, n, weight_decay,
+                                                                momentum, blend, neg_lr);
+                   });
+        });
   }
 
   void step(std::span<const Param> params) { step(params, options_.lr); }
@@ -188,6 +198,7 @@ class BasicSgd {
   Options options_;
   detail::ParamLayout layout_;
   std::vector<State> state_;
+  std::vector<bool> first_;  // step's scratch: the buffers it creates
 };
 
 // The float instance, which every policy but Fp64 steps (master_t in optim/precision.hpp).

@@ -134,6 +134,7 @@ class Trainer {
         ddp_(&ddp),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
+    use_network_threads();
     check_options();
   }
 
@@ -148,6 +149,7 @@ class Trainer {
         ddp_(&ddp),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
+    use_network_threads();
     check_options();
   }
 
@@ -166,6 +168,7 @@ class Trainer {
         sharding_(ReplicatedOptimizer<Net, Policy, Optimizer>(optimizer)),
         schedule_(std::move(schedule)),
         options_(std::move(options)) {
+    use_network_threads();
     elastic_.emplace(network_, optimizer_, group, ddp_options);
     global_step_ = elastic_->start().global_step;
     check_options();
@@ -245,6 +248,10 @@ class Trainer {
   std::int64_t global_step() const { return global_step_; }
 
  private:
+  // The optimizer's elementwise passes run on the network's threads: the same bits, and the
+  // gradients the workers wrote are updated where they lie.
+  void use_network_threads() { optimizer_.use_threads(&network_.context().pool()); }
+
   void check_options() {
     detail::check_trainer_options(options_, "Trainer");
     // A regroup inside an accumulation would lose the partial sums, and a joiner would not know
