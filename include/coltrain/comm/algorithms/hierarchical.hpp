@@ -14,53 +14,24 @@
 // reduces to its first rank (a pipelined chain), the first ranks allreduce across hosts (ring), and
 // each broadcasts the result inside its host (chain).
 //
-// The phases run the ring algorithms on subgroups of the communicator (SubgroupTransport), over its
-// existing connections; a phase's messages between two ranks follow the previous phase's in the
-// order both sides post them, so they need no tags.
+// The phases run the ring algorithms on subgroups of the communicator (AnyTransport::subgroup, so
+// that the rings are compiled once for every phase and transport), over its existing connections;
+// a phase's messages between two ranks follow the previous phase's in the order both sides post
+// them, so they need no tags.
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/reduce_kernels.hpp>
 #include <coltrain/comm/algorithms/ring.hpp>
 #include <coltrain/comm/host_layout.hpp>
+#include <coltrain/comm/transport/any_transport.hpp>
 #include <coltrain/comm/transport/transport.hpp>
 
-#include <algorithm>
 #include <cstddef>
-#include <span>
 #include <vector>
 
 namespace coltrain::comm {
 
 namespace detail {
-
-// Some of a transport's ranks as a transport of their own: rank i here is members[i] there.
-template <Transport Tr>
-class SubgroupTransport {
- public:
-  using Request = typename Tr::Request;
-
-  // `members` (parent ranks, the parent's own among them) must outlive this.
-  SubgroupTransport(Tr& parent, std::span<const int> members)
-      : parent_(parent),
-        members_(members),
-        rank_(static_cast<int>(std::find(members.begin(), members.end(), parent.rank()) -
-                               members.begin())) {}
-
-  int rank() const { return rank_; }
-  int size() const { return static_cast<int>(members_.size()); }
-  Request isend(int peer, const MessageHeader& header, std::span<const std::byte> payload) {
-    return parent_.isend(members_[static_cast<std::size_t>(peer)], header, payload);
-  }
-  Request irecv(int peer, const MessageHeader& expected, std::span<std::byte> payload) {
-    return parent_.irecv(members_[static_cast<std::size_t>(peer)], expected, payload);
-  }
-  void wait(Request request) { parent_.wait(request); }
-
- private:
-  Tr& parent_;
-  std::span<const int> members_;
-  int rank_;
-};
 
 // The ranks that hold position `index` on their host, one per host, in host order.
 inline std::vector<int> ranks_at_local_index(const HostLayout& hosts, int index) {
@@ -83,14 +54,15 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
   ElementReduction partial = reduction;
   if (partial.op == ReduceOp::kAvg) partial.op = ReduceOp::kSum;
   const std::vector<int>& on_my_host = hosts.ranks_on(hosts.host_of(transport.rank()));
-  detail::SubgroupTransport<Tr> local(transport, on_my_host);
+  const AnyTransport whole = as_any_transport(transport);
+  AnyTransport local = whole.subgroup(on_my_host);
   const int local_ranks = local.size();
 
   if (!hosts.uniform()) {
     ring_reduce(local, input, output, count, 0, partial, call, tuning, scratch);
     if (local.rank() == 0) {
       const std::vector<int> first_ranks = detail::ranks_at_local_index(hosts, 0);
-      detail::SubgroupTransport<Tr> across(transport, first_ranks);
+      AnyTransport across = whole.subgroup(first_ranks);
       ring_allreduce(across, output, output, count, partial, call, tuning);
       reduction.finish(output, count * element_bytes, p);
     }
@@ -103,7 +75,7 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
     // vector out of place, without copying it into the output first (a 64 MiB copy was 8% of the
     // allreduce on a 10 Gbit/s link).
     const std::vector<int> peers = detail::ranks_at_local_index(hosts, 0);
-    detail::SubgroupTransport<Tr> across(transport, peers);
+    AnyTransport across = whole.subgroup(peers);
     ring_allreduce(across, input, output, count, partial, call, tuning);
     reduction.finish(output, count * element_bytes, p);
     return;
@@ -114,7 +86,7 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
   const detail::ByteRange mine =
       detail::to_bytes({ring.segments.begin(segment), ring.segments.size(segment)}, element_bytes);
   const std::vector<int> peers = detail::ranks_at_local_index(hosts, local.rank());
-  detail::SubgroupTransport<Tr> across(transport, peers);
+  AnyTransport across = whole.subgroup(peers);
   ring_allreduce(across, output + mine.begin, output + mine.begin, mine.size / element_bytes,
                  partial, call, tuning);
   reduction.finish(output + mine.begin, mine.size, p);

@@ -79,7 +79,7 @@ void divide_by_ranks(T* data, std::size_t n, int ranks) {
 }
 
 // A reduction over elements whose type is chosen at run time, as the algorithms take it: they move
-// and reduce bytes, so each is compiled once per transport instead of once per element type too.
+// and reduce bytes, so each is compiled once instead of once per element type.
 // The typed loops above are reached through a pointer once per chunk, which costs nothing beside
 // the chunk's own work. Byte counts and offsets are whole elements.
 struct ElementReduction {

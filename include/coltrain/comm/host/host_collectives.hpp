@@ -5,9 +5,9 @@
 // and records the call in the flight recorder (and on the timeline). Send/recv messages are
 // numbered per peer and tag here and driven by the message book.
 //
-// Buffers arrive as bytes with their DataType: each algorithm is compiled once per transport, not
-// once per element type, and this class is not a template, so a program built with
-// COLTRAIN_SEPARATE_COMPILATION compiles it once (<coltrain/src.hpp>).
+// Buffers arrive as bytes with their DataType, and the algorithms run over AnyTransport: each is
+// compiled once, not once per transport and element type, and this class is not a template, so a
+// program built with COLTRAIN_SEPARATE_COMPILATION compiles it once (<coltrain/src.hpp>).
 //
 // Communicator (comm/communicator.hpp) is the facade: typed spans, device buffers, non-blocking
 // calls. It waits for its queued calls before it calls in here; nothing here waits for them.
@@ -26,6 +26,7 @@
 #include <coltrain/comm/protocol/message_book.hpp>
 #include <coltrain/comm/rendezvous/split.hpp>
 #include <coltrain/comm/request.hpp>
+#include <coltrain/comm/transport/any_transport.hpp>
 #include <coltrain/comm/transport/tcp/tcp_transport.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/tuning/tuning_file.hpp>
@@ -192,17 +193,16 @@ class HostCollectives {
     const MessageHeader call =
         start(Collective::kBroadcast, dtype, count, ReduceOp::kSum, root, algorithm, data.size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.algorithm) {
-          case Algorithm::kRing:
-            return ring_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
-          case Algorithm::kTree:
-            return tree_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
-          default:
-            return run_native(
-                t, [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
-        }
-      });
+      AnyTransport t = algorithm_transport();
+      switch (call.algorithm) {
+        case Algorithm::kRing:
+          return ring_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
+        case Algorithm::kTree:
+          return tree_broadcast(t, data.data(), count, element_bytes, root, call, tuning_);
+        default:
+          return run_native(
+              [&](auto& mpi) { native_broadcast(mpi, data.data(), data.size(), root); });
+      }
     });
   }
 
@@ -213,15 +213,12 @@ class HostCollectives {
     const MessageHeader call =
         start(Collective::kAllgather, dtype, count, ReduceOp::kSum, 0, algorithm, output.size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kRing) {
-          return ring_allgather(t, input.data(), output.data(), count, element_bytes, call,
-                                tuning_);
-        }
-        run_native(t, [&](auto& mpi) {
-          native_allgather(mpi, input.data(), output.data(), input.size());
-        });
-      });
+      AnyTransport t = algorithm_transport();
+      if (call.algorithm == Algorithm::kRing) {
+        return ring_allgather(t, input.data(), output.data(), count, element_bytes, call, tuning_);
+      }
+      run_native(
+          [&](auto& mpi) { native_allgather(mpi, input.data(), output.data(), input.size()); });
     });
   }
 
@@ -233,15 +230,12 @@ class HostCollectives {
     const MessageHeader call = start(Collective::kAllgatherv, dtype, output.size() / element_bytes,
                                      ReduceOp::kSum, 0, algorithm, output.size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kRing) {
-          return ring_allgatherv(t, input.data(), output.data(), bytes, offsets, element_bytes,
-                                 call);
-        }
-        run_native(t, [&](auto& mpi) {
-          native_allgatherv(mpi, input.data(), output.data(), bytes, offsets);
-        });
-      });
+      AnyTransport t = algorithm_transport();
+      if (call.algorithm == Algorithm::kRing) {
+        return ring_allgatherv(t, input.data(), output.data(), bytes, offsets, element_bytes, call);
+      }
+      run_native(
+          [&](auto& mpi) { native_allgatherv(mpi, input.data(), output.data(), bytes, offsets); });
     });
   }
 
@@ -251,18 +245,16 @@ class HostCollectives {
     const MessageHeader call = start(Collective::kAlltoall, dtype, block_bytes / size_of(dtype),
                                      ReduceOp::kSum, 0, algorithm, input.size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.algorithm) {
-          case Algorithm::kPairwise:
-            return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
-          case Algorithm::kBruck:
-            return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
-          default:
-            return run_native(t, [&](auto& mpi) {
-              native_alltoall(mpi, input.data(), output.data(), block_bytes);
-            });
-        }
-      });
+      AnyTransport t = algorithm_transport();
+      switch (call.algorithm) {
+        case Algorithm::kPairwise:
+          return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
+        case Algorithm::kBruck:
+          return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
+        default:
+          return run_native(
+              [&](auto& mpi) { native_alltoall(mpi, input.data(), output.data(), block_bytes); });
+      }
     });
   }
 
@@ -277,15 +269,14 @@ class HostCollectives {
     const MessageHeader call = start(Collective::kAlltoallv, dtype, input.size() / element_bytes,
                                      ReduceOp::kSum, 0, algorithm, input.size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kPairwise) {
-          return pairwise_alltoallv(t, input.data(), sent_bytes, sent_offsets, output.data(),
-                                    received_bytes, received_offsets, element_bytes, call);
-        }
-        run_native(t, [&](auto& mpi) {
-          native_alltoallv(mpi, input.data(), sent_bytes, sent_offsets, output.data(),
-                           received_bytes, received_offsets);
-        });
+      AnyTransport t = algorithm_transport();
+      if (call.algorithm == Algorithm::kPairwise) {
+        return pairwise_alltoallv(t, input.data(), sent_bytes, sent_offsets, output.data(),
+                                  received_bytes, received_offsets, element_bytes, call);
+      }
+      run_native([&](auto& mpi) {
+        native_alltoallv(mpi, input.data(), sent_bytes, sent_offsets, output.data(), received_bytes,
+                         received_offsets);
       });
     });
   }
@@ -297,18 +288,17 @@ class HostCollectives {
     const MessageHeader call = start(collective, dtype, block_bytes / size_of(dtype),
                                      ReduceOp::kSum, root, algorithm, block_bytes * group_size());
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        const bool gather = collective == Collective::kGather;
-        if (call.algorithm == Algorithm::kTree) {
-          return gather ? binomial_gather(t, input.data(), output.data(), block_bytes, root, call)
-                        : binomial_scatter(t, input.data(), output.data(), block_bytes, root, call);
-        }
-        run_native(t, [&](auto& mpi) {
-          if (gather)
-            native_gather(mpi, input.data(), output.data(), block_bytes, root);
-          else
-            native_scatter(mpi, input.data(), output.data(), block_bytes, root);
-        });
+      AnyTransport t = algorithm_transport();
+      const bool gather = collective == Collective::kGather;
+      if (call.algorithm == Algorithm::kTree) {
+        return gather ? binomial_gather(t, input.data(), output.data(), block_bytes, root, call)
+                      : binomial_scatter(t, input.data(), output.data(), block_bytes, root, call);
+      }
+      run_native([&](auto& mpi) {
+        if (gather)
+          native_gather(mpi, input.data(), output.data(), block_bytes, root);
+        else
+          native_scatter(mpi, input.data(), output.data(), block_bytes, root);
       });
     });
   }
@@ -317,10 +307,9 @@ class HostCollectives {
     const MessageHeader call =
         start(Collective::kBarrier, DataType::kUInt8, 0, ReduceOp::kSum, 0, algorithm, 0);
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        if (call.algorithm == Algorithm::kHalvingDoubling) return dissemination_barrier(t, call);
-        run_native(t, [](auto& mpi) { native_barrier(mpi); });
-      });
+      AnyTransport t = algorithm_transport();
+      if (call.algorithm == Algorithm::kHalvingDoubling) return dissemination_barrier(t, call);
+      run_native([](auto& mpi) { native_barrier(mpi); });
     });
   }
 
@@ -384,12 +373,18 @@ class HostCollectives {
 
   std::size_t group_size() const { return static_cast<std::size_t>(size()); }
 
+  // What coltrain's algorithms run over: one type for every transport, so that each algorithm is
+  // compiled once (comm/transport/any_transport.hpp).
+  AnyTransport algorithm_transport() {
+    return with_transport([](auto& t) { return AnyTransport(t); });
+  }
+
   // Runs `f` with the MPI transport; only reachable when the algorithm resolved to kNative, which
   // start() allows on the MPI backend only.
-  template <class Tr, class F>
-  static void run_native([[maybe_unused]] Tr& transport, [[maybe_unused]] F&& f) {
+  template <class F>
+  void run_native([[maybe_unused]] F&& f) {
 #if COLTRAIN_WITH_MPI
-    if constexpr (std::is_same_v<Tr, MpiTransport>) f(transport);
+    f(*mpi_);
 #endif
   }
 
@@ -551,7 +546,7 @@ class HostCollectives {
   }
 
   // The element type travels in `reduction`, not in a template parameter: each algorithm is
-  // compiled once per transport, not once per element type too.
+  // compiled once, not once per element type.
   void run_reduction(const MessageHeader& call, const ElementReduction& reduction,
                      std::span<const std::byte> input_bytes, std::span<std::byte> output_bytes) {
     const int root = call.root;
@@ -560,65 +555,63 @@ class HostCollectives {
     const std::size_t input_count = input_bytes.size() / reduction.element_bytes();
     const std::size_t output_count = output_bytes.size() / reduction.element_bytes();
     recorded(call, [&] {
-      with_transport([&](auto& t) {
-        switch (call.collective) {
-          case Collective::kAllreduce:
-            if (call.compression != WireCompression::kNone) {
-              return compressed_allreduce(t, reinterpret_cast<const float*>(input),
-                                          reinterpret_cast<float*>(output), input_count, call.op,
-                                          call, tuning_, scratch_);
-            }
-            switch (call.algorithm) {
-              case Algorithm::kRing:
-                return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
-              case Algorithm::kTree:
-                return tree_allreduce(t, input, output, input_count, reduction, call, tuning_);
-              case Algorithm::kHalvingDoubling:
-                return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
-                                                  scratch_);
-              case Algorithm::kHierarchical:
-                return hierarchical_allreduce(t, t.host_layout(), input, output, input_count,
-                                              reduction, call, tuning_, scratch_);
-              case Algorithm::kRankOrder:
-                return rank_order_allreduce(t, input, output, input_count, reduction, call, tuning_,
-                                            scratch_);
-              default:
-                return run_native(t, [&](auto& mpi) {
-                  native_allreduce(mpi, input, output, input_count, reduction);
-                });
-            }
-          case Collective::kReduceScatter:
-            if (call.algorithm == Algorithm::kRing) {
-              return ring_reduce_scatter(t, input, output, output_count, reduction, call, tuning_,
-                                         scratch_);
-            }
-            if (call.algorithm == Algorithm::kRankOrder) {
-              return rank_order_reduce_scatter(t, input, output, output_count, reduction, call,
-                                               tuning_, scratch_);
-            }
-            return run_native(t, [&](auto& mpi) {
-              native_reduce_scatter(mpi, input, output, output_count, reduction);
-            });
-          case Collective::kReduce:
-            switch (call.algorithm) {
-              case Algorithm::kRing:
-                return ring_reduce(t, input, output, input_count, root, reduction, call, tuning_,
-                                   scratch_);
-              case Algorithm::kTree:
-                return tree_reduce(t, input, output, input_count, root, reduction, call, tuning_,
-                                   scratch_);
-              case Algorithm::kRankOrder:
-                return rank_order_reduce(t, input, output, input_count, root, reduction, call,
-                                         tuning_, scratch_);
-              default:
-                return run_native(t, [&](auto& mpi) {
-                  native_reduce(mpi, input, output, input_count, root, reduction);
-                });
-            }
-          default:
-            throw InvalidArgument(std::string(name_of(call.collective)) + " does not reduce");
-        }
-      });
+      AnyTransport t = algorithm_transport();
+      switch (call.collective) {
+        case Collective::kAllreduce:
+          if (call.compression != WireCompression::kNone) {
+            return compressed_allreduce(t, reinterpret_cast<const float*>(input),
+                                        reinterpret_cast<float*>(output), input_count, call.op,
+                                        call, tuning_, scratch_);
+          }
+          switch (call.algorithm) {
+            case Algorithm::kRing:
+              return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
+            case Algorithm::kTree:
+              return tree_allreduce(t, input, output, input_count, reduction, call, tuning_);
+            case Algorithm::kHalvingDoubling:
+              return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
+                                                scratch_);
+            case Algorithm::kHierarchical:
+              return hierarchical_allreduce(t, host_layout(), input, output, input_count, reduction,
+                                            call, tuning_, scratch_);
+            case Algorithm::kRankOrder:
+              return rank_order_allreduce(t, input, output, input_count, reduction, call, tuning_,
+                                          scratch_);
+            default:
+              return run_native(
+                  [&](auto& mpi) { native_allreduce(mpi, input, output, input_count, reduction); });
+          }
+        case Collective::kReduceScatter:
+          if (call.algorithm == Algorithm::kRing) {
+            return ring_reduce_scatter(t, input, output, output_count, reduction, call, tuning_,
+                                       scratch_);
+          }
+          if (call.algorithm == Algorithm::kRankOrder) {
+            return rank_order_reduce_scatter(t, input, output, output_count, reduction, call,
+                                             tuning_, scratch_);
+          }
+          return run_native([&](auto& mpi) {
+            native_reduce_scatter(mpi, input, output, output_count, reduction);
+          });
+        case Collective::kReduce:
+          switch (call.algorithm) {
+            case Algorithm::kRing:
+              return ring_reduce(t, input, output, input_count, root, reduction, call, tuning_,
+                                 scratch_);
+            case Algorithm::kTree:
+              return tree_reduce(t, input, output, input_count, root, reduction, call, tuning_,
+                                 scratch_);
+            case Algorithm::kRankOrder:
+              return rank_order_reduce(t, input, output, input_count, root, reduction, call,
+                                       tuning_, scratch_);
+            default:
+              return run_native([&](auto& mpi) {
+                native_reduce(mpi, input, output, input_count, root, reduction);
+              });
+          }
+        default:
+          throw InvalidArgument(std::string(name_of(call.collective)) + " does not reduce");
+      }
     });
   }
 
