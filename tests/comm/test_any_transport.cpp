@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 using namespace coltrain;
@@ -49,21 +50,30 @@ std::vector<std::byte> pattern(int rank, std::size_t bytes) {
 
 }  // namespace
 
+// Catch's assertions are not thread-safe: the ranks' threads record what they saw, and the test's
+// thread checks it.
 TEST_CASE("AnyTransport passes messages, requests and ranks through", "[any_transport]") {
   const int p = 3;
+  struct Seen {
+    int rank = -1, size = -1;
+    std::vector<std::byte> first, second;
+  };
+  std::vector<Seen> seen(p);
   run_ranks(p, [&](InProcessTransport& transport) {
     AnyTransport t(transport);
-    REQUIRE(t.rank() == transport.rank());
-    REQUIRE(t.size() == p);
+    Seen& mine = seen[static_cast<std::size_t>(transport.rank())];
+    mine.rank = t.rank();
+    mine.size = t.size();
     const int right = (t.rank() + 1) % p;
     const int left = (t.rank() + p - 1) % p;
     // Two messages each way in flight at once, waited on in the opposite order to their posting:
     // each request must still name its own message.
     const std::vector<std::byte> first = pattern(t.rank(), 5);
     const std::vector<std::byte> second = pattern(t.rank() + 10, 9);
-    std::vector<std::byte> in_first(5), in_second(9);
-    const AnyTransport::Request r1 = t.irecv(left, message_of(5, 1), in_first);
-    const AnyTransport::Request r2 = t.irecv(left, message_of(9, 2), in_second);
+    mine.first.assign(5, std::byte{0});
+    mine.second.assign(9, std::byte{0});
+    const AnyTransport::Request r1 = t.irecv(left, message_of(5, 1), mine.first);
+    const AnyTransport::Request r2 = t.irecv(left, message_of(9, 2), mine.second);
     const AnyTransport::Request s1 = t.isend(right, message_of(5, 1), first);
     const AnyTransport::Request s2 = t.isend(right, message_of(9, 2), second);
     t.wait(r2);
@@ -71,9 +81,16 @@ TEST_CASE("AnyTransport passes messages, requests and ranks through", "[any_tran
     t.wait(s2);
     t.wait(s1);
     t.wait(AnyTransport::Request{});  // the transport's default request: complete, returns at once
-    CHECK(in_first == pattern(left, 5));
-    CHECK(in_second == pattern(left + 10, 9));
   });
+  for (int r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    const Seen& mine = seen[static_cast<std::size_t>(r)];
+    const int left = (r + p - 1) % p;
+    CHECK(mine.rank == r);
+    CHECK(mine.size == p);
+    CHECK(mine.first == pattern(left, 5));
+    CHECK(mine.second == pattern(left + 10, 9));
+  }
 }
 
 TEST_CASE("AnyTransport's ring allreduce matches the transport's own", "[any_transport]") {
@@ -120,30 +137,50 @@ TEST_CASE("AnyTransport's ring allreduce matches the transport's own", "[any_tra
 TEST_CASE("An AnyTransport subgroup maps its ranks onto the whole", "[any_transport]") {
   // World ranks 3 and 1 form a subgroup, in that order: 3 is its rank 0, 1 its rank 1.
   const std::vector<int> members = {3, 1};
-  std::vector<std::vector<std::byte>> received(4);
+  struct Seen {
+    int rank = -1, size = -1;
+    std::string refused;  // what subgroup() said, where it refused
+    std::vector<std::byte> received;
+  };
+  std::vector<Seen> seen(4);
+  auto message_of_refusal = [&](auto&& call) {
+    try {
+      call();
+    } catch (const InvalidArgument& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
   const auto outcome = run_in_process(4, [&](InProcessTransport& transport) {
+    Seen& mine = seen[static_cast<std::size_t>(transport.rank())];
     const AnyTransport whole(transport);
     if (transport.rank() == 0 || transport.rank() == 2) {
-      CHECK_THROWS_WITH(whole.subgroup(members),
-                        Contains("rank " + std::to_string(transport.rank())) &&
-                            Contains("not among the subgroup's members"));
+      mine.refused = message_of_refusal([&] { whole.subgroup(members); });
       return;
     }
     AnyTransport group = whole.subgroup(members);
-    CHECK(group.size() == 2);
-    CHECK(group.rank() == (transport.rank() == 3 ? 0 : 1));
-    CHECK_THROWS_WITH(group.subgroup(members), Contains("a subgroup of a subgroup"));
-    const std::vector<std::byte> mine = pattern(transport.rank(), 4);
-    std::vector<std::byte>& in = received[static_cast<std::size_t>(transport.rank())];
-    in.assign(4, std::byte{0});
+    mine.rank = group.rank();
+    mine.size = group.size();
+    mine.refused = message_of_refusal([&] { group.subgroup(members); });
+    const std::vector<std::byte> sent = pattern(transport.rank(), 4);
+    mine.received.assign(4, std::byte{0});
     const int other = 1 - group.rank();  // the subgroup's other rank
-    AnyTransport::Request r = group.irecv(other, message_of(4, 0), in);
-    AnyTransport::Request s = group.isend(other, message_of(4, 0), mine);
+    AnyTransport::Request r = group.irecv(other, message_of(4, 0), mine.received);
+    AnyTransport::Request s = group.isend(other, message_of(4, 0), sent);
     group.wait(s);
     group.wait(r);
   });
   for (const auto& error : outcome.errors) CHECK_FALSE(error);
   CHECK(outcome.undelivered == 0);
-  CHECK(received[3] == pattern(1, 4));  // world rank 1's message reached world rank 3
-  CHECK(received[1] == pattern(3, 4));
+  for (const int outside : {0, 2}) {
+    CHECK_THAT(seen[static_cast<std::size_t>(outside)].refused,
+               Contains("rank " + std::to_string(outside)) &&
+                   Contains("not among the subgroup's members"));
+  }
+  CHECK(seen[3].rank == 0);
+  CHECK(seen[1].rank == 1);
+  CHECK(seen[3].size == 2);
+  CHECK_THAT(seen[1].refused, Contains("a subgroup of a subgroup"));
+  CHECK(seen[3].received == pattern(1, 4));  // world rank 1's message reached world rank 3
+  CHECK(seen[1].received == pattern(3, 4));
 }
