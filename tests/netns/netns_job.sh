@@ -17,14 +17,10 @@
 set -uo pipefail
 worker=$1 looper=$2 sample=$3 work=$4
 
-skip() {
-  echo "SKIPPED: $*"
-  exit 77
-}
-fail() {
-  echo "FAILED: $*"
+source "$(dirname "$0")/../support/script_outcome.sh"
+# The ranks' last lines.
+on_failure() {
   for f in "$dir"/out.*; do echo "--- $f"; tail -5 "$f"; done
-  exit 1
 }
 [ "$(id -u)" = 0 ] || skip "creating network namespaces needs root"
 command -v ip >/dev/null || skip "no ip command (iproute2)"

@@ -9,16 +9,12 @@
 set -uo pipefail
 bench=$1 work=$2
 
-skip() {
-  echo "SKIPPED: $*"
-  exit 77
-}
-fail() {
-  echo "FAILED: $*"
+source "$(dirname "$0")/../support/script_outcome.sh"
+# The ranks' last lines.
+on_failure() {
   for f in "$work"/out.*; do
     [ -s "$f" ] && { echo "--- $f"; tail -5 "$f"; }
   done
-  exit 1
 }
 [ "$(id -u)" = 0 ] || skip "creating network namespaces needs root"
 command -v ip >/dev/null || skip "no ip command (iproute2)"

@@ -8,14 +8,7 @@
 set -uo pipefail
 bench=$1 launch=$2
 
-skip() {
-  echo "SKIPPED: $*"
-  exit 77
-}
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
+source "$(dirname "$0")/../support/script_outcome.sh"
 [ "$(id -u)" = 0 ] || skip "mounting a tmpfs on /dev/shm in a mount namespace needs root"
 command -v unshare >/dev/null || skip "no unshare command (util-linux)"
 
