@@ -6,6 +6,7 @@
 #include <coltrain/comm/communicator.hpp>
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/rendezvous/descriptor_limit.hpp>
+#include <coltrain/comm/rendezvous/memory_limit.hpp>
 #include <coltrain/comm/rendezvous/store_rendezvous.hpp>
 #include <coltrain/comm/rendezvous/tcp_handshake.hpp>
 #include <coltrain/comm/rendezvous/tcp_rendezvous.hpp>
@@ -102,6 +103,7 @@ COLTRAIN_DECL Communicator tcp_over_store(RendezvousStore& store, int rank, int 
 
   const Stopwatch elapsed;
   detail::ensure_descriptor_limit(size - 1, context);
+  detail::ensure_memory_limit(size - 1, context);
   const detail::IpAddress address = detail::store_data_address(env, options, context);
   detail::check_door_security(address, options, logger, context);
   const detail::FileDescriptor listener = detail::listen_tcp(

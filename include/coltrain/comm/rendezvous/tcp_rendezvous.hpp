@@ -4,7 +4,8 @@
 //
 // 0. Every rank makes sure its open-file limit has room for a socket per peer
 //    (descriptor_limit.hpp): raised if only the soft limit is short, a ConfigError naming the fix
-//    if the hard one is.
+//    if the hard one is. Likewise its memory limits (memory_limit.hpp: cgroup, RLIMIT_AS) must
+//    leave room for its connections.
 // 1. Every rank opens a data listener on an ephemeral port, on the address of
 //    COLTRAIN_SOCKET_IFNAME, else on the address this host uses to reach MASTER_ADDR.
 // 2. Rank 0 listens on MASTER_ADDR:MASTER_PORT (with MASTER_PORT=0 on a port the kernel picks,
@@ -28,6 +29,7 @@
 
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/rendezvous/descriptor_limit.hpp>
+#include <coltrain/comm/rendezvous/memory_limit.hpp>
 #include <coltrain/comm/rendezvous/port_file.hpp>
 #include <coltrain/comm/rendezvous/tcp_handshake.hpp>
 #include <coltrain/comm/transport/tcp/socket.hpp>
@@ -532,6 +534,7 @@ inline std::vector<FileDescriptor> bootstrap_tcp_mesh(const LaunchEnv& env,
   // would leave a stale line behind for the next job that uses the same file).
   try {
     ensure_descriptor_limit(env.world_size - 1, context);
+    ensure_memory_limit(env.world_size - 1, context);
     master = {resolve_address(env.master_addr, "MASTER_ADDR", context),
               static_cast<std::uint16_t>(env.master_port)};
     const IpAddress data_address = data_address_for(env.master_addr, master, options, context);

@@ -85,7 +85,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
               "the rings' counters must be lock-free atomics to be shared between processes");
 
 inline constexpr std::string_view kShmNamePrefix = "coltrain-shm.";
-inline constexpr std::uint64_t kShmMagic = 0x636f6c7472616e32ull;  // "coltran2"
+inline constexpr std::uint64_t kShmMagic = 0x636f6c7472616e33ull;  // "coltran3"
 inline constexpr std::size_t kShmPage = 4096;
 // Ring sizes: 4 MiB per direction keeps a pipelined ring allreduce's chunks flowing without
 // stalls; with many ranks on a host each pair gets less, so that a rank's rings total at most
@@ -112,6 +112,14 @@ inline std::size_t shm_ring_bytes(
   const auto share =
       static_cast<std::size_t>(std::min<std::uint64_t>(kShmBytesPerRank / (2 * peers), host_share));
   return std::clamp(std::bit_floor(share), kShmMinRingBytes, kShmMaxRingBytes);
+}
+
+// The ring size for a host whose /dev/shm holds `capacity` bytes and whose ranks' smallest memory
+// headroom is `headroom` (rendezvous/memory_limit.hpp): its segments within half of /dev/shm and
+// within a quarter of the headroom, since the ranks' own data needs the rest.
+inline std::size_t shm_ring_bytes_within(int local_peers, std::uint64_t capacity,
+                                         std::uint64_t headroom) {
+  return shm_ring_bytes(local_peers, std::min(capacity, headroom / 2));
 }
 
 // The size of the tmpfs at /dev/shm (the same for every rank that shares its mount namespace, as

@@ -7,6 +7,7 @@
 
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/options.hpp>
+#include <coltrain/comm/rendezvous/memory_limit.hpp>
 #include <coltrain/comm/transport/shm/shm_channel.hpp>
 #include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/error.hpp>
@@ -38,6 +39,7 @@ struct ShmHello {
   std::int64_t pid = 0;
   std::uint64_t probe_address = 0;  // of single_copy_probe()
   std::uint64_t probe_value = 0;
+  std::uint64_t memory_headroom = 0;  // memory_limit.hpp; kUnlimitedMemory when nothing limits it
 };
 
 struct ShmOffer {
@@ -113,6 +115,10 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   mine.pid = ::getpid();
   mine.probe_address = reinterpret_cast<std::uintptr_t>(&single_copy_probe());
   mine.probe_value = single_copy_probe();
+  // Read before this rank's hello goes out, so before any rank of the host makes a segment: every
+  // rank then sizes the rings from the same figures.
+  const MemoryHeadroom headroom = memory_headroom();
+  mine.memory_headroom = headroom.bytes;
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank)
       shm_send(sockets[static_cast<std::size_t>(peer)].get(), mine, peer, deadline, context);
@@ -122,6 +128,10 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   std::vector<HostIdentity> identities(sockets.size());
   identities[static_cast<std::size_t>(rank)] = mine.identity;
   int local_peers = 0;
+  // The smallest memory headroom on this host (of the ranks that share memory with this one), and
+  // the lowest rank that reported it: the one that says so when it shrinks the rings.
+  std::uint64_t host_headroom = headroom.bytes;
+  int tightest_rank = rank;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     const auto theirs = shm_receive<ShmHello>(sockets[static_cast<std::size_t>(peer)].get(), peer,
@@ -130,6 +140,11 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
     const auto p = static_cast<std::size_t>(peer);
     shared[p] = mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
     local_peers += shared[p] ? 1 : 0;
+    if (shared[p] && (theirs.memory_headroom < host_headroom ||
+                      (theirs.memory_headroom == host_headroom && peer < tightest_rank))) {
+      host_headroom = theirs.memory_headroom;
+      tightest_rank = peer;
+    }
     pids[p] = static_cast<pid_t>(theirs.pid);
     const bool both_want_single_copy =
         shared[p] && mine.single_copy != 0 && theirs.single_copy != 0;
@@ -153,20 +168,34 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
                                                    static_cast<unsigned>(rank)));
   std::vector<std::string> names(sockets.size());  // segments created here, until unlinked
   std::vector<ShmMapping> created(sockets.size());
-  // With a /dev/shm too small for this host's segments every creator offers none (an empty name),
-  // so the pairs use TCP without a warning each; the host's lowest rank says why once.
+  // The host's segments within half of /dev/shm and a quarter of the smallest memory headroom:
+  // every rank of the host computes the same size. With none that fits, every creator offers none
+  // (an empty name), so the pairs use TCP without a warning each; the host's lowest rank says why
+  // once, or for a memory limit the rank that has it.
   const std::uint64_t capacity = shm_capacity();
-  const std::size_t ring_bytes = shm_ring_bytes(local_peers, capacity);
-  if (ring_bytes == 0 && std::none_of(shared.begin(), shared.begin() + rank, std::identity{})) {
-    const auto ranks = static_cast<std::uint64_t>(local_peers) + 1;
-    const std::uint64_t segments = ranks * (ranks - 1) / 2;
-    const std::uint64_t need_mib = (segments * shm_segment_bytes(kShmMinRingBytes) >> 20) + 1;
+  const std::size_t dev_shm_ring_bytes = shm_ring_bytes(local_peers, capacity);
+  const std::size_t ring_bytes = shm_ring_bytes_within(local_peers, capacity, host_headroom);
+  const auto ranks = static_cast<std::uint64_t>(local_peers) + 1;
+  const std::uint64_t segments = ranks * (ranks - 1) / 2;
+  const std::uint64_t need_mib = (segments * shm_segment_bytes(kShmMinRingBytes) >> 20) + 1;
+  if (dev_shm_ring_bytes == 0 &&
+      std::none_of(shared.begin(), shared.begin() + rank, std::identity{})) {
     const std::uint64_t enough_mib = 2 * need_mib + 1;
     logger.warn("the ", ranks, " ranks on this host use TCP, not shared memory: /dev/shm holds ",
                 capacity >> 20, " MiB, and their ", segments, " segments would need at least ",
                 need_mib, " MiB in half of it; give it more (a container's --shm-size=", enough_mib,
                 "m, or mount -o remount,size=", enough_mib,
                 "m /dev/shm), or set COLTRAIN_SHM=0 to say so");
+  } else if (ring_bytes == 0 && tightest_rank == rank) {
+    logger.warn("the ", ranks, " ranks on this host use TCP, not shared memory: ", headroom.limit,
+                " leaves ", headroom.bytes >> 20, " MiB, and their ", segments,
+                " segments would need at least ", need_mib,
+                " MiB in a quarter of it; for shared memory, ", headroom.fix,
+                "; or set COLTRAIN_SHM=0 to say so");
+  } else if (ring_bytes < dev_shm_ring_bytes && tightest_rank == rank) {
+    logger.info("the ", ranks, " ranks on this host use shared-memory rings of ", ring_bytes >> 10,
+                " KiB, not ", dev_shm_ring_bytes >> 10, " KiB: ", headroom.limit, " leaves ",
+                headroom.bytes >> 20, " MiB");
   }
   try {
     // Offers to the higher ranks that share this host.

@@ -9,6 +9,7 @@
 
 #include <coltrain/comm/protocol/failure_notice.hpp>
 #include <coltrain/comm/protocol/message_header.hpp>
+#include <coltrain/comm/rendezvous/memory_limit.hpp>
 #include <coltrain/comm/transport/shm/shm_channel.hpp>
 #include <coltrain/comm/transport/tcp/socket.hpp>
 #include <coltrain/core/host_memory.hpp>
@@ -41,6 +42,7 @@ inline constexpr std::size_t kMaxSendIovecs = 64;
 // Receive staging: holds a header and the bytes that come with it in the same read; a small message
 // fits whole, of a large one only this much is copied.
 inline constexpr std::size_t kInboxBytes = 16 << 10;
+static_assert(kInboxBytes <= kMemoryPerPeerBytes, "the memory check counts each peer's inbox");
 
 inline constexpr std::size_t kHeaderBytes = sizeof(MessageHeader);
 
