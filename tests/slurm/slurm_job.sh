@@ -8,6 +8,9 @@
 #   mpi          the MPI backend, srun --mpi=pmi2 (MPICH's binary)
 #   tcp          COLTRAIN_BACKEND=tcp: ranks and rank 0's host from SLURM_* variables
 #   mpi-pmix     the MPI backend, SLURM_MPI_TYPE=pmix (Open MPI's binary)
+#   torch:PYTHON samples/slurm/torch_ddp.sbatch, unchanged too, running tests/torch/launch_check.py
+#                with PYTHON (which has coltrain_torch): coltrain_torch.init_process_group() takes
+#                its ranks from srun's variables, and each rank checks an allreduce
 #
 # usage: slurm_job.sh SAMPLE_BINARY SOURCE_DIR WORK_DIR [JOB...]   (default: mpi tcp)
 # Exit 77 (CTest: skipped) where it cannot run: not root, or Slurm or munge not installed.
@@ -103,29 +106,47 @@ done
 # COLTRAIN_DATA_DIR.
 ln -s "$binary" "$work/job/mnist_convnet"
 export COLTRAIN_DATA_DIR="$source_dir/data/mnist"
-run_job() {  # name, the backend it must report, extra environment (NAME=value or nothing)
-  local name=$1 backend=$2 extra=$3 id state
+# Submits a job on one node of 2 tasks and waits for it: name, extra environment (NAME=value or
+# nothing), the batch script and its arguments. Prints the job's output; exits if it did not
+# complete. Sets `output` to the output file.
+submit() {
+  local name=$1 extra=$2 id state
+  shift 2
   id=$(cd "$work/job" && sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
-         --time=10 --output="$work/job/$name-%j.out" --export="ALL${extra:+,$extra}" \
-         "$source_dir/samples/slurm/mnist_convnet.sbatch")
+         --time=10 --output="$work/job/$name-%j.out" --export="ALL${extra:+,$extra}" "$@")
   echo "job $name: $id"
   for _ in $(seq 720); do  # at most 6 minutes
     state=$(scontrol show job "$id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
     case "$state" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) break ;; esac
     sleep 0.5
   done
+  output="$work/job/$name-$id.out"
   echo "---- $name: $state; its output:"
-  cat "$work/job/$name-$id.out"
+  cat "$output"
   [ "$state" = COMPLETED ] || { echo "job $name ended $state"; exit 1; }
-  grep -q "2 ranks ($backend)" "$work/job/$name-$id.out" ||
+}
+run_job() {  # name, the backend it must report, extra environment (NAME=value or nothing)
+  local name=$1 backend=$2
+  submit "$name" "$3" "$source_dir/samples/slurm/mnist_convnet.sbatch"
+  grep -q "2 ranks ($backend)" "$output" ||
     { echo "job $name: the ranks did not find each other (no '2 ranks ($backend)')"; exit 1; }
+}
+# PyTorch's store on a fixed port outside the ephemeral range (as the other torch tests' ports).
+run_torch_job() {  # the Python that has coltrain_torch
+  submit torch "PYTHON=$1,MASTER_PORT=29662" "$source_dir/samples/slurm/torch_ddp.sbatch" \
+    "$source_dir/tests/torch/launch_check.py" --expect-launcher-variables
+  for rank in 0 1; do
+    grep -q "^rank $rank of 2 (local rank $rank, launcher 2 ranks): allreduce exact" "$output" ||
+      { echo "job torch: rank $rank did not report an exact allreduce over 2 ranks"; exit 1; }
+  done
 }
 for job in "${jobs[@]}"; do
   case "$job" in
     mpi) run_job mpi mpi "" ;;
     tcp) run_job tcp tcp "COLTRAIN_BACKEND=tcp" ;;
     mpi-pmix) run_job mpi-pmix mpi "SLURM_MPI_TYPE=pmix" ;;
+    torch:*) run_torch_job "${job#torch:}" ;;
     *) echo "slurm_job.sh: unknown job '$job'"; exit 2 ;;
   esac
 done
-echo "Slurm jobs trained on 2 ranks: ${jobs[*]}"
+echo "Slurm jobs ran on 2 ranks: ${jobs[*]}"
