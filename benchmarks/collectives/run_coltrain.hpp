@@ -15,7 +15,9 @@
 #include <coltrain/core/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -85,6 +87,22 @@ Prepared coltrain_collective(Communicator& comm, Algorithm algorithm, Workspace<
   throw coltrain::InvalidArgument("no such collective in the harness");
 }
 
+// A fresh communicator's first 20-30 ms run several times slower on the development VM, over MPI
+// and TCP and whatever the algorithm (2 ranks, 8 KiB allreduce: 40-45 us against 4-5 after;
+// 2026-12-06), so the first algorithm of every sweep looked slow at its small sizes and never won
+// there. Every sweep of a communicator starts after `kSettle` of small broadcasts on it, timed by
+// rank 0, whose flag the others follow.
+inline constexpr auto kSettle = std::chrono::milliseconds(200);
+inline void settle(Communicator& comm) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10'000'000; ++i) {
+    std::int32_t go =
+        comm.rank() == 0 && std::chrono::steady_clock::now() - start < kSettle ? 1 : 0;
+    comm.broadcast(std::span(&go, 1), 0, Algorithm::kTree);
+    if (go == 0) return;
+  }
+}
+
 // Device buffers are staged by `comm`, which runs its algorithm per chunk.
 template <class T>
 void bench_coltrain(const Options& options, const World& world, Communicator& comm,
@@ -94,6 +112,7 @@ void bench_coltrain(const Options& options, const World& world, Communicator& co
   comm.set_staging_options(options.staging);
   const bool compressed = options.compression != coltrain::comm::WireCompression::kNone;
   comm.set_wire_compression(options.compression);
+  settle(comm);
   std::string note = staged ? "staged through pinned host memory in chunks of at most " +
                                   std::to_string(options.staging.chunk_bytes) +
                                   " B; automatic chooses per chunk"

@@ -157,6 +157,24 @@ TEST_CASE("the cost model prefers latency-light algorithms small and ring large"
   CHECK(predict_us(tcp, Collective::kAllreduce, Algorithm::kRing, 1, 1024) == 0);
 }
 
+TEST_CASE("on two ranks a tie between ring and halving-doubling goes to halving-doubling",
+          "[comm][cost]") {
+  for (Backend backend : {Backend::kTcp, Backend::kMpi}) {
+    const CostModel model = default_cost_model(backend);
+    // Up to two chunks of 256 KiB the two predict the same time on two ranks.
+    for (std::size_t bytes : {std::size_t{8}, std::size_t{64} << 10, std::size_t{512} << 10}) {
+      CHECK(
+          predict_us(model, Collective::kAllreduce, Algorithm::kRing, 2, bytes) ==
+          Approx(predict_us(model, Collective::kAllreduce, Algorithm::kHalvingDoubling, 2, bytes)));
+      CHECK(choose_algorithm(model, Collective::kAllreduce, 2, bytes, false) ==
+            Algorithm::kHalvingDoubling);
+    }
+    // Beyond, the ring's pipelined reduction is cheaper: no tie.
+    CHECK(choose_algorithm(model, Collective::kAllreduce, 2, std::size_t{64} << 20, false) ==
+          Algorithm::kRing);
+  }
+}
+
 TEST_CASE("a host layout groups ranks by identity, hosts numbered by their lowest rank",
           "[comm][hosts]") {
   using coltrain::comm::detail::host_identity;

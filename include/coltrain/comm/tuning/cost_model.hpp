@@ -3,9 +3,9 @@
 // alpha + n beta; reducing n bytes costs n gamma. Each algorithm's time is predicted from its step
 // and byte counts (docs/collectives.md derives them), and automatic picks the cheapest. The
 // constants are per backend: MPI and TCP measured on the 2-core development machine with
-// benchmarks/allreduce_bench (see docs/benchmarks.md); NCCL's are set for GPUs linked by NVLink or
-// InfiniBand (see default_cost_model). Other machines can set their own through
-// Communicator::set_cost_model.
+// coltrain_tune (see docs/benchmarks.md); NCCL's are set for GPUs linked by NVLink or InfiniBand
+// (see default_cost_model). Other machines measure their own (coltrain_tune, COLTRAIN_TUNING_FILE)
+// or set them through Communicator::set_cost_model.
 
 #include <coltrain/comm/host_layout.hpp>
 #include <coltrain/comm/types.hpp>
@@ -44,15 +44,20 @@ struct CostModel {
   NativeShape native_shape = NativeShape::kMpich;
 };
 
-// Fitted to allreduce_bench on the development machine (2 cores, loopback, MPICH 4.0.2, 2 ranks;
-// docs/benchmarks.md): alpha from 8-byte allreduces, beta from 64 MB, gamma from the reduction
-// kernel. MPI's own collectives are fast on small vectors and slow on large ones (its beta is
-// fitted at 64 MB, where MPICH reaches 1.7 GB/s and coltrain's ring 3.5).
+// Alpha and beta fitted by coltrain_tune on the development machine (AMD EPYC VM, 2 cores, MPICH
+// 4.0.2, 2 ranks; 2026-12-06, between two runs' fits, docs/benchmarks.md) to every allreduce from
+// 8 B to 64 MiB. MPI's own collectives start faster than coltrain's algorithms over MPI
+// point-to-point and move bytes slower. Gamma is the reduction out of cache, 6 GB/s: where it
+// decides (halving-doubling's unpipelined reduction of large vectors) the operands come from
+// memory, and coltrain_tune's in-cache kernel rate (24-33 GB/s) made automatic pick
+// halving-doubling at 2-128 MiB, 1.1-1.7x slower there than the ring (2 ranks, TCP). The constants
+// before (fitted by hand at 8 B and 64 MB, 2026-11) are in
+// docs/results/cost_model_defaults_before_2026-12-06.tuning.json.
 inline CostModel default_cost_model(Backend backend) {
   CostModel model;
   if (backend == Backend::kMpi) {
-    model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
-    model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
+    model.point_to_point = {0.9, 1.0 / 6000.0, 1.0 / 6000.0};
+    model.native = {0.7, 1.0 / 4500.0, 1.0 / 6000.0};
     model.same_host = model.point_to_point;  // MPICH's own shared memory, which it was fitted on
   } else if (backend == Backend::kNccl) {
     // Device buffers on NCCL. Not fitted here (the development machine has no GPU): 40 GB/s per
@@ -66,10 +71,10 @@ inline CostModel default_cost_model(Backend backend) {
     model.native_shape = NativeShape::kNccl;
     model.same_host = model.point_to_point;
   } else {
-    model.point_to_point = {3.5, 1.0 / 1800.0, 1.0 / 6000.0};
-    // Shared memory between ranks of one host: 8-byte allreduce 1.6 us, 3.1 GB/s busbw at 64 MB
-    // (2 ranks, docs/benchmarks.md).
-    model.same_host = {0.8, 1.0 / 3100.0, 1.0 / 6000.0};
+    // Between hosts: TCP over loopback, without shared memory (COLTRAIN_SHM=0).
+    model.point_to_point = {5.5, 1.0 / 3500.0, 1.0 / 6000.0};
+    // Shared memory between ranks of one host, large payloads read in place (single copy).
+    model.same_host = {0.7, 1.0 / 13000.0, 1.0 / 6000.0};
   }
   return model;
 }
@@ -281,7 +286,12 @@ inline Algorithm choose_among(const CostModel& model, Collective collective, int
   double best_us = std::numeric_limits<double>::infinity();
   for (Algorithm algorithm : candidates) {
     const double us = predict_us(model, collective, algorithm, p, n_bytes);
-    if (us < best_us) {
+    // A tie between ring and halving-doubling (two ranks, up to two chunks: the same messages and
+    // bytes) goes to halving-doubling, whose plain exchange measured faster than the ring's
+    // pipeline at 8 B-512 KiB over MPI and TCP (2 ranks, 2026-12-06, docs/benchmarks.md).
+    const bool tie_to_halving_doubling = algorithm == Algorithm::kHalvingDoubling &&
+                                         best == Algorithm::kRing && us <= best_us * (1 + 1e-12);
+    if (us < best_us || tie_to_halving_doubling) {
       best = algorithm;
       best_us = us;
     }
