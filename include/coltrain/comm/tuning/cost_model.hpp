@@ -44,20 +44,22 @@ struct CostModel {
   NativeShape native_shape = NativeShape::kMpich;
 };
 
-// Alpha and beta fitted by coltrain_tune on the development machine (AMD EPYC VM, 2 cores, MPICH
-// 4.0.2, 2 ranks; 2026-12-06, between two runs' fits, docs/benchmarks.md) to every allreduce from
-// 8 B to 64 MiB. MPI's own collectives start faster than coltrain's algorithms over MPI
-// point-to-point and move bytes slower. Gamma is the reduction out of cache, 6 GB/s: where it
-// decides (halving-doubling's unpipelined reduction of large vectors) the operands come from
-// memory, and coltrain_tune's in-cache kernel rate (24-33 GB/s) made automatic pick
-// halving-doubling at 2-128 MiB, 1.1-1.7x slower there than the ring (2 ranks, TCP). The constants
-// before (fitted by hand at 8 B and 64 MB, 2026-11) are in
+// TCP's alpha and beta fitted by coltrain_tune on the development machine (AMD EPYC VM, 2 cores,
+// 2 ranks; 2026-12-06, between two runs' fits, docs/benchmarks.md) to every allreduce from 8 B to
+// 64 MiB. Gamma is the reduction out of cache, 6 GB/s: where it decides (halving-doubling's
+// unpipelined reduction of large vectors) the operands come from memory, and coltrain_tune's
+// in-cache kernel rate (24-33 GB/s) made automatic pick halving-doubling at 2-128 MiB, 1.1-1.7x
+// slower there than the ring (2 ranks, TCP). MPI's constants are the 2026-11 fit (MPICH 4.0.2,
+// 2 ranks, at 8 B and 64 MB): coltrain_tune's (0.9 us and 6 GB/s; MPICH's own 0.7 us and
+// 4.5 GB/s) move MPI_Allreduce's share up to 4 KiB, where a rank whose call differs from the
+// others' (another wire compression) can no longer be told: MPI's own collectives cannot detect a
+// mismatch, and its peer waits inside MPI_Allreduce for good. The TCP constants before are in
 // docs/results/cost_model_defaults_before_2026-12-06.tuning.json.
 inline CostModel default_cost_model(Backend backend) {
   CostModel model;
   if (backend == Backend::kMpi) {
-    model.point_to_point = {0.9, 1.0 / 6000.0, 1.0 / 6000.0};
-    model.native = {0.7, 1.0 / 4500.0, 1.0 / 6000.0};
+    model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
+    model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
     model.same_host = model.point_to_point;  // MPICH's own shared memory, which it was fitted on
   } else if (backend == Backend::kNccl) {
     // Device buffers on NCCL. Not fitted here (the development machine has no GPU): 40 GB/s per
