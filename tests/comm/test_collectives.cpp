@@ -479,6 +479,28 @@ TEST_CASE("automatic chooses hierarchical allreduce for large vectors where host
         Algorithm::kHierarchical);  // every rank on this one host
 }
 
+TEST_CASE("on one host automatic prices messages at shared memory's costs, unless it is off",
+          "[comm][automatic][cost]") {
+  const int p = coltrain::testing::world_size();
+  // Shared memory with a huge per-message cost, TCP with none: the fewest messages win on
+  // shared memory (halving-doubling), the fewest bytes over TCP (the ring).
+  CostModel model = default_cost_model(Backend::kTcp);
+  model.point_to_point = {0.001, 1.0 / 3500.0, 1.0 / 6000.0};
+  model.same_host = {1000.0, 1.0 / 13000.0, 1.0 / 6000.0};
+  const std::size_t large = std::size_t{64} << 20;
+  for (bool shared_memory : {true, false}) {
+    CommOptions options;
+    options.shared_memory = shared_memory;
+    Communicator comm = coltrain::testing::make_communicator(Backend::kTcp, options);
+    REQUIRE(comm.host_layout().hosts() == 1);
+    comm.set_cost_model(model);
+    if (p < 2) continue;  // alone, every algorithm costs nothing
+    INFO((shared_memory ? "shared memory" : "COLTRAIN_SHM=0"));
+    CHECK(comm.choose(Collective::kAllreduce, large) ==
+          (shared_memory ? Algorithm::kHalvingDoubling : Algorithm::kRing));
+  }
+}
+
 TEST_CASE("automatic picks an algorithm the collective has", "[comm][automatic]") {
   for (Backend backend : kBackends) {
     Communicator& comm = shared_communicator(backend);
@@ -541,6 +563,7 @@ TEST_CASE("automatic follows a tuning file's rules for this job's shape, the mod
     file.rules.push_back({backend, Collective::kBroadcast, p, hosts, {{0, Algorithm::kRing}}});
     CostModel fitted = default_cost_model(backend);
     fitted.point_to_point.alpha_us = 123.0;
+    fitted.same_host.alpha_us = 123.0;  // what the model uses where every rank is on one host
     file.cost_models[backend] = fitted;
     // A rule for reduce on p + 1 ranks that the model with the file's constants would not pick.
     const bool native_candidate =

@@ -220,6 +220,21 @@ TEST_CASE("over several hosts the cost model counts the ring's links between hos
   CHECK(predict_hierarchical_us(tcp, HostLayout(std::vector{0, 0, 0, 1, 1}), large) > 0);
 }
 
+TEST_CASE("on one host the cost model prices every message at the same-host costs",
+          "[comm][cost][hosts]") {
+  // Messages that cost a millisecond inside a host and nothing between hosts: the fewest messages
+  // (halving-doubling) win on one host, the fewest bytes (the ring) where each rank has its own.
+  CostModel model = default_cost_model(Backend::kTcp);
+  model.point_to_point = {0.001, 1.0 / 3500.0, 1.0 / 6000.0};
+  model.same_host = {1000.0, 1.0 / 13000.0, 1.0 / 6000.0};
+  const std::size_t large = std::size_t{64} << 20;
+  CHECK(choose_algorithm(model, Collective::kAllreduce, HostLayout(std::vector(8, 0)), large,
+                         false) == Algorithm::kHalvingDoubling);
+  CHECK(choose_algorithm(model, Collective::kAllreduce,
+                         HostLayout(std::vector{0, 1, 2, 3, 4, 5, 6, 7}), large,
+                         false) == Algorithm::kRing);
+}
+
 TEST_CASE("from_env's backend: requested, else COLTRAIN_BACKEND, else by memory, build, launcher",
           "[comm][backend]") {
   const auto env = [](bool mpi, bool nccl, bool mpi_launch) {

@@ -316,14 +316,20 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
   return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
 }
 
-// The same, for ranks on `hosts`. Over several hosts the flat algorithms' bytes between hosts share
-// each host's network link (HostLayout::ring_links_leaving_a_host), and hierarchical allreduce
-// competes where some host has several ranks.
+// The same, for ranks on `hosts`. On one host every message goes at same_host costs. Over several
+// hosts the flat algorithms' bytes between hosts share each host's network link
+// (HostLayout::ring_links_leaving_a_host), and hierarchical allreduce competes where some host has
+// several ranks.
 inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
                                   const HostLayout& hosts, std::size_t n_bytes,
                                   bool native_available) {
   const int p = hosts.ranks();
-  if (hosts.hosts() == 1 || hosts.largest_host() == 1)
+  if (hosts.hosts() == 1) {
+    CostModel local = model;
+    local.point_to_point = model.same_host;
+    return choose_algorithm(local, collective, p, n_bytes, native_available);
+  }
+  if (hosts.largest_host() == 1)
     return choose_algorithm(model, collective, p, n_bytes, native_available);
   CostModel flat_model = model;
   flat_model.point_to_point.beta_us_per_byte *= hosts.ring_links_leaving_a_host();

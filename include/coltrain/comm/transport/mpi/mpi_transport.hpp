@@ -112,6 +112,9 @@ class MpiTransport {
   const CommOptions& options() const { return options_; }
   // Which ranks share a host.
   const HostLayout& host_layout() const { return hosts_; }
+  // MPI's own transport between the ranks of a node (MPICH's shared memory, on which its
+  // same_host constants were fitted).
+  bool hosts_share_memory() const { return true; }
   // Whether this node has more ranks than cores (its waits then yield the core).
   bool shares_cores() const { return shares_cores_; }
 

@@ -89,6 +89,10 @@ Message shm_receive(int fd, int peer, const Deadline& deadline, ErrorContext con
 struct SharedMemorySetup {
   std::vector<std::unique_ptr<ShmStream>> streams;
   HostLayout hosts;
+  // Whether every rank asked for shared memory (no COLTRAIN_SHM=0 anywhere), so that the ranks of a
+  // host talk through it: the same on every rank, from the hellos all of them received. (A pair
+  // whose segment cannot be made still falls back to TCP alone.)
+  bool every_rank_shares_memory = false;
 };
 
 // Run by every rank of a freshly connected mesh (`sockets[p]` reaches rank p; empty at `rank`),
@@ -128,6 +132,7 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
   std::vector<HostIdentity> identities(sockets.size());
   identities[static_cast<std::size_t>(rank)] = mine.identity;
   int local_peers = 0;
+  setup.every_rank_shares_memory = mine.enabled != 0;
   // The smallest memory headroom on this host (of the ranks that share memory with this one), and
   // the lowest rank that reported it: the one that says so when it shrinks the rings.
   std::uint64_t host_headroom = headroom.bytes;
@@ -137,6 +142,7 @@ inline SharedMemorySetup setup_shared_memory(int rank, const std::vector<FileDes
     const auto theirs = shm_receive<ShmHello>(sockets[static_cast<std::size_t>(peer)].get(), peer,
                                               deadline, context);
     identities[static_cast<std::size_t>(peer)] = theirs.identity;
+    setup.every_rank_shares_memory = setup.every_rank_shares_memory && theirs.enabled != 0;
     const auto p = static_cast<std::size_t>(peer);
     shared[p] = mine.enabled != 0 && theirs.enabled != 0 && theirs.identity == mine.identity;
     local_peers += shared[p] ? 1 : 0;

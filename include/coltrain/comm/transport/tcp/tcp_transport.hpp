@@ -108,6 +108,7 @@ class TcpTransport {
     detail::SharedMemorySetup shared =
         detail::setup_shared_memory(rank, sockets, options, Logger(rank, size_));
     hosts_ = std::move(shared.hosts);
+    hosts_share_memory_ = shared.every_rank_shares_memory;
     peers_.resize(sockets.size());
     for (std::size_t peer = 0; peer < sockets.size(); ++peer) {
       peers_[peer].socket = std::move(sockets[peer]);
@@ -117,6 +118,10 @@ class TcpTransport {
 
   // Which ranks share a host (learned at connection, from every rank's host identity).
   const HostLayout& host_layout() const { return hosts_; }
+
+  // Whether the ranks of a host talk through shared memory: every rank asked for it. The same on
+  // every rank, so the cost model's choices agree (CostModel::same_host).
+  bool hosts_share_memory() const { return hosts_share_memory_; }
 
   // Whether `peer`'s bytes go through shared memory (a rank on this host).
   bool shares_memory_with(int peer) const {
@@ -804,6 +809,7 @@ class TcpTransport {
   std::chrono::microseconds spin_before_sleep_;
   std::vector<PeerChannel> peers_;  // indexed by rank; this rank's entry has no socket
   HostLayout hosts_;
+  bool hosts_share_memory_ = false;
   std::vector<int> active_;        // peers with pending sends or receives
   std::vector<pollfd> ready_;      // poll() set, kept to avoid an allocation per sleep
   std::vector<int> ready_peers_;   // the peer of each ready_ entry
