@@ -143,12 +143,11 @@ class HostCollectives {
           tuning_file_->rule_for(backend_, collective, size(), host_layout().hosts(), bytes);
       if (measured && (*measured != Algorithm::kNative || native_is_candidate())) return *measured;
     }
-    if (with_transport([](const auto& t) { return t.hosts_share_memory(); }))
-      return choose_algorithm(cost_model_, collective, host_layout(), bytes, native_is_candidate());
     // Without shared memory the ranks of a host reach each other like ranks of other hosts
     // (loopback TCP under COLTRAIN_SHM=0).
     CostModel model = cost_model_;
-    model.same_host = model.point_to_point;
+    if (!with_transport([](const auto& t) { return t.hosts_share_memory(); }))
+      model.same_host = model.point_to_point;
     return choose_algorithm(model, collective, host_layout(), bytes, native_is_candidate());
   }
   // Whether kAutomatic may pick MPI's own collectives. Not where a node's ranks outnumber its
