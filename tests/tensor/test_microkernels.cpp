@@ -181,8 +181,15 @@ TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
                          {147, 1000, 10}})
     for (bool accumulate : {false, true})
       wrong += check({Kind::kTn, m, n, k, 0, 0, accumulate}, rng);
-  // Weight gradient: dY [Cout, HW*G] * im2col [K, HW*G]^T.
+  // Weight gradient: dY [Cout, HW*G] * im2col [K, HW*G]^T, or Winograd's dY' [Cout, tiles] *
+  // V [Cin, tiles]^T per position (64 columns of tiles); and a shape that leaves a remainder in
+  // every block of the transposed panel (128 x 128) and of its 16 x 16 transposes.
   for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{16, 144, 1024},
+                         {32, 32, 64},
+                         {64, 64, 64},
+                         {128, 64, 64},
+                         {16, 32, 64},
+                         {37, 293, 301},
                          {32, 288, 256},
                          {64, 576, 256},
                          {64, 288, 576},

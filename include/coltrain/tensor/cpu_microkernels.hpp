@@ -2,12 +2,13 @@
 // Register-blocked float GEMM kernels for the convolution products, which are small in one
 // dimension (16..128 output channels). Eigen packs both operands on every call, and at these shapes
 // packing the large one (the im2col matrix) costs about a quarter of the product; these kernels
-// read both in place.
+// read both in place (but for the NT kernel's transposed panel of B, where that pays: below).
 //
 //   gemm_nn_small_m   C[m x n] (=|+=) A[m x k] * B[k x n]     conv forward and input gradient
 //   gemm_nn_indirect  the same, B's rows at given offsets    implicit im2col (stride 1)
 //   gemm_tn_small_k   C[m x n] (=|+=) A[k x m]^T * B[k x n]   input gradient through col2im
-//   gemm_nt_long_k    C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient
+//   gemm_nt_long_k    C[m x n] (=|+=) A[m x k] * B[n x k]^T   conv weight gradient (B transposed
+//                     into a panel for the NN kernel, or dot products along k)
 //   gemm_nn_windowed  the same as NN, A's rows at a constant window of offsets per group of rows
 //                     (the im2col matrix as A, read from the zero-padded image)   weight gradient
 //
@@ -243,12 +244,23 @@ void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std
   }
 }
 
-// --- NT: C = A * B^T, dot products along k -------------------------------------------------------
+// --- NT: C = A * B^T -----------------------------------------------------------------------------
+// Two ways. Dot products along k: a tile of C as vector accumulators, each summed across its lanes
+// at the end. Or B transposed into a packed panel, then the NN kernel's outer products. The lane
+// sums cost a few shuffles per element of C, against its k/kLanes FMAs; the transposes a fraction
+// of a shuffle per element of B, against its m/kLanes FMAs. So the panel pays where k is short and
+// m is not, as in the convolutions' weight gradients (Winograd's: k = 64 columns of tiles a
+// group). AVX-512, one thread, dot products against the panel, GFLOP/s: 32 x 32 x 64 115 and 174,
+// 64 x 288 x 256 (an im2col weight gradient) 156 and 204; but 16 x 144 x 256 151 and 138, and
+// 16 x 144 x 1024 137 and 103. Where B has fewer than two vectors' worth of rows (16 x 16 x 64;
+// n = 27, which the NN kernel would take partly through its slow path for the last n % kLanes
+// columns) the dot products win too.
+
 // out[r] = the sum of the lanes of v[r], for Count vectors. With two-source shuffles the sums are
 // formed as a tree that merges pairs of vectors into one holding both partial sums: 3 instructions
 // per result, against 2*log2(kLanes) when each vector is reduced on its own. Per result the tile
 // spends k/kLanes FMAs, so at k = 256 this is the difference between 15% and 50% overhead.
-
+//
 // Lane `o` of the merge of x (lanes 0..L-1) and y (L..2L-1), each holding L/Group partial sums of
 // Group lanes: the merge holds x's sums, then y's, at Group/2 lanes each.
 template <int Group, bool Upper>
@@ -355,9 +367,9 @@ COLTRAIN_FORCE_INLINE void nt_tile(std::int64_t k, const float* COLTRAIN_RESTRIC
   }
 }
 
-inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                    std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
-                    bool accumulate) {
+inline void gemm_nt_dot(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                        std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                        std::int64_t ldc, bool accumulate) {
   // Blocks of B's rows that fill about half of L1 are kept there while every row tile of A passes
   // over them; each row tile of A is reused from L1 across the block's column tiles.
   constexpr std::int64_t kL1Budget = 24 * 1024;
@@ -376,6 +388,79 @@ inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float*
           });
         });
       }
+    }
+  }
+}
+
+// A square of kLanes x kLanes floats, one row a vector, transposed in registers: log2(kLanes)
+// rounds that interleave the two halves of the rows, row i with row i + kLanes/2 (after the last
+// round, row i holds column i). Two-source shuffles of one pattern serve every vector width.
+template <bool Upper>
+constexpr int interleave_lane(int o) {
+  return (o % 2 == 0 ? 0 : kLanes) + (Upper ? kLanes / 2 : 0) + o / 2;
+}
+#if defined(__clang__)
+template <bool Upper, int... O>
+COLTRAIN_FORCE_INLINE Vector interleave_halves(Vector x, Vector y,
+                                               std::integer_sequence<int, O...>) {
+  return __builtin_shufflevector(x, y, interleave_lane<Upper>(O)...);
+}
+#else
+template <bool Upper, int... O>
+COLTRAIN_FORCE_INLINE Vector interleave_halves(Vector x, Vector y,
+                                               std::integer_sequence<int, O...>) {
+  constexpr LaneIndices kLanesOf = {interleave_lane<Upper>(O)...};
+  return __builtin_shuffle(x, y, kLanesOf);
+}
+#endif
+COLTRAIN_FORCE_INLINE void transpose_square(Vector (&rows)[kLanes]) {
+  constexpr auto kAll = std::make_integer_sequence<int, kLanes>{};
+  for (int round = 1; round < kLanes; round *= 2) {
+    Vector next[kLanes];
+    unroll<kLanes / 2>([&](auto i) COLTRAIN_MICROKERNEL_INLINE {
+      next[2 * i] = interleave_halves<false>(rows[i], rows[i + kLanes / 2], kAll);
+      next[2 * i + 1] = interleave_halves<true>(rows[i], rows[i + kLanes / 2], kAll);
+    });
+    unroll<kLanes>([&](auto i) COLTRAIN_MICROKERNEL_INLINE { rows[i] = next[i]; });
+  }
+}
+
+// panel[p][j] = B(j, p) for p < depth, j < width (B's rows ldb apart), with the row of the panel
+// padded with zeros to whole vectors: ld_panel = width rounded up to kLanes.
+inline void pack_transposed(std::int64_t depth, std::int64_t width, const float* b,
+                            std::int64_t ldb, float* COLTRAIN_RESTRICT panel,
+                            std::int64_t ld_panel) {
+  for (std::int64_t p = 0; p < depth; p += kLanes) {
+    const std::int64_t span = std::min<std::int64_t>(kLanes, depth - p);
+    for (std::int64_t j = 0; j < width; j += kLanes) {
+      Vector rows[kLanes];
+      unroll<kLanes>([&](auto i) COLTRAIN_MICROKERNEL_INLINE {
+        const float* row = b + (j + i) * ldb + p;
+        rows[i] = j + i >= width ? Vector{} : span == kLanes ? load(row) : load_partial(row, span);
+      });
+      transpose_square(rows);
+      for (std::int64_t q = 0; q < span; ++q) store(panel + (p + q) * ld_panel + j, rows[q]);
+    }
+  }
+}
+
+inline void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                    std::int64_t lda, const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                    bool accumulate) {
+  if (n < 2 * kLanes || (m < 2 * kLanes && k > 8 * kLanes))
+    return gemm_nt_dot(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+  // Panels of up to 128 x 128 (64 KiB on the stack): a Winograd group's whole B^T, and for longer
+  // products a block the NN kernel streams from L2 while its rows of A stay in L1.
+  constexpr std::int64_t kPanelDepth = 128, kPanelWidth = 128;
+  alignas(64) float panel[kPanelDepth * kPanelWidth];
+  for (std::int64_t j0 = 0; j0 < n; j0 += kPanelWidth) {
+    const std::int64_t width = std::min(kPanelWidth, n - j0);
+    const std::int64_t ld_panel = (width + kLanes - 1) / kLanes * kLanes;
+    for (std::int64_t p0 = 0; p0 < k; p0 += kPanelDepth) {
+      const std::int64_t depth = std::min(kPanelDepth, k - p0);
+      pack_transposed(depth, width, b + j0 * ldb + p0, ldb, panel, ld_panel);
+      gemm_nn<false>(m, width, depth, a + p0, lda, StridedRows{panel, ld_panel}, c + j0, ldc,
+                     accumulate || p0 > 0);
     }
   }
 }
