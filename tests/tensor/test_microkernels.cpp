@@ -12,6 +12,7 @@
 
 #include <coltrain/tensor/cpu_gemm.hpp>
 #include <coltrain/tensor/cpu_microkernels.hpp>
+#include <coltrain/tensor/cpu_product.hpp>
 #include <coltrain/tensor/vector_pack.hpp>
 
 #include <algorithm>
@@ -344,6 +345,53 @@ TEST_CASE("the generic versions serve double through tensor::gemm", "[microkerne
   const std::vector<double> at = {1, 4, 2, 5, 3, 6};
   coltrain::tensor::gemm_tn_small_k(2, 2, 3, at.data(), 2, b.data(), 2, c.data(), 2, false);
   CHECK(c == std::vector<double>{4, 5, 10, 11});
+}
+
+TEST_CASE("parallel_cpu_product splits rows or columns across the pool and matches tensor::gemm",
+          "[microkernels]") {
+  using coltrain::tensor::Transpose;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  int wrong = 0;
+  // A linear layer's three products at batch 37 (rows split: m >= n; columns split: m < n, with a
+  // last share that is not whole vectors), on 1, 2 and 3 threads, and both operands transposed.
+  struct Product {
+    Transpose ta, tb;
+    std::int64_t m, n, k;
+  };
+  for (const Product& p : {Product{Transpose::kNo, Transpose::kYes, 37, 300, 130},
+                           Product{Transpose::kYes, Transpose::kNo, 300, 130, 37},
+                           Product{Transpose::kNo, Transpose::kNo, 37, 130, 300},
+                           Product{Transpose::kNo, Transpose::kYes, 130, 37, 300},
+                           Product{Transpose::kYes, Transpose::kYes, 40, 70, 90}})
+    for (int threads : {1, 2, 3})
+      for (bool accumulate : {false, true}) {
+        coltrain::ThreadPool pool(threads);
+        const bool ta = p.ta == Transpose::kYes, tb = p.tb == Transpose::kYes;
+        const std::int64_t lda = (ta ? p.m : p.k) + 3, ldb = (tb ? p.k : p.n) + 5, ldc = p.n + 2;
+        std::vector<float> a(static_cast<std::size_t>((ta ? p.k : p.m) * lda)),
+            b(static_cast<std::size_t>((tb ? p.n : p.k) * ldb)),
+            ours(static_cast<std::size_t>(p.m * ldc));
+        for (float& x : a) x = uniform(rng);
+        for (float& x : b) x = uniform(rng);
+        for (float& x : ours) x = uniform(rng);
+        std::vector<float> expected = ours;
+        coltrain::tensor::parallel_cpu_product(pool, p.ta, p.tb, p.m, p.n, p.k, a.data(), lda,
+                                               b.data(), ldb, ours.data(), ldc, accumulate);
+        coltrain::tensor::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb,
+                               accumulate ? 1.0f : 0.0f, expected.data(), ldc);
+        for (std::int64_t i = 0; i < p.m; ++i)
+          for (std::int64_t j = 0; j < ldc; ++j) {
+            const float e = expected[static_cast<std::size_t>(i * ldc + j)],
+                        o = ours[static_cast<std::size_t>(i * ldc + j)];
+            const bool ok = j < p.n ? std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * p.k : o == e;
+            if (!ok && wrong++ == 0)
+              UNSCOPED_INFO("m=" << p.m << " n=" << p.n << " k=" << p.k << " threads=" << threads
+                                 << ": C(" << i << ", " << j << ") = " << o << ", Eigen gives "
+                                 << e);
+          }
+      }
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("vector packs: the widest lanes that divide a count, loads, stores and lane sums",

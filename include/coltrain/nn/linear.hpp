@@ -7,7 +7,7 @@
 #include <coltrain/nn/init.hpp>
 #include <coltrain/nn/layer.hpp>
 #include <coltrain/nn/parameter.hpp>
-#include <coltrain/tensor/cpu_gemm.hpp>
+#include <coltrain/tensor/cpu_product.hpp>
 #include <coltrain/tensor/tensor.hpp>
 
 #include <cstddef>
@@ -45,8 +45,8 @@ class LinearLayer {
     auto x = detail::compute_view<T>(in, in_scratch_);
     auto w = detail::compute_view<T>(weight_.value.view(), weight_scratch_);
     auto y = detail::compute_target<T>(out, out_scratch_);
-    tensor::parallel_gemm(ctx.pool(), tensor::Transpose::kNo, tensor::Transpose::kYes, batch, kOut, kIn,
-                          S(1), x.data(), kIn, w.data(), kIn, S(0), y.data(), kOut);
+    tensor::parallel_cpu_product(ctx.pool(), tensor::Transpose::kNo, tensor::Transpose::kYes, batch,
+                                 kOut, kIn, x.data(), kIn, w.data(), kIn, y.data(), kOut, false);
     if constexpr (HasBias) {
       auto b = detail::compute_view<T>(bias_.value.view(), bias_scratch_);
       S* ys = y.data();
@@ -65,12 +65,14 @@ class LinearLayer {
     auto dy = detail::compute_view<T>(grad_out, grad_out_scratch_);
     // dW += dy^T x: a [Out, In] product summed over the batch.
     if constexpr (std::is_same_v<S, T>) {
-      tensor::parallel_gemm(ctx.pool(), tensor::Transpose::kYes, tensor::Transpose::kNo, kOut, kIn,
-                            batch, S(1), dy.data(), kOut, x.data(), kIn, S(1), weight_.grad.data(), kIn);
+      tensor::parallel_cpu_product(ctx.pool(), tensor::Transpose::kYes, tensor::Transpose::kNo,
+                                   kOut, kIn, batch, dy.data(), kOut, x.data(), kIn,
+                                   weight_.grad.data(), kIn, true);
     } else {
       weight_delta_.resize(weight_.grad.shape());
-      tensor::parallel_gemm(ctx.pool(), tensor::Transpose::kYes, tensor::Transpose::kNo, kOut, kIn,
-                            batch, S(1), dy.data(), kOut, x.data(), kIn, S(0), weight_delta_.data(), kIn);
+      tensor::parallel_cpu_product(ctx.pool(), tensor::Transpose::kYes, tensor::Transpose::kNo,
+                                   kOut, kIn, batch, dy.data(), kOut, x.data(), kIn,
+                                   weight_delta_.data(), kIn, false);
       detail::accumulate<T, S>(weight_.grad.view(), weight_delta_.view());
     }
     if constexpr (HasBias) {
@@ -85,8 +87,9 @@ class LinearLayer {
     if (!grad_in.empty()) {
       auto w = detail::compute_view<T>(weight_.value.view(), weight_scratch_);
       auto dx = detail::compute_target<T>(grad_in, grad_in_scratch_);
-      tensor::parallel_gemm(ctx.pool(), tensor::Transpose::kNo, tensor::Transpose::kNo, batch, kIn, kOut,
-                            S(1), dy.data(), kOut, w.data(), kIn, S(0), dx.data(), kIn);
+      tensor::parallel_cpu_product(ctx.pool(), tensor::Transpose::kNo, tensor::Transpose::kNo,
+                                   batch, kIn, kOut, dy.data(), kOut, w.data(), kIn, dx.data(), kIn,
+                                   false);
       detail::store_result<T, S>(dx, grad_in);
     }
   }
