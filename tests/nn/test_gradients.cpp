@@ -387,8 +387,9 @@ TEST_CASE("gradients: Linear as the first layer, parameters", "[nn][gradients][l
 }
 
 TEST_CASE("gradients: Linear on 2 threads with the parallel GEMM paths", "[nn][gradients][linear]") {
-  // 2 * 37 * 64 * 64 multiply-adds exceed parallel_gemm's threshold, so every product (forward,
-  // weight gradient, input gradient) is split across the 2 threads, by rows and by columns.
+  // 2 * 37 * 64 * 64 multiply-adds exceed parallel_cpu_product's threshold, so every product
+  // (forward, weight gradient, input gradient) is split across the 2 threads, by rows and by
+  // columns.
   check<Sequential<Input<64>, GradProbe, nn::Linear<64>>>("Linear<64>, 2 threads, batch 37",
                                                            {.batch = 37, .threads = 2});
 }
