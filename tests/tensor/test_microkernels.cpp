@@ -29,8 +29,9 @@ namespace {
 
 using coltrain::tensor::Transpose;
 
-// Which kernel, and so how A and B are stored.
-enum class Kind { kNn, kTn, kNt };
+// Which kernel, and so how A and B are stored. kNtPanel: the NT product through its transposed
+// panel, called directly, since gemm_nt_long_k takes that path only on AVX-512 and at some shapes.
+enum class Kind { kNn, kTn, kNt, kNtPanel };
 
 std::string name(Kind kind) {
   switch (kind) {
@@ -40,6 +41,8 @@ std::string name(Kind kind) {
       return "gemm_tn_small_k";
     case Kind::kNt:
       return "gemm_nt_long_k";
+    case Kind::kNtPanel:
+      return "gemm_nt_panel";
   }
   return "?";
 }
@@ -79,7 +82,7 @@ void fill(float* data, std::int64_t count, std::mt19937& rng) {
 // Runs one case through the kernel and through tensor::gemm; returns the number of elements out of
 // tolerance (and reports the first), so that a loop over thousands of cases stays readable.
 int check(const Case& c, std::mt19937& rng) {
-  const bool ta = c.kind == Kind::kTn, tb = c.kind == Kind::kNt;
+  const bool ta = c.kind == Kind::kTn, tb = c.kind == Kind::kNt || c.kind == Kind::kNtPanel;
   const std::int64_t a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
   const std::int64_t b_rows = tb ? c.n : c.k, b_cols = tb ? c.k : c.n;
   const std::int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.n + c.pad;
@@ -103,6 +106,15 @@ int check(const Case& c, std::mt19937& rng) {
       coltrain::tensor::gemm_nt_long_k(c.m, c.n, c.k, a.data, lda, b.data, ldb, ours.data, ldc,
                                        c.accumulate);
       break;
+    case Kind::kNtPanel:
+#if COLTRAIN_MICROKERNELS
+      coltrain::tensor::detail::microkernel::gemm_nt_panel(c.m, c.n, c.k, a.data, lda, b.data, ldb,
+                                                           ours.data, ldc, c.accumulate);
+#else
+      coltrain::tensor::gemm_nt_long_k(c.m, c.n, c.k, a.data, lda, b.data, ldb, ours.data, ldc,
+                                       c.accumulate);
+#endif
+      break;
   }
   coltrain::tensor::gemm(ta ? Transpose::kYes : Transpose::kNo,
                          tb ? Transpose::kYes : Transpose::kNo, c.m, c.n, c.k, 1.0f, a.data, lda,
@@ -123,7 +135,7 @@ int check(const Case& c, std::mt19937& rng) {
   return wrong;
 }
 
-constexpr Kind kKinds[] = {Kind::kNn, Kind::kTn, Kind::kNt};
+constexpr Kind kKinds[] = {Kind::kNn, Kind::kTn, Kind::kNt, Kind::kNtPanel};
 
 }  // namespace
 
@@ -200,6 +212,7 @@ TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
     for (bool accumulate : {false, true}) {
       wrong += check({Kind::kNt, m, n, k, 0, 0, accumulate}, rng);
       wrong += check({Kind::kNt, m, n, k, 7, 1, accumulate}, rng);
+      wrong += check({Kind::kNtPanel, m, n, k, 7, 1, accumulate}, rng);
     }
   CHECK(wrong == 0);
 }
@@ -309,7 +322,7 @@ TEST_CASE("gemm_nn_windowed reads A's rows as windows of each channel", "[microk
 }
 
 TEST_CASE("an empty product writes zeros or leaves C alone", "[microkernels]") {
-  for (Kind kind : kKinds) {
+  for (Kind kind : {Kind::kNn, Kind::kTn, Kind::kNt}) {  // the public entry points
     std::vector<float> c(6, 2.0f);
     const float unused = 0;
     for (bool accumulate : {true, false}) {
