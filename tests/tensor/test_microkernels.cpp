@@ -79,8 +79,25 @@ void fill(float* data, std::int64_t count, std::mt19937& rng) {
   for (std::int64_t i = 0; i < count; ++i) data[i] = uniform(rng);
 }
 
+// Elements of C out of tolerance against Eigen's `expected` (columns past n, the padding, must keep
+// their bits); reports the first, prefixed with `what`, so that a loop over thousands of cases
+// stays readable.
+int count_wrong(const float* ours, const float* expected, std::int64_t m, std::int64_t n,
+                std::int64_t k, std::int64_t ldc, const std::string& what) {
+  int wrong = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const float e = expected[i * ldc + j], o = ours[i * ldc + j];
+      const bool ok =
+          j < n ? std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * static_cast<float>(k) : o == e;
+      if (!ok && wrong++ == 0)
+        UNSCOPED_INFO(what << ": C(" << i << ", " << j << ") = " << o << ", Eigen gives " << e);
+    }
+  return wrong;
+}
+
 // Runs one case through the kernel and through tensor::gemm; returns the number of elements out of
-// tolerance (and reports the first), so that a loop over thousands of cases stays readable.
+// tolerance.
 int check(const Case& c, std::mt19937& rng) {
   const bool ta = c.kind == Kind::kTn, tb = c.kind == Kind::kNt || c.kind == Kind::kNtPanel;
   const std::int64_t a_rows = ta ? c.k : c.m, a_cols = ta ? c.m : c.k;
@@ -120,19 +137,7 @@ int check(const Case& c, std::mt19937& rng) {
                          tb ? Transpose::kYes : Transpose::kNo, c.m, c.n, c.k, 1.0f, a.data, lda,
                          b.data, ldb, c.accumulate ? 1.0f : 0.0f, expected.data, ldc);
 
-  int wrong = 0;
-  for (std::int64_t i = 0; i < c.m; ++i)
-    for (std::int64_t j = 0; j < ldc; ++j) {
-      const float e = expected.data[i * ldc + j], o = ours.data[i * ldc + j];
-      // Past column n: the padding, which must keep its bits.
-      const bool ok = j < c.n
-                          ? std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * static_cast<float>(c.k)
-                          : o == e;
-      if (!ok && wrong++ == 0)
-        UNSCOPED_INFO(describe(c) << ": C(" << i << ", " << j << ") = " << o << ", Eigen gives "
-                                  << e);
-    }
-  return wrong;
+  return count_wrong(ours.data, expected.data, c.m, c.n, c.k, ldc, describe(c));
 }
 
 constexpr Kind kKinds[] = {Kind::kNn, Kind::kTn, Kind::kNt, Kind::kNtPanel};
@@ -393,16 +398,10 @@ TEST_CASE("parallel_cpu_product splits rows or columns across the pool and match
                                                b.data(), ldb, ours.data(), ldc, accumulate);
         coltrain::tensor::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb,
                                accumulate ? 1.0f : 0.0f, expected.data(), ldc);
-        for (std::int64_t i = 0; i < p.m; ++i)
-          for (std::int64_t j = 0; j < ldc; ++j) {
-            const float e = expected[static_cast<std::size_t>(i * ldc + j)],
-                        o = ours[static_cast<std::size_t>(i * ldc + j)];
-            const bool ok = j < p.n ? std::abs(o - e) <= 1e-5f * std::abs(e) + 1e-6f * p.k : o == e;
-            if (!ok && wrong++ == 0)
-              UNSCOPED_INFO("m=" << p.m << " n=" << p.n << " k=" << p.k << " threads=" << threads
-                                 << ": C(" << i << ", " << j << ") = " << o << ", Eigen gives "
-                                 << e);
-          }
+        std::ostringstream what;
+        what << "m=" << p.m << " n=" << p.n << " k=" << p.k << " ta=" << ta << " tb=" << tb
+             << " threads=" << threads << " accumulate=" << accumulate;
+        wrong += count_wrong(ours.data(), expected.data(), p.m, p.n, p.k, ldc, what.str());
       }
   CHECK(wrong == 0);
 }

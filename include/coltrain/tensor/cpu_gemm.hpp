@@ -15,6 +15,7 @@
 #include <coltrain/tensor/eigen.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 
 namespace coltrain::tensor {
@@ -28,8 +29,38 @@ void gemm(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n, 
           S alpha, const S* a, std::int64_t lda, const S* b, std::int64_t ldb, S beta, S* c,
           std::int64_t ldc);
 
-// The same product with the rows of C split across the pool (or its columns, when C has fewer rows
-// than the pool has threads times a useful block).
+// Splits C[m x n] = op(A) * op(B) across the pool and calls part(rows, cols, a, b, c) for each
+// share, with a, b and c pointing at the share's first row of op(A), column of op(B) and element
+// of C (leading dimensions unchanged). Rows are split where C has at least as many rows as
+// columns, else columns, in whole 16-float vectors so that only the last share has a partial one,
+// as a call on one thread has. Products under 2^18 flops run on the calling thread: below that,
+// waking the pool costs more than it saves.
+template <class S, class Part>
+void split_product(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, const S* a, std::int64_t lda, const S* b,
+                   std::int64_t ldb, S* c, std::int64_t ldc, Part&& part) {
+  if (pool.size() == 1 || 2 * m * n * k < (1 << 18)) {
+    part(m, n, a, b, c);
+    return;
+  }
+  if (m >= n) {
+    pool.parallel_for(m, [&](std::int64_t begin, std::int64_t end, int) {
+      // Row r of op(A): row r of A, or its column r when transposed.
+      const S* rows = trans_a == Transpose::kYes ? a + begin : a + begin * lda;
+      part(end - begin, n, rows, b, c + begin * ldc);
+    });
+  } else {
+    constexpr std::int64_t kBlock = 16;
+    pool.parallel_for((n + kBlock - 1) / kBlock, [&](std::int64_t begin, std::int64_t end, int) {
+      const std::int64_t first = begin * kBlock, last = std::min(n, end * kBlock);
+      // Column j of op(B): column j of B, or its row j when transposed.
+      const S* columns = trans_b == Transpose::kYes ? b + first * ldb : b + first;
+      part(m, last - first, a, columns, c + first);
+    });
+  }
+}
+
+// The same product split across the pool by split_product.
 template <class S>
 void parallel_gemm(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, S alpha, const S* a, std::int64_t lda,
@@ -84,24 +115,11 @@ template <class S>
 void parallel_gemm(ThreadPool& pool, Transpose trans_a, Transpose trans_b, std::int64_t m,
                    std::int64_t n, std::int64_t k, S alpha, const S* a, std::int64_t lda, const S* b,
                    std::int64_t ldb, S beta, S* c, std::int64_t ldc) {
-  const bool ta = trans_a == Transpose::kYes;
-  const bool tb = trans_b == Transpose::kYes;
-  if (pool.size() == 1 || 2 * m * n * k < (1 << 18)) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  if (m >= n) {
-    pool.parallel_for(m, [&](std::int64_t begin, std::int64_t end, int) {
-      // Rows of op(A): row r starts at a + r*lda untransposed, at column r transposed.
-      const S* a_rows = ta ? a + begin : a + begin * lda;
-      gemm(trans_a, trans_b, end - begin, n, k, alpha, a_rows, lda, b, ldb, beta, c + begin * ldc, ldc);
-    });
-  } else {
-    pool.parallel_for(n, [&](std::int64_t begin, std::int64_t end, int) {
-      const S* b_cols = tb ? b + begin * ldb : b + begin;
-      gemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, b_cols, ldb, beta, c + begin, ldc);
-    });
-  }
+  split_product(
+      pool, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+      [&](std::int64_t rows, std::int64_t cols, const S* a_part, const S* b_part, S* c_part) {
+        gemm(trans_a, trans_b, rows, cols, k, alpha, a_part, lda, b_part, ldb, beta, c_part, ldc);
+      });
 }
 #endif  // !COLTRAIN_DEVICE_CODE
 
