@@ -187,7 +187,8 @@ TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
                          {64, 576, 288},
                          {10, 576, 288},
                          {128, 256, 1152},
-                         {64, 100, 576}})
+                         {64, 100, 576},
+                         {11, 1000, 200}})  // several column blocks, a partial last one, a tail
     for (bool accumulate : {false, true}) {
       wrong += check({Kind::kNn, m, n, k, 0, 0, accumulate}, rng);
       wrong += check({Kind::kNn, m, n, k, 5, 3, accumulate}, rng);
@@ -196,7 +197,8 @@ TEST_CASE("the convolution shapes match tensor::gemm", "[microkernels]") {
   for (auto [m, n, k] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{144, 256, 32},
                          {288, 256, 64},
                          {16, 256, 32},
-                         {147, 1000, 10}})
+                         {147, 1000, 10},
+                         {37, 1000, 100}})  // a Linear weight gradient: several column blocks
     for (bool accumulate : {false, true})
       wrong += check({Kind::kTn, m, n, k, 0, 0, accumulate}, rng);
   // Weight gradient: dY [Cout, HW*G] * im2col [K, HW*G]^T, or Winograd's dY' [Cout, tiles] *
