@@ -2,9 +2,10 @@
 // C[m x n] (=|+=) op(A) * op(B) for the layers' own products (Linear), split across a ThreadPool
 // and computed by the register-blocked kernels of cpu_microkernels.hpp: NN, NT and TN, which cover
 // a linear layer's forward pass (x W^T), weight gradient (dY^T x) and input gradient (dY W). At
-// MnistConvNet's and Mlp's shapes they ran 1.4-1.6x Eigen's speed (one thread, AVX-512: fc1's
-// 64 x 128 x 9216 forward 172 against 120 GFLOP/s, its 128 x 9216 x 64 weight gradient 194
-// against 141). Both operands transposed, types without kernels, and builds without AVX-512 (see
+// MnistConvNet's and Mlp's shapes they ran 1.4-1.6x Eigen's speed on an AMD EPYC (one thread,
+// AVX-512: fc1's 64 x 128 x 9216 forward 172 against 120 GFLOP/s, its 128 x 9216 x 64 weight
+// gradient 194 against 141) and 1.07-1.3x on an Intel Xeon (113 against 105, 126 against 97).
+// Both operands transposed, types without kernels, and builds without AVX-512 (see
 // kProductKernelsBeatEigen) go to tensor::gemm.
 
 #include <coltrain/core/thread_pool.hpp>
