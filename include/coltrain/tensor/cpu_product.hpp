@@ -32,8 +32,8 @@ template <class S>
 void cpu_product(Transpose trans_a, Transpose trans_b, std::int64_t m, std::int64_t n,
                  std::int64_t k, const S* a, std::int64_t lda, const S* b, std::int64_t ldb, S* c,
                  std::int64_t ldc, bool accumulate) {
-  const bool ta = trans_a == Transpose::kYes, tb = trans_b == Transpose::kYes;
   if constexpr (std::is_same_v<S, float> && kProductKernelsBeatEigen) {
+    const bool ta = trans_a == Transpose::kYes, tb = trans_b == Transpose::kYes;
     if (!ta && !tb) return gemm_nn_small_m(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
     if (!ta && tb) return gemm_nt_long_k(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
     if (ta && !tb) return gemm_tn_small_k(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
