@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <ostream>
@@ -395,6 +396,132 @@ TEST_CASE("BatchNorm2d: running statistics and num_batches_tracked follow PyTorc
         CHECK(z.data()[at] == Approx((x.data()[at] - mean[k]) / std::sqrt(var[k] + 1e-5)).epsilon(1e-5));
       }
   }
+}
+
+// The layer splits its channels into blocks of at most 512 KiB over the batch (here 3 channels of
+// 61 x 24 x 24 floats: blocks of 3, 3 and 2 channels on 1, 2 and 3 threads, a block cut short at
+// the end). Each channel is summed by one thread in sample order, so the bits do not depend on the
+// threads; and every block gets its own statistics: a float64 reference of the formulas checks
+// every channel, forward and backward, with the fused ReLU and with a residual addend.
+TEST_CASE(
+    "BatchNorm2d: the same bits on 1, 2 and 3 threads, and the float64 formulas, in channel blocks",
+    "[nn][batch_norm]") {
+  constexpr std::int64_t kBatch = 61, kChannels = 5, kSide = 24, kPlane = kSide * kSide;
+  using Shape = Chw<kChannels, kSide, kSide>;
+  const tensor::Shape shape{kBatch, kChannels, kSide, kSide};
+  tensor::Tensor<float> x(shape), dy(shape), addend(shape);
+  nn_test::fill_uniform(x.span(), 11, -1.0, 3.0);
+  nn_test::fill_uniform(dy.span(), 12, -1.0, 1.0);
+  nn_test::fill_uniform(addend.span(), 13, -0.5, 0.5);
+  // Channel c of x is shifted and scaled differently, so that a channel read in place of another
+  // changes every statistic.
+  for (std::int64_t b = 0; b < kBatch; ++b)
+    for (std::int64_t c = 0; c < kChannels; ++c)
+      for (std::int64_t i = 0; i < kPlane; ++i) {
+        float& v = x.data()[(b * kChannels + c) * kPlane + i];
+        v = v * static_cast<float>(c + 1) + static_cast<float>(10 * c);
+      }
+
+  struct Result {
+    tensor::Tensor<float> y, dx;
+    std::vector<float> weight_grad, bias_grad, running;
+  };
+  const auto run = [&]<bool FusedRelu, bool Add>(int threads) {
+    nn::BatchNorm2dLayer<0.1, 1e-5, FusedRelu, Shape, float, Cpu> layer;
+    nn::Rng rng(1);
+    layer.initialize(rng);
+    nn::Context<Cpu> ctx(threads);
+    std::vector<nn::Parameter<float, Cpu>*> parameters;
+    layer.visit_parameters([&](const std::string&, auto& p) { parameters.push_back(&p); }, "");
+    for (std::int64_t c = 0; c < kChannels; ++c) {
+      parameters[0]->value.data()[c] = 0.5f + 0.25f * static_cast<float>(c);  // gamma
+      parameters[1]->value.data()[c] = 0.1f * static_cast<float>(c) - 0.2f;   // beta
+    }
+    Result r{tensor::Tensor<float>(shape), tensor::Tensor<float>(shape), {}, {}, {}};
+    if constexpr (Add)
+      layer.forward_add(x.view(), addend.data(), r.y.view(), ctx, std::true_type{});
+    else
+      layer.forward(x.view(), r.y.view(), ctx);
+    layer.backward(x.view(), r.y.view(), dy.view(), r.dx.view(), ctx);
+    r.weight_grad.assign(parameters[0]->grad.data(), parameters[0]->grad.data() + kChannels);
+    r.bias_grad.assign(parameters[1]->grad.data(), parameters[1]->grad.data() + kChannels);
+    layer.visit_buffers(
+        [&](const std::string&, auto& t) {
+          using U = typename std::remove_cvref_t<decltype(t)>::value_type;
+          if constexpr (std::is_same_v<U, float>)
+            r.running.insert(r.running.end(), t.data(), t.data() + t.numel());
+        },
+        "");
+    return r;
+  };
+  const auto same_bits = [](const float* a, const float* b, std::int64_t n) {
+    return std::equal(a, a + n, b,
+                      [](float u, float v) { return std::memcmp(&u, &v, sizeof u) == 0; });
+  };
+
+  const auto check = [&]<bool FusedRelu, bool Add>() {
+    INFO("fused ReLU " << FusedRelu << ", addend " << Add);
+    const Result one = run.template operator()<FusedRelu, Add>(1);
+    for (int threads : {2, 3}) {
+      INFO(threads << " threads");
+      const Result many = run.template operator()<FusedRelu, Add>(threads);
+      CHECK(same_bits(one.y.data(), many.y.data(), one.y.numel()));
+      CHECK(same_bits(one.dx.data(), many.dx.data(), one.dx.numel()));
+      CHECK(same_bits(one.weight_grad.data(), many.weight_grad.data(), kChannels));
+      CHECK(same_bits(one.bias_grad.data(), many.bias_grad.data(), kChannels));
+      CHECK(same_bits(one.running.data(), many.running.data(), 2 * kChannels));
+    }
+    // The float64 formulas, channel by channel.
+    const double count = static_cast<double>(kBatch * kPlane);
+    for (std::int64_t c = 0; c < kChannels; ++c) {
+      INFO("channel " << c);
+      const auto at = [&](std::int64_t b, std::int64_t i) {
+        return (b * kChannels + c) * kPlane + i;
+      };
+      double sum = 0, squares = 0;
+      for (std::int64_t b = 0; b < kBatch; ++b)
+        for (std::int64_t i = 0; i < kPlane; ++i) sum += x.data()[at(b, i)];
+      const double mean = sum / count;
+      for (std::int64_t b = 0; b < kBatch; ++b)
+        for (std::int64_t i = 0; i < kPlane; ++i) squares += std::pow(x.data()[at(b, i)] - mean, 2);
+      const double var = squares / count, inv_std = 1.0 / std::sqrt(var + 1e-5);
+      const double gamma = 0.5 + 0.25 * static_cast<double>(c),
+                   beta = 0.1 * static_cast<double>(c) - 0.2;
+      CHECK(one.running[static_cast<std::size_t>(c)] == Approx(0.1 * mean).epsilon(1e-5));
+      CHECK(one.running[static_cast<std::size_t>(kChannels + c)] ==
+            Approx(0.9 + 0.1 * squares / (count - 1)).epsilon(1e-5));
+      // The gradient reaching the normalisation: dy, where the output is positive with the fused
+      // ReLU. (After a residual sum, the block applies the ReLU's backward before this layer's.)
+      const auto upstream = [&](std::int64_t b, std::int64_t i) {
+        return FusedRelu && one.y.data()[at(b, i)] <= 0.0f
+                   ? 0.0
+                   : static_cast<double>(dy.data()[at(b, i)]);
+      };
+      double sum_g = 0, sum_g_xhat = 0;
+      for (std::int64_t b = 0; b < kBatch; ++b)
+        for (std::int64_t i = 0; i < kPlane; ++i) {
+          const double xhat = (x.data()[at(b, i)] - mean) * inv_std;
+          double y = gamma * xhat + beta + (Add ? addend.data()[at(b, i)] : 0.0);
+          if (FusedRelu || Add) y = std::max(0.0, y);
+          REQUIRE(one.y.data()[at(b, i)] == Approx(y).margin(1e-5));
+          sum_g += upstream(b, i);
+          sum_g_xhat += upstream(b, i) * xhat;
+        }
+      CHECK(one.bias_grad[static_cast<std::size_t>(c)] == Approx(sum_g).epsilon(1e-4).margin(1e-3));
+      CHECK(one.weight_grad[static_cast<std::size_t>(c)] ==
+            Approx(sum_g_xhat).epsilon(1e-4).margin(1e-3));
+      for (std::int64_t b = 0; b < kBatch; ++b)
+        for (std::int64_t i = 0; i < kPlane; ++i) {
+          const double xhat = (x.data()[at(b, i)] - mean) * inv_std;
+          const double dx =
+              gamma * inv_std * (upstream(b, i) - sum_g / count - xhat * sum_g_xhat / count);
+          REQUIRE(one.dx.data()[at(b, i)] == Approx(dx).margin(1e-5));
+        }
+    }
+  };
+  check.template operator()<false, false>();
+  check.template operator()<true, false>();
+  check.template operator()<false, true>();
 }
 
 TEST_CASE("BatchNorm2d: momentum and eps are template parameters", "[nn][batch_norm]") {
