@@ -1086,10 +1086,12 @@ TEST_CASE("ReLU: NaN propagates as in torch.relu", "[nn][activation]") {
   CHECK(std::isnan(y.data()[0]));
 }
 
-// MaxPool2d<2> runs on vector packs when the output rows split into them (16 and 4 outputs wide
-// here; 3x8x7 in the parity test takes the one-lane form): ties and NaNs in every window position,
-// odd leftover rows and columns, against the rule stated directly: a window holding a NaN yields
-// its first NaN, else its first maximum, and the gradient goes to that position alone.
+// MaxPool2d<2> runs on vector packs when the output rows split into them (16, 4, 2 and 1 outputs
+// wide here; 3x8x7 in the parity test takes the one-lane form), and with even sides and packs of
+// 4 lanes or more (32 x 32 and 4 x 8 here) its backward writes whole rows of the input gradient:
+// ties and NaNs in every window position, odd leftover rows and columns, against the rule stated
+// directly: a window holding a NaN yields its first NaN, else its first maximum, and the gradient
+// goes to that position alone (a -0 gradient as +0, as PyTorch adds it onto zeros).
 template <class Scalar, class Image>
 void check_pairwise_max_pool() {
   using Layer = nn::bind_t<nn::MaxPool2d<2>, Image, Scalar, Cpu>;
@@ -1103,7 +1105,8 @@ void check_pairwise_max_pool() {
   for (std::int64_t i = 0; i < x.numel(); ++i)
     x.data()[i] = nan_one_in(engine) == 0 ? std::numeric_limits<Scalar>::quiet_NaN()
                                           : static_cast<Scalar>(value(engine));
-  for (std::int64_t o = 0; o < dy.numel(); ++o) dy.data()[o] = static_cast<Scalar>(o + 1);
+  for (std::int64_t o = 0; o < dy.numel(); ++o)
+    dy.data()[o] = o % 7 == 3 ? -Scalar(0) : static_cast<Scalar>(o + 1);
   Layer layer;
   nn::Context<Cpu> context{2};
   layer.forward(x.view(), y.view(), context);
@@ -1137,13 +1140,14 @@ void check_pairwise_max_pool() {
           CHECK(std::isnan(y.data()[o]));
         else
           CHECK(y.data()[o] == x.data()[chosen]);
-        expected_dx[static_cast<std::size_t>(chosen)] = dy.data()[o];
+        expected_dx[static_cast<std::size_t>(chosen)] = dy.data()[o] + Scalar(0);
       }
   CHECK(nan_windows > 0);
   CHECK(tied_windows > 0);
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     INFO("input gradient at " << i);
     CHECK(dx.data()[i] == expected_dx[static_cast<std::size_t>(i)]);
+    CHECK(std::signbit(dx.data()[i]) == std::signbit(expected_dx[static_cast<std::size_t>(i)]));
   }
 }
 
@@ -1151,5 +1155,8 @@ TEST_CASE("MaxPool2d<2>: whole output rows at once keep the first maximum and th
           "[nn][pooling]") {
   check_pairwise_max_pool<float, Chw<3, 9, 33>>();
   check_pairwise_max_pool<float, Chw<2, 4, 8>>();
+  check_pairwise_max_pool<float, Chw<2, 32, 32>>();
+  check_pairwise_max_pool<float, Chw<2, 28, 28>>();
+  check_pairwise_max_pool<float, Chw<2, 2, 2>>();
   check_pairwise_max_pool<double, Chw<3, 9, 33>>();
 }
