@@ -67,6 +67,20 @@ inline void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error("expectation failed: " + what);
 }
 
+// How a rank's function checks that call() throws an exception whose message contains `part`.
+template <class F>
+void expect_throws_containing(F&& call, const std::string& part, const std::string& what) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    if (message.find(part) != std::string::npos) return;
+    throw std::runtime_error("expectation failed: " + what + ": the error \"" + message +
+                             "\" does not contain \"" + part + "\"");
+  }
+  throw std::runtime_error("expectation failed: " + what + ": nothing was thrown");
+}
+
 // The lowest port of the kernel's ephemeral range, from which every outgoing connection draws its
 // local port.
 inline int first_ephemeral_port() {
