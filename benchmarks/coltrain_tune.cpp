@@ -324,9 +324,12 @@ int main(int argc, char** argv) {
                                                  {"hosts", comms.front().host_layout().hosts()},
                                                  {"coltrain", COLTRAIN_VERSION_STRING},
                                                  {"max_bytes", settings.max_bytes}});
-    coltrain::Json history = file.measured.is_array() ? file.measured : coltrain::Json::array();
+    // The runs so far (an earlier file's record is kept) and this one.
+    coltrain::Json history =
+        file.measured.empty() ? coltrain::Json::array() : coltrain::Json::parse(file.measured);
+    if (!history.is_array()) history = coltrain::Json::array({history});
     history.push_back(run);
-    file.measured = history;
+    file.measured = history.dump();
     if (comms.front().rank() == 0) {
       save_tuning_file(settings.out, file);
       std::printf("wrote %s: %zu rules, cost models for %zu backends\n", settings.out.c_str(),

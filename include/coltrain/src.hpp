@@ -10,10 +10,11 @@
 #endif
 
 #include <coltrain/comm/impl/communicator.ipp>
-#include <coltrain/comm/impl/options.ipp>
 #include <coltrain/comm/impl/elastic_group.ipp>
+#include <coltrain/comm/impl/options.ipp>
 #include <coltrain/comm/impl/request.ipp>
 #include <coltrain/comm/impl/store_rendezvous.ipp>
+#include <coltrain/comm/impl/tuning_file.ipp>
 #if COLTRAIN_WITH_MPI
 #include <coltrain/comm/impl/tcp_over_mpi.ipp>
 #endif

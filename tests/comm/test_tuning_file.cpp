@@ -5,6 +5,7 @@
 #include <coltrain/comm/options.hpp>
 #include <coltrain/comm/tuning/tuning_file.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/core/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -41,7 +42,7 @@ TuningFile sample_file() {
                         {{0, Algorithm::kNative}, {65536, Algorithm::kRing}}});
   file.rules.push_back(
       {Backend::kTcp, Collective::kAllreduce, 8, 2, {{0, Algorithm::kHierarchical}}});
-  file.measured = Json::array({Json::object({{"date", "2026-12-04T16:00:00Z"}})});
+  file.measured = Json::array({Json::object({{"date", "2026-12-04T16:00:00Z"}})}).dump();
   return file;
 }
 
@@ -65,6 +66,16 @@ TEST_CASE("a tuning file round trips through its text", "[comm][tuning]") {
   CHECK(tcp.point_to_point.beta_us_per_byte == 1.0 / 2000.0);  // doubles print exactly
   CHECK(tcp.same_host.alpha_us == 0.5);
   CHECK(back.cost_models.at(Backend::kMpi).native.beta_us_per_byte == 1.0 / 900.0);
+}
+
+TEST_CASE("a tuning file's record of its measurements must be JSON to be written",
+          "[comm][tuning]") {
+  TuningFile file = sample_file();
+  file.measured = "";
+  CHECK(tuning_file_text(file).find("\"measured\"") == std::string::npos);
+  CHECK(parse_tuning_file(tuning_file_text(file), "sample").measured.empty());
+  file.measured = "{\"date\": \"2026-12-04\"";  // the closing brace lost
+  CHECK_THROWS_WITH(tuning_file_text(file), Contains("TuningFile::measured is not JSON"));
 }
 
 TEST_CASE("a rule covers its shape and sizes from its threshold on", "[comm][tuning]") {
