@@ -39,14 +39,8 @@ void relu_backward(const T* COLTRAIN_RESTRICT y, const T* COLTRAIN_RESTRICT dy, 
 }  // namespace detail
 
 template <class In, class T, class Device>
-class ReluLayer {
+class ReluLayer : public ParameterFreeLayer<In, In> {
  public:
-  using Input = In;
-  using Output = In;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     const T* x = in.data();
@@ -67,11 +61,6 @@ class ReluLayer {
       detail::relu_backward(y + begin, dy + begin, dx + begin, end - begin);
     });
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 // torch.nn.ReLU.

@@ -17,17 +17,13 @@
 namespace coltrain::nn {
 
 template <double P, class In, class T, class Device>
-class DropoutLayer {
+class DropoutLayer : public ParameterFreeLayer<In, In> {
   static_assert(P >= 0.0 && P < 1.0,
                 "coltrain::nn::Dropout: the drop probability must lie in [0, 1)");
   using S = compute_t<T>;
   static constexpr S kScale = static_cast<S>(1.0 / (1.0 - P));
 
  public:
-  using Input = In;
-  using Output = In;
-  static constexpr std::size_t kParameterCount = 0;
-
   // Draws the layer's identity from the initialisation stream, so two Dropout layers differ.
   void initialize(Rng& rng) { salt_ = rng.next(); }
 
@@ -59,11 +55,6 @@ class DropoutLayer {
       apply_mask(dy, dx, mask_.data(), begin, end);
     });
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 
  private:
   // Keeps element i where hash_uniform(seed, step, salt, i) >= P, decided on the integer draw. The

@@ -14,14 +14,8 @@
 namespace coltrain::nn {
 
 template <class In, class T, class Device>
-class FlattenLayer {
+class FlattenLayer : public ParameterFreeLayer<In, Flat<In::kSize>> {
  public:
-  using Input = In;
-  using Output = Flat<In::kSize>;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>&) {
     std::copy_n(in.data(), in.numel(), out.data());
@@ -32,11 +26,6 @@ class FlattenLayer {
                 Context<Device>&) {
     if (!grad_in.empty()) std::copy_n(grad_out.data(), grad_out.numel(), grad_in.data());
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 // torch.nn.Flatten.

@@ -115,4 +115,22 @@ constexpr bool reports_gradients() {
 template <class Spec, class In, class T, class Device>
 using bind_t = typename Spec::template Bind<In, T, Device>;
 
+class Rng;
+
+// The protocol's part that a layer without parameters or buffers (ReLU, pooling, Flatten) has
+// nothing to say in: derive from it and write forward() and backward(). The derived layer names
+// its own Input or Output where it uses them (a dependent base's names are not found unqualified).
+template <class In, class Out>
+struct ParameterFreeLayer {
+  using Input = In;
+  using Output = Out;
+  static constexpr std::size_t kParameterCount = 0;
+
+  void initialize(Rng&) {}
+  template <class F>
+  void visit_parameters(F&&, const std::string&) {}
+  template <class F>
+  void visit_buffers(F&&, const std::string&) {}
+};
+
 }  // namespace coltrain::nn

@@ -51,19 +51,14 @@ struct PoolGeometry {
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
           class Device>
-class MaxPool2dLayer {
+class MaxPool2dLayer : public ParameterFreeLayer<
+                           In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
   static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;
   static constexpr std::int64_t kOutH = Geometry::kOutH, kOutW = Geometry::kOutW;
 
  public:
-  using Input = In;
-  using Output = typename Geometry::Output;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     const std::int64_t planes = in.extent(0) * kC;
@@ -107,11 +102,6 @@ class MaxPool2dLayer {
     });
     detail::store_result<T, S>(dx, grad_in);
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 
  private:
   static constexpr std::int64_t kKernel = Kernel, kStride = Stride, kPadding = Padding;
@@ -222,7 +212,8 @@ class MaxPool2dLayer {
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
           class Device>
-class AvgPool2dLayer {
+class AvgPool2dLayer : public ParameterFreeLayer<
+                           In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
   static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;
@@ -230,12 +221,6 @@ class AvgPool2dLayer {
   static constexpr std::int64_t kK = Kernel, kS = Stride, kP = Padding;
 
  public:
-  using Input = In;
-  using Output = typename Geometry::Output;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     const std::int64_t planes = in.extent(0) * kC;
@@ -281,17 +266,12 @@ class AvgPool2dLayer {
     detail::store_result<T, S>(dx, grad_in);
   }
 
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
-
  private:
   tensor::Tensor<S, Device> grad_in_scratch_;
 };
 
 template <class In, class T, class Device>
-class GlobalAvgPoolLayer {
+class GlobalAvgPoolLayer : public ParameterFreeLayer<In, Flat<In::kDims[0]>> {
   static_assert(In::kRank == 3,
                 "coltrain::nn::GlobalAvgPool: the input must be an image, StaticShape<C, H, W>");
   using S = compute_t<T>;
@@ -299,12 +279,6 @@ class GlobalAvgPoolLayer {
   static constexpr std::int64_t kPlane = In::kDims[1] * In::kDims[2];
 
  public:
-  using Input = In;
-  using Output = Flat<In::kDims[0]>;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     const T* x = in.data();
@@ -327,11 +301,6 @@ class GlobalAvgPoolLayer {
       std::fill_n(dx + p * kPlane, kPlane, g);
     });
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>

@@ -18,14 +18,8 @@
 namespace coltrain::nn {
 
 template <class In, class T>
-class ReluLayer<In, T, tensor::Cuda> {
+class ReluLayer<In, T, tensor::Cuda> : public ParameterFreeLayer<In, In> {
  public:
-  using Input = In;
-  using Output = In;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, tensor::Cuda> in,
                tensor::TensorView<T, tensor::Cuda> out, Context<tensor::Cuda>& ctx) {
     cuda::relu_forward(in.data(), out.data(), in.numel(), ctx.stream());
@@ -38,11 +32,6 @@ class ReluLayer<In, T, tensor::Cuda> {
     if (grad_in.empty()) return;
     cuda::relu_backward(out.data(), grad_out.data(), grad_in.data(), out.numel(), ctx.stream());
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 }  // namespace coltrain::nn

@@ -94,16 +94,12 @@ struct DropoutBackward {
 namespace coltrain::nn {
 
 template <double P, class In, class T>
-class DropoutLayer<P, In, T, tensor::Cuda> {
+class DropoutLayer<P, In, T, tensor::Cuda> : public ParameterFreeLayer<In, In> {
   static_assert(P >= 0.0 && P < 1.0,
                 "coltrain::nn::Dropout: the drop probability must lie in [0, 1)");
   using S = cuda::accum_t<T>;
 
  public:
-  using Input = In;
-  using Output = In;
-  static constexpr std::size_t kParameterCount = 0;
-
   // Draws the layer's identity from the initialisation stream, as the CPU layer.
   void initialize(Rng& rng) { salt_ = rng.next(); }
 
@@ -141,11 +137,6 @@ class DropoutLayer<P, In, T, tensor::Cuda> {
     cuda::detail::launch_elementwise<cuda::detail::kVectorWidth<T>>(
         op, grad_out.numel(), ctx.stream(), "dropout backward", op.dy, op.dx, op.keep);
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 
  private:
   static constexpr S kScale = static_cast<S>(1.0 / (1.0 - P));

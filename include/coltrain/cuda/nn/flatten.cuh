@@ -22,14 +22,8 @@
 namespace coltrain::nn {
 
 template <class In, class T>
-class FlattenLayer<In, T, tensor::Cuda> {
+class FlattenLayer<In, T, tensor::Cuda> : public ParameterFreeLayer<In, Flat<In::kSize>> {
  public:
-  using Input = In;
-  using Output = Flat<In::kSize>;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, tensor::Cuda> in,
                tensor::TensorView<T, tensor::Cuda> out, Context<tensor::Cuda>& ctx) {
     copy(in.data(), out.data(), in.numel(), ctx.stream());
@@ -41,11 +35,6 @@ class FlattenLayer<In, T, tensor::Cuda> {
                 tensor::TensorView<T, tensor::Cuda> grad_in, Context<tensor::Cuda>& ctx) {
     if (!grad_in.empty()) copy(grad_out.data(), grad_in.data(), grad_out.numel(), ctx.stream());
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 
  private:
   static void copy(const T* from, T* to, std::int64_t n, cudaStream_t stream) {

@@ -41,7 +41,9 @@ struct CudaPoolGeometry {
 }  // namespace detail
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T>
-class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
+class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda>
+    : public ParameterFreeLayer<
+          In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
   static_assert(detail::kCudaPoolingType<T>,
                 "coltrain::nn::MaxPool2d on CUDA: T must be float, half or bfloat16");
   using Device = tensor::Cuda;
@@ -50,12 +52,6 @@ class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
   using WindowIndex = cuda::pooling::WindowIndex<G::kKernelSize>;
 
  public:
-  using Input = In;
-  using Output = typename Geometry::Checked::Output;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     const std::int64_t planes = in.extent(0) * Geometry::kC;
@@ -74,17 +70,14 @@ class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
                                            ctx.stream());
   }
 
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
-
  private:
   tensor::Tensor<WindowIndex, Device> argmax_;  // per output: the maximum's place in its window
 };
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T>
-class AvgPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
+class AvgPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda>
+    : public ParameterFreeLayer<
+          In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
   static_assert(detail::kCudaPoolingType<T>,
                 "coltrain::nn::AvgPool2d on CUDA: T must be float, half or bfloat16");
   using Device = tensor::Cuda;
@@ -92,12 +85,6 @@ class AvgPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
   using G = typename Geometry::Kernels;
 
  public:
-  using Input = In;
-  using Output = typename Geometry::Checked::Output;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     cuda::pooling::avg_pool_forward<T, G>(in.data(), out.data(), in.extent(0) * Geometry::kC,
@@ -111,15 +98,10 @@ class AvgPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda> {
     cuda::pooling::avg_pool_backward<T, G>(grad_out.data(), grad_in.data(),
                                            in.extent(0) * Geometry::kC, ctx.stream());
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 template <class In, class T>
-class GlobalAvgPoolLayer<In, T, tensor::Cuda> {
+class GlobalAvgPoolLayer<In, T, tensor::Cuda> : public ParameterFreeLayer<In, Flat<In::kDims[0]>> {
   static_assert(In::kRank == 3,
                 "coltrain::nn::GlobalAvgPool: the input must be an image, StaticShape<C, H, W>");
   static_assert(detail::kCudaPoolingType<T>,
@@ -129,12 +111,6 @@ class GlobalAvgPoolLayer<In, T, tensor::Cuda> {
   static constexpr std::int64_t kPlane = In::kDims[1] * In::kDims[2];
 
  public:
-  using Input = In;
-  using Output = Flat<In::kDims[0]>;
-  static constexpr std::size_t kParameterCount = 0;
-
-  void initialize(Rng&) {}
-
   void forward(tensor::TensorView<const T, Device> in, tensor::TensorView<T, Device> out,
                Context<Device>& ctx) {
     cuda::pooling::global_avg_pool_forward<T, kPlane>(in.data(), out.data(), in.extent(0) * kC,
@@ -148,11 +124,6 @@ class GlobalAvgPoolLayer<In, T, tensor::Cuda> {
     cuda::pooling::global_avg_pool_backward<T, kPlane>(grad_out.data(), grad_in.data(),
                                                        in.extent(0) * kC, ctx.stream());
   }
-
-  template <class F>
-  void visit_parameters(F&&, const std::string&) {}
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 };
 
 }  // namespace coltrain::nn
