@@ -237,11 +237,10 @@ void col2im_add(const S* col, std::int64_t ld, std::int64_t column_offset, S* im
   }
 }
 
-}  // namespace detail
-
-template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride, std::size_t Padding,
-          bool HasBias, bool FusedRelu, class In, class T, class Device>
-class Conv2dLayer {
+// Conv2d's shape rules and sizes, the same on every device.
+template <class In, std::size_t OutChannels, std::size_t Kernel, std::size_t Stride,
+          std::size_t Padding>
+struct Conv2dShape {
   static_assert(In::kRank == 3,
                 "coltrain::nn::Conv2d: the input must be an image, StaticShape<C, H, W>; a flat "
                 "input cannot be convolved");
@@ -249,13 +248,24 @@ class Conv2dLayer {
                 "coltrain::nn::Conv2d: channels, kernel and stride must be positive");
   static_assert(Kernel <= In::kDims[1] + 2 * Padding && Kernel <= In::kDims[2] + 2 * Padding,
                 "coltrain::nn::Conv2d: the kernel is larger than the padded input image");
-  using S = compute_t<T>;
   static constexpr std::int64_t kCin = In::kDims[0], kH = In::kDims[1], kW = In::kDims[2];
   static constexpr std::int64_t kOutH = (kH + 2 * Padding - Kernel) / Stride + 1;
   static constexpr std::int64_t kOutW = (kW + 2 * Padding - Kernel) / Stride + 1;
   static constexpr std::int64_t kCout = OutChannels;
   static constexpr std::int64_t kK = kCin * Kernel * Kernel;  // GEMM depth
   static constexpr std::int64_t kHw = kOutH * kOutW;
+};
+
+}  // namespace detail
+
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride, std::size_t Padding,
+          bool HasBias, bool FusedRelu, class In, class T, class Device>
+class Conv2dLayer : public WeightAndBias<T, Device, HasBias> {
+  using S = compute_t<T>;
+  using ConvShape = detail::Conv2dShape<In, OutChannels, Kernel, Stride, Padding>;
+  static constexpr std::int64_t kCin = ConvShape::kCin, kH = ConvShape::kH, kW = ConvShape::kW;
+  static constexpr std::int64_t kOutH = ConvShape::kOutH, kOutW = ConvShape::kOutW;
+  static constexpr std::int64_t kCout = ConvShape::kCout, kK = ConvShape::kK, kHw = ConvShape::kHw;
   // Images per GEMM: enough for about 256 output columns.
   static constexpr std::int64_t kGroup = std::max<std::int64_t>(1, (256 + kHw - 1) / kHw);
   static constexpr std::int64_t kKernel = Kernel, kStride = Stride, kPadding = Padding;
@@ -327,10 +337,7 @@ class Conv2dLayer {
   static constexpr bool kUsesWinograd = kWinograd;
   static constexpr int kWinogradOutputTile = kWinograd ? kWinogradTile : 0;
 
-  Conv2dLayer()
-      : weight_(
-            {kCout, kCin, static_cast<std::int64_t>(Kernel), static_cast<std::int64_t>(Kernel)}),
-        bias_({HasBias ? kCout : 0}) {}
+  Conv2dLayer() : Parameters({kCout, kCin, kKernel, kKernel}, kCout) {}
 
   void initialize(Rng& rng) {
     kaiming_uniform_default(weight_.value.span(), kK, rng);
@@ -492,14 +499,6 @@ class Conv2dLayer {
     reduce_gradients(parts);
     if (want_input_grad) detail::store_result<T, S>(dx, grad_in);
   }
-
-  template <class F>
-  void visit_parameters(F&& f, const std::string& prefix) {
-    f(prefix + "weight", weight_);
-    if constexpr (HasBias) f(prefix + "bias", bias_);
-  }
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
 
  private:
   static constexpr std::int64_t kGradientK = kCout * kKernel * kKernel;
@@ -699,8 +698,9 @@ class Conv2dLayer {
     }
   }
 
-  Parameter<T, Device> weight_;
-  Parameter<T, Device> bias_;
+  using Parameters = WeightAndBias<T, Device, HasBias>;
+  using Parameters::bias_;
+  using Parameters::weight_;
   std::vector<Workspace> workspaces_;
   tensor::Tensor<S, Device> flipped_;
   tensor::Tensor<S, Device> winograd_weights_, winograd_flipped_;

@@ -17,7 +17,7 @@
 namespace coltrain::nn {
 
 template <std::size_t Out, bool HasBias, class In, class T, class Device>
-class LinearLayer {
+class LinearLayer : public WeightAndBias<T, Device, HasBias> {
   static_assert(Out > 0, "coltrain::nn::Linear: the number of outputs must be positive");
   static_assert(In::kRank == 1,
                 "coltrain::nn::Linear: the input must be flat (one axis per sample); put Flatten "
@@ -32,7 +32,7 @@ class LinearLayer {
   static constexpr std::size_t kParameterCount = Out * In::kSize + (HasBias ? Out : 0);
   static constexpr std::size_t kForwardMacs = Out * In::kSize;
 
-  LinearLayer() : weight_({kOut, kIn}), bias_({HasBias ? kOut : 0}) {}
+  LinearLayer() : Parameters({kOut, kIn}, kOut) {}
 
   void initialize(Rng& rng) {
     kaiming_uniform_default(weight_.value.span(), kIn, rng);
@@ -94,17 +94,10 @@ class LinearLayer {
     }
   }
 
-  template <class F>
-  void visit_parameters(F&& f, const std::string& prefix) {
-    f(prefix + "weight", weight_);
-    if constexpr (HasBias) f(prefix + "bias", bias_);
-  }
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
-
  private:
-  Parameter<T, Device> weight_;
-  Parameter<T, Device> bias_;
+  using Parameters = WeightAndBias<T, Device, HasBias>;
+  using Parameters::bias_;
+  using Parameters::weight_;
   tensor::Tensor<S, Device> in_scratch_, weight_scratch_, bias_scratch_, out_scratch_;
   tensor::Tensor<S, Device> grad_out_scratch_, grad_in_scratch_, weight_delta_, bias_delta_;
 };

@@ -454,25 +454,17 @@ class CudnnConvolution {
 
 template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride, std::size_t Padding,
           bool HasBias, bool FusedRelu, class In, class T>
-class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, T, tensor::Cuda> {
-  static_assert(In::kRank == 3,
-                "coltrain::nn::Conv2d: the input must be an image, StaticShape<C, H, W>; a flat "
-                "input cannot be convolved");
-  static_assert(OutChannels > 0 && Kernel > 0 && Stride > 0,
-                "coltrain::nn::Conv2d: channels, kernel and stride must be positive");
-  static_assert(Kernel <= In::kDims[1] + 2 * Padding && Kernel <= In::kDims[2] + 2 * Padding,
-                "coltrain::nn::Conv2d: the kernel is larger than the padded input image");
+class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, T, tensor::Cuda>
+    : public WeightAndBias<T, tensor::Cuda, HasBias> {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, half> ||
                     std::is_same_v<T, bfloat16>,
                 "coltrain::nn::Conv2d on the GPU stores float, half or bfloat16");
   using Device = tensor::Cuda;
-  static constexpr std::int64_t kCin = In::kDims[0], kH = In::kDims[1], kW = In::kDims[2];
-  static constexpr std::int64_t kOutH = (kH + 2 * Padding - Kernel) / Stride + 1;
-  static constexpr std::int64_t kOutW = (kW + 2 * Padding - Kernel) / Stride + 1;
-  static constexpr std::int64_t kCout = OutChannels;
+  using ConvShape = detail::Conv2dShape<In, OutChannels, Kernel, Stride, Padding>;
+  static constexpr std::int64_t kCin = ConvShape::kCin, kH = ConvShape::kH, kW = ConvShape::kW;
+  static constexpr std::int64_t kOutH = ConvShape::kOutH, kOutW = ConvShape::kOutW;
+  static constexpr std::int64_t kCout = ConvShape::kCout, kK = ConvShape::kK, kHw = ConvShape::kHw;
   static constexpr std::int64_t kKernel = Kernel;
-  static constexpr std::int64_t kK = kCin * kKernel * kKernel;
-  static constexpr std::int64_t kHw = kOutH * kOutW;
   static constexpr cuda::ConvGeometry kGeometry{
       kCin, kH, kW, kKernel, static_cast<std::int64_t>(Stride), static_cast<std::int64_t>(Padding),
       kOutH, kOutW};
@@ -485,8 +477,7 @@ class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, 
   static constexpr std::size_t kForwardMacs = static_cast<std::size_t>(kCout * kK * kHw);
 
   Conv2dLayer()
-      : weight_({kCout, kCin, kKernel, kKernel}),
-        bias_({HasBias ? kCout : 0}),
+      : Parameters({kCout, kCin, kKernel, kKernel}, kCout),
         bias_partials_({HasBias ? cuda::bias_grad_scratch_floats(kCout) : 0}) {}
 
   // The same draws as the CPU layer (cuda/nn/initialize.cuh).
@@ -543,14 +534,6 @@ class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, 
     });
   }
 
-  template <class F>
-  void visit_parameters(F&& f, const std::string& prefix) {
-    f(prefix + "weight", weight_);
-    if constexpr (HasBias) f(prefix + "bias", bias_);
-  }
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
-
   // Which engine computes the products (kDefaultConvolutionBackend unless set); kCudnn needs a
   // build with cuDNN. Each engine keeps its own per-batch-size setup.
   ConvolutionBackend backend() const { return backend_; }
@@ -583,8 +566,9 @@ class Conv2dLayer<OutChannels, Kernel, Stride, Padding, HasBias, FusedRelu, In, 
     f(im2col_);
   }
 
-  Parameter<T, Device> weight_;
-  Parameter<T, Device> bias_;
+  using Parameters = WeightAndBias<T, Device, HasBias>;
+  using Parameters::bias_;
+  using Parameters::weight_;
   tensor::Tensor<float, Device> bias_partials_;  // the bias gradient's per-slice sums
   ConvolutionBackend backend_ = kDefaultConvolutionBackend;
   detail::Im2colConvolution<T> im2col_{kGeometry, kCout};

@@ -33,7 +33,8 @@
 namespace coltrain::nn {
 
 template <std::size_t Out, bool HasBias, class In, class T>
-class LinearLayer<Out, HasBias, In, T, tensor::Cuda> {
+class LinearLayer<Out, HasBias, In, T, tensor::Cuda>
+    : public WeightAndBias<T, tensor::Cuda, HasBias> {
   static_assert(Out > 0, "coltrain::nn::Linear: the number of outputs must be positive");
   static_assert(In::kRank == 1,
                 "coltrain::nn::Linear: the input must be flat (one axis per sample); put Flatten "
@@ -52,8 +53,7 @@ class LinearLayer<Out, HasBias, In, T, tensor::Cuda> {
   static constexpr std::size_t kForwardMacs = Out * In::kSize;
 
   LinearLayer()
-      : weight_({kOut, kIn}),
-        bias_({HasBias ? kOut : 0}),
+      : Parameters({kOut, kIn}, kOut),
         bias_partials_({HasBias ? cuda::bias_grad_scratch_floats(kOut) : 0}) {}
 
   // The same draws as the CPU layer (cuda/nn/initialize.cuh).
@@ -92,14 +92,6 @@ class LinearLayer<Out, HasBias, In, T, tensor::Cuda> {
                grad_out.data(), kOut, weight_.value.data(), kIn, 0.0f, grad_in.data(), kIn);
   }
 
-  template <class F>
-  void visit_parameters(F&& f, const std::string& prefix) {
-    f(prefix + "weight", weight_);
-    if constexpr (HasBias) f(prefix + "bias", bias_);
-  }
-  template <class F>
-  void visit_buffers(F&&, const std::string&) {}
-
  private:
   static std::int64_t checked_batch(tensor::TensorView<const T, Device> in,
                                     tensor::TensorView<const T, Device> out, const char* pass) {
@@ -112,8 +104,9 @@ class LinearLayer<Out, HasBias, In, T, tensor::Cuda> {
     return batch;
   }
 
-  Parameter<T, Device> weight_;
-  Parameter<T, Device> bias_;
+  using Parameters = WeightAndBias<T, Device, HasBias>;
+  using Parameters::bias_;
+  using Parameters::weight_;
   tensor::Tensor<float, Device> bias_partials_;  // the bias gradient's per-slice sums
 };
 
