@@ -20,6 +20,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/cuda/elementwise.cuh>
 #include <coltrain/cuda/launch.cuh>
 
 #include <cuda_runtime.h>
@@ -62,19 +63,8 @@ struct GradientSums {
   double dy_xc;
 };
 
-// `kVector` elements of T, loaded and stored as one access of up to 16 bytes.
-template <class T, int kVector>
-struct alignas(sizeof(T) * kVector) Pack {
-  T value[kVector];
-};
-
-// The widest vector (of at most 16 bytes) that divides a plane, so no vector straddles two planes.
-template <class T, std::int64_t kPlane>
-COLTRAIN_HOST_DEVICE constexpr int widest_vector() {
-  int vector = static_cast<int>(16 / sizeof(T));
-  while (vector > 1 && kPlane % vector != 0) vector /= 2;
-  return vector;
-}
+using detail::Pack;
+using detail::widest_vector;
 
 // Widening with the bare conversion instructions: a NaN stays a NaN, though not with its payload,
 // which no arithmetic here keeps anyway (stores round through T's constructor, as on the host).
@@ -261,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) statistics_kernel(Forw
         double v[kVector], sum = 0.0;
 #pragma unroll
         for (int i = 0; i < kVector; ++i) {
-          v[i] = to_float(p.value[i]);
+          v[i] = to_float(p.v[i]);
           sum += v[i];
         }
         const double mean = sum * (1.0 / kVector);
@@ -325,8 +315,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) normalize_kernel(Forwa
         Pack<T, kVector> out;
 #pragma unroll
         for (int i = 0; i < kVector; ++i) {
-          const float v = normalized(to_float(p.value[i]), scale, shift);
-          out.value[i] = from_float<T>(kFusedRelu && v < 0.f ? 0.f : v);  // NaN passes
+          const float v = normalized(to_float(p.v[i]), scale, shift);
+          out.v[i] = from_float<T>(kFusedRelu && v < 0.f ? 0.f : v);  // NaN passes
         }
         *reinterpret_cast<Pack<T, kVector>*>(args.y + offset) = out;
       });
@@ -346,8 +336,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       [&](std::int64_t, const Pack<T, kVector>& px, const Pack<T, kVector>& pdy) {
 #pragma unroll
         for (int i = 0; i < kVector; ++i) {
-          const float x = to_float(px.value[i]);
-          const float g = upstream_gradient<T, kFusedRelu>(x, to_float(pdy.value[i]), scale, shift);
+          const float x = to_float(px.v[i]);
+          const float g = upstream_gradient<T, kFusedRelu>(x, to_float(pdy.v[i]), scale, shift);
           sums.dy += g;
           sums.dy_xc = fma(static_cast<double>(g), static_cast<double>(x) - mean, sums.dy_xc);
         }
@@ -391,10 +381,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         Pack<T, kVector> out;
 #pragma unroll
         for (int i = 0; i < kVector; ++i) {
-          const float x = to_float(px.value[i]);
+          const float x = to_float(px.v[i]);
           const float xhat = (x - mean) * inv_std;
-          const float g = upstream_gradient<T, kFusedRelu>(x, to_float(pdy.value[i]), scale, shift);
-          out.value[i] = from_float<T>(factor * (g - mean_dy - xhat * mean_dy_xhat));
+          const float g = upstream_gradient<T, kFusedRelu>(x, to_float(pdy.v[i]), scale, shift);
+          out.v[i] = from_float<T>(factor * (g - mean_dy - xhat * mean_dy_xhat));
         }
         *reinterpret_cast<Pack<T, kVector>*>(args.dx + offset) = out;
       });

@@ -4,9 +4,10 @@
 // coltrain::half or coltrain::bfloat16; 16-bit values are computed in float (accum_t), as on the
 // CPU.
 //
-// Each kernel moves 16 bytes per load and store (a Pack) when every pointer is 16-byte aligned, the
-// case of whole tensors (cudaMalloc aligns to 256 bytes); a view at an odd offset runs the same
-// operation one element at a time. All work is enqueued on `stream`; nothing synchronises, so the
+// Each kernel moves 16 bytes per load and store (a Pack, which the bias, cast, reduction,
+// batch-norm and pooling kernels use too) when every pointer is 16-byte aligned, the case of whole
+// tensors (cudaMalloc aligns to 256 bytes); a view at an odd offset runs the same operation one
+// element at a time. All work is enqueued on `stream`; nothing synchronises, so the
 // calls can be captured into a CUDA graph. Outputs may alias inputs of the same element (in place).
 
 #if !defined(__CUDACC__)
@@ -76,6 +77,15 @@ __device__ __forceinline__ Pack<T, V> load(const T* p) {
 template <int V, class T>
 __device__ __forceinline__ void store(T* p, const Pack<T, V>& pack) {
   *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}
+
+// The widest vector (of at most 16 bytes) that divides a plane, so no vector straddles two planes
+// (the batch-norm and pooling kernels).
+template <class T, std::int64_t kPlane>
+COLTRAIN_HOST_DEVICE constexpr int widest_vector() {
+  int vector = kVectorWidth<T>;
+  while (vector > 1 && kPlane % vector != 0) vector /= 2;
+  return vector;
 }
 
 inline bool aligned_for_vectors(const void* p) {

@@ -16,6 +16,7 @@
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/dtype.hpp>
 #include <coltrain/core/error.hpp>
+#include <coltrain/cuda/elementwise.cuh>
 #include <coltrain/cuda/launch.cuh>
 
 #include <cuda_runtime.h>
@@ -238,19 +239,8 @@ void avg_pool_backward(const T* dy, T* dx, std::int64_t planes, cudaStream_t str
 
 // ---- Global average pooling ----
 
-// `kVector` elements of T as one access of up to 16 bytes.
-template <class T, int kVector>
-struct alignas(sizeof(T) * kVector) Pack {
-  T value[kVector];
-};
-
-// The widest vector (of at most 16 bytes) that divides a plane.
-template <class T, std::int64_t kPlane>
-COLTRAIN_HOST_DEVICE constexpr int widest_vector() {
-  int vector = static_cast<int>(16 / sizeof(T));
-  while (vector > 1 && kPlane % vector != 0) vector /= 2;
-  return vector;
-}
+using detail::Pack;
+using detail::widest_vector;
 
 // Lanes that share a plane: a power of two up to 32, at most one per vector of the plane.
 template <std::int64_t kVectorsPerPlane>
@@ -278,7 +268,7 @@ __global__ void __launch_bounds__(kGlobalThreads)
     for (std::int64_t v = lane; v < kVectors; v += kLanes) {
       const P p = src[v];
 #pragma unroll
-      for (int i = 0; i < kVector; ++i) sum += to_float(p.value[i]);
+      for (int i = 0; i < kVector; ++i) sum += to_float(p.v[i]);
     }
   }
   for (int offset = kLanes / 2; offset > 0; offset /= 2)
@@ -295,7 +285,7 @@ __global__ void global_avg_pool_backward_kernel(const T* dy, T* dx, std::int64_t
     const T share = T(to_float(dy[v / kVectors]) / static_cast<float>(kPlane));
     P p;
 #pragma unroll
-    for (int i = 0; i < kVector; ++i) p.value[i] = share;
+    for (int i = 0; i < kVector; ++i) p.v[i] = share;
     reinterpret_cast<P*>(dx)[v] = p;
   }
 }
