@@ -1,8 +1,9 @@
 #pragma once
-// Storage<T, Cuda>: device memory from cudaMalloc (no managed memory: its page faults make timings
-// lie and oversubscription can hang the GPU), zeroed when allocated like the host storage, and
-// PinnedBuffer<T>: page-locked host memory, which copies to and from the device run asynchronously.
-// Runtime API only, so plain g++ with the CUDA headers compiles it.
+// StorageMemory<Cuda>, what Storage<T, Cuda> holds: device memory from cudaMalloc (no managed
+// memory: its page faults make timings lie and oversubscription can hang the GPU), zeroed when
+// allocated like the host storage, and PinnedBuffer<T>: page-locked host memory, which copies to
+// and from the device run asynchronously. Runtime API only, so plain g++ with the CUDA headers
+// compiles it.
 
 #include <coltrain/core/config.hpp>
 
@@ -13,6 +14,7 @@
 #include <coltrain/core/device_memory.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/tensor/device.hpp>
+#include <coltrain/tensor/storage.hpp>
 
 #include <cuda_runtime.h>
 
@@ -24,77 +26,30 @@
 
 namespace coltrain::tensor {
 
-template <class T, class Device>
-class Storage;
+template <>
+struct StorageMemory<Cuda> {
+  static constexpr const char* kTensorName = "device tensor";
+  static constexpr std::size_t kLargestBytes = SIZE_MAX;
 
-template <class T>
-class Storage<T, Cuda> {
-  static_assert(std::is_trivially_copyable_v<T>,
-                "coltrain: tensor elements are trivially copyable");
-
- public:
-  Storage() = default;
-  explicit Storage(std::size_t count) { allocate(count); }
-  Storage(const Storage& other) : Storage(other.size_) {
-    if (size_) {
-      COLTRAIN_CHECK_CUDA(
-          cudaMemcpy(data_, other.data_, size_ * sizeof(T), cudaMemcpyDeviceToDevice));
-    }
-  }
-  Storage& operator=(const Storage& other) {
-    if (this != &other) {
-      Storage copy(other);
-      swap(copy);
-    }
-    return *this;
-  }
-  Storage(Storage&& other) noexcept { swap(other); }
-  Storage& operator=(Storage&& other) noexcept {
-    Storage moved(std::move(other));
-    swap(moved);
-    return *this;
-  }
-  ~Storage() {
-    if (owned_) device_free(data_);
-  }
-
-  // `count` elements at `data`, which the caller keeps alive and frees (storage.hpp).
-  static Storage borrow(T* data, std::size_t count) {
-    Storage s;
-    s.data_ = data;
-    s.size_ = count;
-    s.owned_ = false;
-    return s;
-  }
-
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
-  void swap(Storage& other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(size_, other.size_);
-    std::swap(owned_, other.owned_);
-  }
-
- private:
-  void allocate(std::size_t count) {
-    if (count == 0) return;
-    if (count > SIZE_MAX / sizeof(T))
-      throw InvalidArgument("device tensor of " + std::to_string(count) + " elements is too large");
-    data_ = static_cast<T*>(device_allocate(count * sizeof(T)));
-    size_ = count;
+  static void* allocate(std::size_t bytes) {
+    void* data = device_allocate(bytes);
     // A new tensor must read as zeros on every stream. cudaMemset on device memory returns before
     // it runs, on the legacy stream, which the non-blocking streams coltrain computes on do not
     // wait for: without the wait, the zeros could land after a kernel or copy on another stream
     // had written the tensor (seen under compute-sanitizer, whose timing delays the memset).
-    COLTRAIN_CHECK_CUDA(cudaMemset(data_, 0, count * sizeof(T)));
-    COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    try {
+      COLTRAIN_CHECK_CUDA(cudaMemset(data, 0, bytes));
+      COLTRAIN_CHECK_CUDA(cudaStreamSynchronize(nullptr));
+    } catch (...) {
+      device_free(data);
+      throw;
+    }
+    return data;
   }
-
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-  bool owned_ = true;
+  static void release(void* data) noexcept { device_free(data); }
+  static void copy(void* to, const void* from, std::size_t bytes) {
+    COLTRAIN_CHECK_CUDA(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice));
+  }
 };
 
 // Page-locked host memory for `count` elements of T.

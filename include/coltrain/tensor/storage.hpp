@@ -3,8 +3,9 @@
 // (Storage::borrow: a network keeps its parameters in one arena, nn/parameter_arena.hpp). The host
 // specialisation allocates through core/host_memory.hpp: 64-byte aligned, so that Eigen and the
 // compiler can use aligned vector loads, and on transparent huge pages from 2 MiB up. Memory is
-// zeroed when allocated, so nothing ever reads garbage. A copy is always owned. The CUDA
-// specialisation is in cuda_storage.hpp, included here in builds with CUDA.
+// zeroed when allocated, so nothing ever reads garbage. A copy is always owned. One class serves
+// every device through StorageMemory<Device>; CUDA's is in cuda_storage.hpp, included here in
+// builds with CUDA.
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/core/error.hpp>
@@ -22,18 +23,32 @@ namespace coltrain::tensor {
 
 inline constexpr std::size_t kHostAlignment = kCacheLineAlignment;
 
-template <class T, class Device>
-class Storage;
+// How a device's memory is allocated (zeroed), released and copied, for Storage. The host's is
+// here; the CUDA one is in cuda_storage.hpp.
+template <class Device>
+struct StorageMemory;
 
-template <class T>
-class Storage<T, Cpu> {
+template <>
+struct StorageMemory<Cpu> {
+  static constexpr const char* kTensorName = "tensor";
+  // Room for the alignment's padding on top of the elements.
+  static constexpr std::size_t kLargestBytes = SIZE_MAX - kHostAlignment;
+
+  static void* allocate(std::size_t bytes) { return allocate_host_memory(bytes); }
+  static void release(void* data) noexcept { free_host_memory(data); }
+  static void copy(void* to, const void* from, std::size_t bytes) { std::memcpy(to, from, bytes); }
+};
+
+template <class T, class Device>
+class Storage {
   static_assert(std::is_trivially_copyable_v<T>, "coltrain: tensor elements are trivially copyable");
+  using Memory = StorageMemory<Device>;
 
  public:
   Storage() = default;
   explicit Storage(std::size_t count) { allocate(count); }
   Storage(const Storage& other) : Storage(other.size_) {
-    if (size_) std::memcpy(data_, other.data_, size_ * sizeof(T));
+    if (size_) Memory::copy(data_, other.data_, size_ * sizeof(T));
   }
   Storage& operator=(const Storage& other) {
     if (this != &other) {
@@ -49,7 +64,7 @@ class Storage<T, Cpu> {
     return *this;
   }
   ~Storage() {
-    if (owned_) free_host_memory(data_);
+    if (owned_) Memory::release(data_);
   }
 
   // `count` elements at `data`, which the caller keeps alive and frees.
@@ -74,9 +89,10 @@ class Storage<T, Cpu> {
  private:
   void allocate(std::size_t count) {
     if (count == 0) return;
-    if (count > (SIZE_MAX - kHostAlignment) / sizeof(T))
-      throw InvalidArgument("tensor of " + std::to_string(count) + " elements is too large");
-    data_ = static_cast<T*>(allocate_host_memory(count * sizeof(T)));
+    if (count > Memory::kLargestBytes / sizeof(T))
+      throw InvalidArgument(std::string(Memory::kTensorName) + " of " + std::to_string(count) +
+                            " elements is too large");
+    data_ = static_cast<T*>(Memory::allocate(count * sizeof(T)));
     size_ = count;
   }
 
