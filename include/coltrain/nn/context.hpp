@@ -19,24 +19,10 @@ enum class Mode { kTrain, kEval };
 template <class Device>
 class Context;
 
-template <>
-class Context<tensor::Cpu> {
+// What a context holds on every device: whether the network is training, the seed and step of
+// random masks, and the gradient-ready hook. Context<Device> derives from it.
+class ContextState {
  public:
-  explicit Context(int threads = 1, std::uint64_t seed = 0) : pool_(threads), seed_(seed) {}
-
-  ThreadPool& pool() { return pool_; }
-  int threads() const { return pool_.size(); }
-
-  // Copies and clears in the context's memory (the CUDA context queues them on its stream).
-  template <class T>
-  void copy(const T* from, T* to, std::int64_t count) {
-    std::copy_n(from, count, to);
-  }
-  template <class T>
-  void zero(T* data, std::int64_t count) {
-    std::fill_n(data, count, T{});
-  }
-
   Mode mode() const { return mode_; }
   bool training() const { return mode_ == Mode::kTrain; }
   void set_mode(Mode mode) { mode_ = mode; }
@@ -55,12 +41,36 @@ class Context<tensor::Cpu> {
   const GradientReadyHook& gradient_ready_hook() const { return gradient_ready_hook_; }
   void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_hook_ = std::move(hook); }
 
+ protected:
+  explicit ContextState(std::uint64_t seed) : seed_(seed) {}
+
  private:
-  ThreadPool pool_;
   Mode mode_ = Mode::kTrain;
   std::uint64_t seed_ = 0;
   std::uint64_t step_ = 0;
   GradientReadyHook gradient_ready_hook_;
+};
+
+template <>
+class Context<tensor::Cpu> : public ContextState {
+ public:
+  explicit Context(int threads = 1, std::uint64_t seed = 0) : ContextState(seed), pool_(threads) {}
+
+  ThreadPool& pool() { return pool_; }
+  int threads() const { return pool_.size(); }
+
+  // Copies and clears in the context's memory (the CUDA context queues them on its stream).
+  template <class T>
+  void copy(const T* from, T* to, std::int64_t count) {
+    std::copy_n(from, count, to);
+  }
+  template <class T>
+  void zero(T* data, std::int64_t count) {
+    std::fill_n(data, count, T{});
+  }
+
+ private:
+  ThreadPool pool_;
 };
 
 namespace detail {

@@ -24,18 +24,16 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <type_traits>
-#include <utility>
 
 namespace coltrain::nn {
 
 template <>
-class Context<tensor::Cuda> {
+class Context<tensor::Cuda> : public ContextState {
  public:
   // `threads` is the CPU side's knob and is ignored here; `device` < 0 keeps the current device.
-  explicit Context(int threads = 1, std::uint64_t seed = 0, int device = -1) : seed_(seed) {
+  explicit Context(int threads = 1, std::uint64_t seed = 0, int device = -1) : ContextState(seed) {
     (void)threads;
     if (device >= 0) COLTRAIN_CHECK_CUDA(cudaSetDevice(device));
     COLTRAIN_CHECK_CUDA(cudaGetDevice(&device_));
@@ -105,19 +103,6 @@ class Context<tensor::Cuda> {
     return workspace_.get();
   }
 
-  Mode mode() const { return mode_; }
-  bool training() const { return mode_ == Mode::kTrain; }
-  void set_mode(Mode mode) { mode_ = mode; }
-
-  std::uint64_t seed() const { return seed_; }
-  std::uint64_t step() const { return step_; }
-  void set_step(std::uint64_t step) { step_ = step; }
-
-  // As Context<Cpu>'s: called once per parameter and backward pass (protocol in nn/layer.hpp).
-  using GradientReadyHook = std::function<void(const void* parameter)>;
-  const GradientReadyHook& gradient_ready_hook() const { return gradient_ready_hook_; }
-  void set_gradient_ready_hook(GradientReadyHook hook) { gradient_ready_hook_ = std::move(hook); }
-
  private:
   static constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
 
@@ -133,10 +118,6 @@ class Context<tensor::Cuda> {
 #endif
 
   int device_ = 0;
-  std::uint64_t seed_ = 0;
-  std::uint64_t step_ = 0;
-  Mode mode_ = Mode::kTrain;
-  GradientReadyHook gradient_ready_hook_;
   // Declared so that the handles go before the stream they are bound to.
   StreamHandle stream_;
   DeviceBlock cublas_workspace_;
