@@ -174,13 +174,188 @@ void broadcast_parameters_and_buffers(Net& network, comm::Communicator& comm, in
 
 }  // namespace detail
 
+// What DataParallel and DeviceDataParallel (cuda/train/data_parallel.cuh) share: the job and its
+// options, the gradient buckets and this step's reports and launches, the failure that left the
+// communicator unusable, no_sync()'s scope, and the collectives between steps. `owner` names the
+// wrapper in errors.
+class GradientSyncState {
+ public:
+  GradientSyncState(const GradientSyncState&) = delete;
+  GradientSyncState& operator=(const GradientSyncState&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  comm::Communicator& communicator() { return comm_; }
+  const DataParallelOptions& options() const { return options_; }
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  const GradientSyncStats& last_sync() const { return last_sync_; }
+
+  // In place across ranks, for metrics (loss sums, correct counts).
+  void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
+    require_idle("allreduce");
+    comm_.allreduce(values, op);
+  }
+
+  void barrier() {
+    require_idle("barrier");
+    comm_.barrier();
+  }
+
+  // Gradient accumulation without communication, as DDP's no_sync(): backward passes inside the
+  // scope only add to the local gradients; the first synchronised backward pass after it reduces
+  // the accumulated sums.
+  class [[nodiscard]] NoSyncScope {
+   public:
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+    ~NoSyncScope() { owner_.sync_enabled_ = previous_; }
+
+   private:
+    friend class GradientSyncState;
+    explicit NoSyncScope(GradientSyncState& owner) : owner_(owner), previous_(owner.sync_enabled_) {
+      owner_.sync_enabled_ = false;
+    }
+    GradientSyncState& owner_;
+    bool previous_;
+  };
+
+ protected:
+  GradientSyncState(const char* owner, comm::Communicator& communicator,
+                    DataParallelOptions options)
+      : owner_(owner),
+        comm_(communicator),
+        options_(options),
+        rank_(communicator.rank()),
+        world_size_(communicator.size()) {}
+  ~GradientSyncState() = default;
+
+  ErrorContext error_context(std::string operation) const {
+    ErrorContext c;
+    c.rank = rank_;
+    c.operation = std::move(operation);
+    return c;
+  }
+
+  void throw_if_failed(const char* what) const {
+    if (!failure_.empty()) {
+      throw CommError(std::string(owner_) + "::" + what +
+                          ": an earlier communication error left the communicator unusable (" +
+                          failure_ + ")",
+                      error_context(what));
+    }
+  }
+
+  void require_idle(const char* what) const {
+    throw_if_failed(what);
+    if (tracker_.started()) {
+      throw Error(std::string(owner_) + "::" + what +
+                      ": gradient buckets of this step are still in flight; call "
+                      "finish_gradient_sync() first",
+                  error_context(what));
+    }
+  }
+
+  // no_sync()'s scope, outside a synchronised step only.
+  NoSyncScope pause_sync() {
+    if (tracker_.started()) {
+      throw InvalidArgument(std::string(owner_) +
+                                "::no_sync: a synchronised backward pass has already reported "
+                                "gradients; call finish_gradient_sync() first",
+                            error_context("no_sync"));
+    }
+    return NoSyncScope(*this);
+  }
+
+  void reset_step() {
+    tracker_.reset();
+    next_launch_ = 0;
+  }
+
+  // Names and numbers the network's parameters in state_dict order and puts their gradients, of
+  // `element_bytes` bytes each in the buckets' buffers, into buckets, the same way on every rank.
+  template <class Net>
+  void assign_buckets(Net& network, std::size_t element_bytes) {
+    if (network.context().gradient_ready_hook()) {
+      throw InvalidArgument(std::string(owner_) +
+                                ": the network already has a gradient-ready hook (is it wrapped "
+                                "by another DataParallel?)",
+                            error_context("construct"));
+    }
+    const auto& arena = network.parameter_arena();
+    std::vector<std::size_t> bytes;
+    network.visit_parameters([&](const std::string& name, auto& parameter) {
+      index_.emplace(static_cast<const void*>(&parameter), names_.size());
+      bytes.push_back(arena.size(names_.size()) * element_bytes);
+      names_.push_back(name);
+    });
+    buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
+    requests_.resize(buckets_.size());
+    tracker_ = BucketLaunchTracker(buckets_, names_.size());
+  }
+
+  // MismatchError unless every rank built the same buckets (different models or options).
+  void check_same_buckets_on_every_rank() {
+    std::vector<std::int64_t> values = bucket_agreement_values(buckets_);
+    comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
+    if (const std::string problem = bucket_disagreement(buckets_, values); !problem.empty())
+      throw MismatchError(std::string(owner_) + ": " + problem, error_context("construct"));
+  }
+
+  // Records the gradient-ready report of `parameter` and returns how many buckets are complete
+  // (BucketLaunchTracker::report). Throws for an address that is not a parameter of the network,
+  // and for a second report in one step.
+  std::size_t record_report(const void* parameter) {
+    const auto found = index_.find(parameter);
+    if (found == index_.end()) {
+      throw Error(std::string(owner_) +
+                      ": the network reported a gradient that is not one of its parameters",
+                  error_context("gradient-ready report"));
+    }
+    const std::size_t p = found->second;
+    if (tracker_.reported(p)) {
+      throw Error(std::string(owner_) + ": the gradient of '" + names_[p] +
+                      "' was reported twice in one step; call finish_gradient_sync() after each "
+                      "synchronised backward pass, and accumulate inside no_sync()",
+                  error_context("gradient-ready report"));
+    }
+    return tracker_.report(p);
+  }
+
+  // Makes `error`, met by bucket b's allreduce, the failure that leaves this object unusable, and
+  // rethrows it prefixed with the bucket.
+  [[noreturn]] void fail_bucket(std::exception_ptr error, std::size_t b) {
+    failure_ = std::string(owner_) + ": allreduce of gradient bucket " + std::to_string(b) +
+               " of " + std::to_string(buckets_.size()) + " (" + std::to_string(buckets_[b].bytes) +
+               " bytes) failed";
+    detail::rethrow_with_context(error, failure_ + ": ", rank_);
+  }
+
+  const char* owner_;
+  comm::Communicator& comm_;
+  DataParallelOptions options_;
+  int rank_;
+  int world_size_;
+
+  // Fixed at construction.
+  std::vector<std::string> names_;                      // by parameter index (state_dict order)
+  std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
+  std::vector<GradientBucket> buckets_;
+
+  BucketLaunchTracker tracker_;          // this step's reports
+  std::size_t next_launch_ = 0;          // buckets issued this step
+  std::vector<comm::Request> requests_;  // by bucket
+  bool sync_enabled_ = true;
+  GradientSyncStats last_sync_;
+  std::string failure_;  // the error that made the communicator unusable
+};
+
 // What DataParallel needs of a network: nn::Network on the CPU. (A requires-expression with lambdas
 // here defeats class template argument deduction under nvcc.)
 template <class Net>
 concept DataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cpu>;
 
 template <DataParallelNetwork Net>
-class DataParallel {
+class DataParallel : public GradientSyncState {
   using T = typename Net::value_type;
   using B = detail::bucket_element_t<T>;
   static constexpr bool kInPlace = std::is_same_v<T, B>;  // the allreduce works on the arena
@@ -193,11 +368,7 @@ class DataParallel {
   // MismatchError if ranks disagree on the buckets (different models or options), and the
   // communicator's errors.
   DataParallel(Net& network, comm::Communicator& communicator, DataParallelOptions options = {})
-      : network_(network),
-        comm_(communicator),
-        options_(options),
-        rank_(communicator.rank()),
-        world_size_(communicator.size()) {
+      : GradientSyncState("DataParallel", communicator, options), network_(network) {
     if (options_.zero_stage != 0 && options_.zero_stage != 1) {
       throw InvalidArgument(
           "DataParallel: ZeRO stage " + std::to_string(options_.zero_stage) + " (0 and 1 exist)",
@@ -226,37 +397,20 @@ class DataParallel {
           "rank_order allreduce: it takes the automatic algorithm and no compression",
           error_context("construct"));
     }
-    if (network_.context().gradient_ready_hook()) {
-      throw InvalidArgument(
-          "DataParallel: the network already has a gradient-ready hook (is it "
-          "wrapped by another DataParallel?)",
-          error_context("construct"));
-    }
+    assign_buckets(network_, sizeof(B));
     if (options_.micro_shards > 0) deterministic_.emplace(network_, comm_, options_.micro_shards);
     auto& arena = network_.parameter_arena();
-    std::vector<std::size_t> bytes;
-    network_.visit_parameters([&](const std::string& name, auto& parameter) {
-      index_.emplace(static_cast<const void*>(&parameter), names_.size());
-      bytes.push_back(arena.size(names_.size()) * sizeof(B));
-      names_.push_back(name);
-    });
-    buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
     for (const GradientBucket& bucket : buckets_) {
       const auto [first, end] = arena.range(bucket.parameters);
       ranges_.push_back(std::span<T>(arena.gradients() + first, end - first));
       if (!kInPlace && options_.zero_stage == 0 && !deterministic_)
         buffers_.emplace_back(end - first);
     }
-    requests_.resize(buckets_.size());
-    tracker_ = BucketLaunchTracker(buckets_, names_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
         [this](const void* parameter) { on_gradient_ready(parameter); });
   }
-
-  DataParallel(const DataParallel&) = delete;
-  DataParallel& operator=(const DataParallel&) = delete;
 
   // Waits for the buckets already issued (each bounded by the communicator's deadline), whose
   // buffers go with this object; errors met then are dropped.
@@ -331,33 +485,12 @@ class DataParallel {
     }
     last_sync_ = {buckets_.size(), launched_during_backward, reduced_before_wait, watch.seconds()};
     reset_step();
-    if (error) {
-      failure_ = "DataParallel: allreduce of gradient bucket " + std::to_string(error_bucket) +
-                 " of " + std::to_string(buckets_.size()) + " (" +
-                 std::to_string(buckets_[error_bucket].bytes) + " bytes) failed";
-      detail::rethrow_with_context(error, failure_ + ": ", rank_);
-    }
+    if (error) fail_bucket(error, error_bucket);
     return last_sync_.wait_seconds;
   }
 
-  // Gradient accumulation without communication, as DDP's no_sync(): backward passes inside the
-  // scope only add to the local gradients; the first synchronised backward pass after it reduces
-  // the accumulated sums.
-  class [[nodiscard]] NoSyncScope {
-   public:
-    NoSyncScope(const NoSyncScope&) = delete;
-    NoSyncScope& operator=(const NoSyncScope&) = delete;
-    ~NoSyncScope() { owner_.sync_enabled_ = previous_; }
-
-   private:
-    friend class DataParallel;
-    explicit NoSyncScope(DataParallel& owner) : owner_(owner), previous_(owner.sync_enabled_) {
-      owner_.sync_enabled_ = false;
-    }
-    DataParallel& owner_;
-    bool previous_;
-  };
-  // Throws InvalidArgument inside a synchronised step (some gradients already reported), and in
+  // Gradient accumulation without communication (GradientSyncState::NoSyncScope). Throws
+  // InvalidArgument inside a synchronised step (some gradients already reported), and in
   // deterministic mode, which accumulates through compute_gradients(..., accumulate = true).
   NoSyncScope no_sync() {
     if (deterministic_) {
@@ -366,13 +499,7 @@ class DataParallel {
           "through compute_gradients(pass_number, pass, true)",
           error_context("no_sync"));
     }
-    if (tracker_.started()) {
-      throw InvalidArgument(
-          "DataParallel::no_sync: a synchronised backward pass has already "
-          "reported gradients; call finish_gradient_sync() first",
-          error_context("no_sync"));
-    }
-    return NoSyncScope(*this);
+    return pause_sync();
   }
 
   // ---- deterministic mode (DataParallelOptions::micro_shards) ----
@@ -441,17 +568,6 @@ class DataParallel {
     return true;
   }
 
-  // In place across ranks, for metrics (loss sums, correct counts).
-  void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
-    require_idle("allreduce");
-    comm_.allreduce(values, op);
-  }
-
-  void barrier() {
-    require_idle("barrier");
-    comm_.barrier();
-  }
-
   // Rank 0's parameters and buffers to every rank (the constructor does this; call it again after
   // loading a checkpoint on rank 0 only). Collective.
   void broadcast_parameters_and_buffers() {
@@ -510,48 +626,11 @@ class DataParallel {
     });
   }
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
   Net& network() { return network_; }
-  comm::Communicator& communicator() { return comm_; }
   // ZeRO-1: which part of the parameter arena each rank updates.
   ArenaShards shards() const { return ArenaShards(network_.parameter_arena().size(), world_size_); }
-  const DataParallelOptions& options() const { return options_; }
-  const std::vector<GradientBucket>& buckets() const { return buckets_; }
-  const GradientSyncStats& last_sync() const { return last_sync_; }
 
  private:
-  ErrorContext error_context(std::string operation) const {
-    ErrorContext c;
-    c.rank = rank_;
-    c.operation = std::move(operation);
-    return c;
-  }
-
-  void throw_if_failed(const char* what) const {
-    if (!failure_.empty()) {
-      throw CommError(std::string("DataParallel::") + what +
-                          ": an earlier communication error left the communicator unusable (" +
-                          failure_ + ")",
-                      error_context(what));
-    }
-  }
-
-  void require_idle(const char* what) const {
-    throw_if_failed(what);
-    if (tracker_.started()) {
-      throw Error(std::string("DataParallel::") + what +
-                      ": gradient buckets of this step are still in flight; call "
-                      "finish_gradient_sync() first",
-                  error_context(what));
-    }
-  }
-
-  void reset_step() {
-    tracker_.reset();
-    next_launch_ = 0;
-  }
-
   DeterministicGradients<Net>& require_deterministic(const char* what) {
     if (!deterministic_) throw_not_deterministic(what);
     return *deterministic_;
@@ -576,21 +655,7 @@ class DataParallel {
           error_context("gradient-ready report"));
     }
     if (!sync_enabled_) return;
-    const auto found = index_.find(parameter);
-    if (found == index_.end()) {
-      throw Error(
-          "DataParallel: the network reported a gradient that is not one of its "
-          "parameters",
-          error_context("gradient-ready report"));
-    }
-    const std::size_t p = found->second;
-    if (tracker_.reported(p)) {
-      throw Error("DataParallel: the gradient of '" + names_[p] +
-                      "' was reported twice in one step; call finish_gradient_sync() after each "
-                      "synchronised backward pass, and accumulate inside no_sync()",
-                  error_context("gradient-ready report"));
-    }
-    const std::size_t ready = tracker_.report(p);
+    const std::size_t ready = record_report(parameter);
     if (options_.zero_stage == 0) launch(ready);  // never the last bucket: finish reduces it
   }
 
@@ -654,35 +719,12 @@ class DataParallel {
     }
   }
 
-  void check_same_buckets_on_every_rank() {
-    std::vector<std::int64_t> values = bucket_agreement_values(buckets_);
-    comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
-    if (const std::string problem = bucket_disagreement(buckets_, values); !problem.empty())
-      throw MismatchError("DataParallel: " + problem, error_context("construct"));
-  }
-
   Net& network_;
-  comm::Communicator& comm_;
-  DataParallelOptions options_;
-  int rank_;
-  int world_size_;
-
-  // Fixed at construction.
-  std::vector<std::string> names_;                      // by parameter index (state_dict order)
-  std::unordered_map<const void*, std::size_t> index_;  // Parameter address -> index
-  std::vector<GradientBucket> buckets_;
+  // Fixed at construction; buckets belong to their requests while in flight.
   std::vector<std::span<T>> ranges_;     // by bucket: its gradients, in the network's arena
   std::vector<std::vector<B>> buffers_;  // by bucket, 16-bit gradients only: the f32 copy
-  // Buckets belong to their requests while in flight.
-
-  BucketLaunchTracker tracker_;          // this step's reports
-  std::size_t next_launch_ = 0;          // buckets issued this step
-  std::vector<comm::Request> requests_;  // by bucket
-  bool sync_enabled_ = true;
   std::optional<DeterministicGradients<Net>> deterministic_;  // in deterministic mode
   bool inside_passes_ = false;  // compute_gradients() is running its passes
-  GradientSyncStats last_sync_;
-  std::string failure_;  // the error that made the communicator unusable
 };
 
 }  // namespace coltrain::train

@@ -56,7 +56,6 @@
 #include <span>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -67,7 +66,7 @@ template <class Net>
 concept DeviceDataParallelNetwork = std::is_same_v<typename Net::device_type, tensor::Cuda>;
 
 template <DeviceDataParallelNetwork Net>
-class DeviceDataParallel {
+class DeviceDataParallel : public GradientSyncState {
   using T = typename Net::value_type;
   using B = detail::bucket_element_t<T>;  // f32 for 16-bit gradients
   static constexpr bool kInPlace = std::is_same_v<T, B>;  // the allreduce works on the arena
@@ -78,42 +77,22 @@ class DeviceDataParallel {
   // communicator must outlive this object; the current CUDA device must be the network's.
   DeviceDataParallel(Net& network, comm::Communicator& communicator,
                      DataParallelOptions options = {})
-      : network_(network),
-        comm_(communicator),
-        options_(options),
-        rank_(communicator.rank()),
-        world_size_(communicator.size()),
+      : GradientSyncState("DeviceDataParallel", communicator, options),
+        network_(network),
         stream_ordered_(communicator.stream_ordered()) {
-    if (network_.context().gradient_ready_hook()) {
-      throw InvalidArgument(
-          "DeviceDataParallel: the network already has a gradient-ready hook (is it wrapped by "
-          "another DataParallel?)",
-          error_context("construct"));
-    }
+    assign_buckets(network_, sizeof(B));
     auto& arena = network_.parameter_arena();
-    std::vector<std::size_t> bytes;
-    network_.visit_parameters([&](const std::string& name, auto& parameter) {
-      index_.emplace(static_cast<const void*>(&parameter), names_.size());
-      bytes.push_back(arena.size(names_.size()) * sizeof(B));
-      names_.push_back(name);
-    });
-    buckets_ = assign_gradient_buckets(bytes, options_.first_bucket_bytes, options_.bucket_bytes);
     for (const GradientBucket& bucket : buckets_) {
       const auto [first, end] = arena.range(bucket.parameters);
       ranges_.push_back({arena.gradients() + first, end - first});
       if constexpr (!kInPlace) buffers_.emplace_back(end - first);
       ready_.emplace_back();
     }
-    requests_.resize(buckets_.size());
-    tracker_ = BucketLaunchTracker(buckets_, names_.size());
     check_same_buckets_on_every_rank();
     broadcast_parameters_and_buffers();
     network_.context().set_gradient_ready_hook(
         [this](const void* parameter) { on_gradient_ready(parameter); });
   }
-
-  DeviceDataParallel(const DeviceDataParallel&) = delete;
-  DeviceDataParallel& operator=(const DeviceDataParallel&) = delete;
 
   // Waits for the buckets still in flight (a step abandoned by an exception): they use its buffers.
   ~DeviceDataParallel() {
@@ -189,40 +168,13 @@ class DeviceDataParallel {
     }
     last_sync_ = {buckets_.size(), launched_during_backward, reduced_before_wait, watch.seconds()};
     reset_step();
-    if (error) {
-      failure_ = "DeviceDataParallel: allreduce of gradient bucket " +
-                 std::to_string(error_bucket) + " of " + std::to_string(buckets_.size()) + " (" +
-                 std::to_string(buckets_[error_bucket].bytes) + " bytes) failed";
-      detail::rethrow_with_context(error, failure_ + ": ", rank_);
-    }
+    if (error) fail_bucket(error, error_bucket);
     return last_sync_.wait_seconds;
   }
 
-  // Gradient accumulation without communication, as DDP's no_sync().
-  class [[nodiscard]] NoSyncScope {
-   public:
-    NoSyncScope(const NoSyncScope&) = delete;
-    NoSyncScope& operator=(const NoSyncScope&) = delete;
-    ~NoSyncScope() { owner_.sync_enabled_ = previous_; }
-
-   private:
-    friend class DeviceDataParallel;
-    explicit NoSyncScope(DeviceDataParallel& owner)
-        : owner_(owner), previous_(owner.sync_enabled_) {
-      owner_.sync_enabled_ = false;
-    }
-    DeviceDataParallel& owner_;
-    bool previous_;
-  };
-  NoSyncScope no_sync() {
-    if (tracker_.started()) {
-      throw InvalidArgument(
-          "DeviceDataParallel::no_sync: a synchronised backward pass has already reported "
-          "gradients; call finish_gradient_sync() first",
-          error_context("no_sync"));
-    }
-    return NoSyncScope(*this);
-  }
+  // Gradient accumulation without communication (GradientSyncState::NoSyncScope); InvalidArgument
+  // inside a synchronised step.
+  NoSyncScope no_sync() { return pause_sync(); }
 
   // Max-reduces the optimizer's overflow flag (a device int32, 1 if this rank saw Inf/NaN) across
   // ranks, ordered on the network's stream, so that every rank skips the same steps.
@@ -276,17 +228,6 @@ class DeviceDataParallel {
     });
   }
 
-  // In place across ranks, for host values (metrics).
-  void allreduce(std::span<double> values, comm::ReduceOp op = comm::ReduceOp::kSum) {
-    require_idle("allreduce");
-    comm_.allreduce(values, op);
-  }
-
-  void barrier() {
-    require_idle("barrier");
-    comm_.barrier();
-  }
-
   // Rank 0's parameters and buffers to every rank (the constructor does this). Collective; the
   // host waits until they have arrived.
   void broadcast_parameters_and_buffers() {
@@ -303,13 +244,7 @@ class DeviceDataParallel {
     comm_.synchronize();
   }
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
   Net& network() { return network_; }
-  comm::Communicator& communicator() { return comm_; }
-  const DataParallelOptions& options() const { return options_; }
-  const std::vector<GradientBucket>& buckets() const { return buckets_; }
-  const GradientSyncStats& last_sync() const { return last_sync_; }
   // Whether a step, collectives included, can be captured as a CUDA graph: nothing blocks the host
   // (NCCL, or one rank).
   bool capturable() const { return stream_ordered_ || !communicates(); }
@@ -323,55 +258,11 @@ class DeviceDataParallel {
   bool communicates() const { return world_size_ > 1; }
   cudaStream_t compute_stream() { return network_.context().stream(); }
 
-  ErrorContext error_context(std::string operation) const {
-    ErrorContext c;
-    c.rank = rank_;
-    c.operation = std::move(operation);
-    return c;
-  }
-
-  void throw_if_failed(const char* what) const {
-    if (!failure_.empty()) {
-      throw CommError(std::string("DeviceDataParallel::") + what +
-                          ": an earlier communication error left the communicator unusable (" +
-                          failure_ + ")",
-                      error_context(what));
-    }
-  }
-
-  void require_idle(const char* what) const {
-    throw_if_failed(what);
-    if (tracker_.started()) {
-      throw Error(std::string("DeviceDataParallel::") + what +
-                      ": gradient buckets of this step are in flight; call "
-                      "finish_gradient_sync() first",
-                  error_context(what));
-    }
-  }
-
-  void reset_step() {
-    tracker_.reset();
-    next_launch_ = 0;
-  }
-
   // The gradient-ready hook, on the thread running backward().
   void on_gradient_ready(const void* parameter) {
     if (!sync_enabled_) return;
-    const auto found = index_.find(parameter);
-    if (found == index_.end()) {
-      throw Error("DeviceDataParallel: the network reported a gradient that is not one of its "
-                  "parameters",
-                  error_context("gradient-ready report"));
-    }
-    const std::size_t p = found->second;
-    if (tracker_.reported(p)) {
-      throw Error("DeviceDataParallel: the gradient of '" + names_[p] +
-                      "' was reported twice in one step; call finish_gradient_sync() after each "
-                      "synchronised backward pass, and accumulate inside no_sync()",
-                  error_context("gradient-ready report"));
-    }
-    if (communicates()) launch(tracker_.report(p));
-    else tracker_.report(p);
+    const std::size_t ready = record_report(parameter);
+    if (communicates()) launch(ready);
   }
 
   // Buckets [next_launch_, end): their gradients are queued on the network's stream.
@@ -411,38 +302,17 @@ class DeviceDataParallel {
     if constexpr (!kInPlace) cuda::cast(averaged, range.data, n, stream);
   }
 
-  void check_same_buckets_on_every_rank() {
-    std::vector<std::int64_t> values = bucket_agreement_values(buckets_);
-    comm_.allreduce(std::span<std::int64_t>(values), comm::ReduceOp::kMin);
-    if (const std::string problem = bucket_disagreement(buckets_, values); !problem.empty())
-      throw MismatchError("DeviceDataParallel: " + problem, error_context("construct"));
-  }
-
   Net& network_;
-  comm::Communicator& comm_;
-  DataParallelOptions options_;
-  int rank_;
-  int world_size_;
   bool stream_ordered_;
 
-  // Fixed at construction.
-  std::vector<std::string> names_;  // by parameter index (state_dict order)
-  std::unordered_map<const void*, std::size_t> index_;
-  std::vector<GradientBucket> buckets_;
+  // Fixed at construction. Requests (GradientSyncState::requests_) are used on staged backends
+  // only: the step's iallreduce per bucket.
   std::vector<ArenaRange> ranges_;  // by bucket: its gradients, in the network's arena
   std::vector<tensor::Storage<B, tensor::Cuda>> buffers_;  // by bucket, 16-bit only: f32 copy
-  std::vector<CudaEvent> ready_;                          // per bucket, on the network's stream
-  std::vector<comm::Request> requests_;  // per bucket, staged backends: the step's iallreduce
+  std::vector<CudaEvent> ready_;                           // per bucket, on the network's stream
   CudaStream comm_stream_;
-  CudaEvent synced_;                                  // the last bucket, on comm_stream_
-  tensor::Tensor<float, tensor::Cuda> scratch_;       // 16-bit buffers widened for averaging
-
-  // The caller's thread only.
-  BucketLaunchTracker tracker_;
-  std::size_t next_launch_ = 0;
-  bool sync_enabled_ = true;
-  GradientSyncStats last_sync_;
-  std::string failure_;
+  CudaEvent synced_;                             // the last bucket, on comm_stream_
+  tensor::Tensor<float, tensor::Cuda> scratch_;  // 16-bit buffers widened for averaging
 };
 
 }  // namespace coltrain::train
