@@ -328,6 +328,24 @@ function(coltrain_add_header_checks)
   add_test(NAME header.all.backends
            COMMAND ${gxx} ${COLTRAIN_HEADER_CHECK_FLAGS} "${check_dir}/all_headers.cpp")
   set_tests_properties(header.all.backends PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
+  # What <coltrain/comm.hpp> brings into a file: no training, tensors or Eigen; and under separate
+  # compilation declarations only, without <filesystem>, <fstream>, the JSON library, OpenSSL or
+  # any out-of-line definition (issue 45's calling file).
+  file(CONFIGURE OUTPUT "${check_dir}/comm_only.cpp"
+       CONTENT "#include <coltrain/comm.hpp>\nint main() { return 0; }\n")
+  string(REPLACE ";" "|" compiler "${gxx};${COLTRAIN_HEADER_CHECK_FLAGS}")
+  set(no_training "coltrain/nn/|coltrain/train/|coltrain/tensor/|coltrain/data/|Eigen/")
+  add_test(NAME header.comm.collectives_only
+           COMMAND ${CMAKE_COMMAND} "-DCOMPILER=${compiler}" "-DSOURCE=${check_dir}/comm_only.cpp"
+                   "-DFORBIDDEN=${no_training}"
+                   -P "${PROJECT_SOURCE_DIR}/cmake/CheckIncludedHeaders.cmake")
+  add_test(NAME header.comm.separate_declarations
+           COMMAND ${CMAKE_COMMAND} "-DCOMPILER=${compiler}|-DCOLTRAIN_SEPARATE_COMPILATION=1"
+                   "-DSOURCE=${check_dir}/comm_only.cpp"
+                   "-DFORBIDDEN=${no_training}|/filesystem$|/fstream$|coltrain/core/json[.]hpp$|/impl/|openssl/"
+                   -P "${PROJECT_SOURCE_DIR}/cmake/CheckIncludedHeaders.cmake")
+  set_tests_properties(header.comm.collectives_only header.comm.separate_declarations
+                       PROPERTIES LABELS headers TIMEOUT ${COLTRAIN_TEST_TIMEOUT})
   if(CMAKE_CUDA_COMPILER)
     file(CONFIGURE OUTPUT "${check_dir}/all_headers.cu"
          CONTENT "${all_includes}int main() { return 0; }\n")

@@ -9,6 +9,7 @@
 #error "<coltrain/src.hpp> needs -DCOLTRAIN_SEPARATE_COMPILATION; header-only builds need no source"
 #endif
 
+#include <coltrain/comm/impl/call_checks.ipp>
 #include <coltrain/comm/impl/communicator.ipp>
 #include <coltrain/comm/impl/elastic_group.ipp>
 #include <coltrain/comm/impl/options.ipp>
@@ -18,3 +19,4 @@
 #if COLTRAIN_WITH_MPI
 #include <coltrain/comm/impl/tcp_over_mpi.ipp>
 #endif
+#include <coltrain/core/impl/error.ipp>

@@ -138,8 +138,8 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   const FlightRecorder& flight_recorder() const;
   // CommOptions::trace_dir (COLTRAIN_TRACE_DIR) unless changed here; the samples point it at their
   // run directory when the variable is unset.
-  std::filesystem::path trace_dir() const;
-  void set_trace_dir(std::filesystem::path dir);
+  std::string trace_dir() const;
+  void set_trace_dir(std::string dir);
 
   // The model kAutomatic uses for `memory`'s buffers: the host backend's, and for device buffers
   // on NCCL the NCCL one (staged device buffers run host collectives per chunk).

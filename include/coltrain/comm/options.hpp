@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -29,7 +28,7 @@ struct CommOptions {
   std::string job_id;
   // Where the flight recorder writes its file when a call fails or SIGUSR1 arrives
   // (comm/protocol/flight_recorder.hpp); empty: nowhere. COLTRAIN_TRACE_DIR.
-  std::filesystem::path trace_dir;
+  std::string trace_dir;
   // The job's shared secret: with one, every TCP connection of the job proves it both ways.
   AuthSettings auth;
   // Whether the TCP backend moves the bytes of ranks on one host through shared memory
@@ -62,7 +61,7 @@ struct CommOptions {
   // one; the other ranks wait for it there (comm/rendezvous/port_file.hpp). Needed with
   // MASTER_PORT=0 (rank 0 listens on a port the kernel picks, which nothing can take before it).
   // COLTRAIN_PORT_FILE.
-  std::filesystem::path port_file;
+  std::string port_file;
   // Deterministic mode: every allreduce, reduce and reduce_scatter of host buffers runs
   // Algorithm::kRankOrder, whatever algorithm the call names, so each element is reduced in one
   // fixed tree over the ranks and its bits depend on the inputs and the number of ranks alone
@@ -71,7 +70,7 @@ struct CommOptions {
   // A tuning file that benchmarks/coltrain_tune wrote (comm/tuning/tuning_file.hpp): kAutomatic
   // then chooses from what was measured there. Empty: the built-in cost model.
   // COLTRAIN_TUNING_FILE.
-  std::filesystem::path tuning_file;
+  std::string tuning_file;
   // How long a TCP rank waiting for its peers keeps polling before it sleeps in poll(); unset:
   // 2 ms where the host's ranks have a core each, 50 us where they outnumber its cores
   // (comm/transport/tcp/spin_policy.hpp). Set it short where ranks share cores the launcher does

@@ -27,27 +27,11 @@ struct ErrorContext {
 
 namespace detail {
 
-inline std::string describe(const ErrorContext& c) {
-  // Plain appends rather than a stream: every header that reports errors includes this one, and
-  // <sstream> alone costs a quarter of a second in each translation unit.
-  std::string out;
-  const auto field = [&out](const std::string& text) {
-    if (!out.empty()) out += ", ";
-    out += text;
-  };
-  if (c.rank) field("rank " + std::to_string(*c.rank));
-  if (c.peer) field("peer " + std::to_string(*c.peer));
-  if (!c.operation.empty()) field("operation " + c.operation);
-  if (c.sequence) field("sequence #" + std::to_string(*c.sequence));
-  if (!c.file.empty()) field(c.line ? c.file + ':' + std::to_string(*c.line) : "file " + c.file);
-  if (c.offset) field("offset " + std::to_string(*c.offset));
-  return out;
-}
+// "rank 3, peer 1, operation allreduce, sequence #12": the fields of `c` that are set.
+COLTRAIN_DECL std::string describe(const ErrorContext& c);
 
-inline std::string format_error(const std::string& message, const ErrorContext& c) {
-  std::string where = describe(c);
-  return where.empty() ? "coltrain: " + message : "coltrain: " + message + " [" + where + "]";
-}
+// "coltrain: <message> [<describe(c)>]", what() of every coltrain exception.
+COLTRAIN_DECL std::string format_error(const std::string& message, const ErrorContext& c);
 
 }  // namespace detail
 
@@ -123,15 +107,10 @@ class BackendError : public Error {
 
 namespace detail {
 
-[[noreturn]] inline void throw_backend_error(const char* library, long code,
-                                             const std::string& reason, const char* call,
-                                             const char* file, int line) {
-  ErrorContext context;
-  context.operation = call;
-  context.file = file;
-  context.line = line;
-  throw BackendError(library, code, reason, std::move(context));
-}
+// Throws BackendError for a failed library call (the check macros below).
+[[noreturn]] COLTRAIN_DECL void throw_backend_error(const char* library, long code,
+                                                    const std::string& reason, const char* call,
+                                                    const char* file, int line);
 
 }  // namespace detail
 }  // namespace coltrain
@@ -178,3 +157,7 @@ namespace detail {
 // them checks for it before this macro.
 #define COLTRAIN_CHECK_NCCL(call) \
   COLTRAIN_DETAIL_CHECK("NCCL", call, #call, ncclSuccess, ncclGetErrorString)
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#include <coltrain/core/impl/error.ipp>
+#endif

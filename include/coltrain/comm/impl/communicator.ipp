@@ -134,10 +134,10 @@ COLTRAIN_DECL void Communicator::set_staging_options(const StagingOptions& optio
 #endif
 }
 
-COLTRAIN_DECL std::filesystem::path Communicator::trace_dir() const {
-  return host_->recorder().trace_dir();
+COLTRAIN_DECL std::string Communicator::trace_dir() const {
+  return host_->recorder().trace_dir().string();
 }
-COLTRAIN_DECL void Communicator::set_trace_dir(std::filesystem::path dir) {
+COLTRAIN_DECL void Communicator::set_trace_dir(std::string dir) {
   host_->recorder().set_trace_dir(std::move(dir));
 }
 

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -228,16 +227,16 @@ COLTRAIN_DECL std::string tuning_file_text(const TuningFile& file) {
   return root.dump(2) + "\n";
 }
 
-COLTRAIN_DECL TuningFile load_tuning_file(const std::filesystem::path& path) {
+COLTRAIN_DECL TuningFile load_tuning_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("tuning file " + path.string() + ": cannot be read");
+  if (!in) throw ConfigError("tuning file " + path + ": cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
-  if (!in.good() && !in.eof()) throw ConfigError("tuning file " + path.string() + ": read failed");
-  return parse_tuning_file(text.str(), path.string());
+  if (!in.good() && !in.eof()) throw ConfigError("tuning file " + path + ": read failed");
+  return parse_tuning_file(text.str(), path);
 }
 
-COLTRAIN_DECL void save_tuning_file(const std::filesystem::path& path, const TuningFile& file) {
+COLTRAIN_DECL void save_tuning_file(const std::string& path, const TuningFile& file) {
   write_file_atomically(path, tuning_file_text(file), "write tuning file");
 }
 

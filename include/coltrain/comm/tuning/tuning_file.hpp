@@ -13,7 +13,6 @@
 #include <coltrain/core/config.hpp>
 
 #include <cstddef>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -78,10 +77,10 @@ COLTRAIN_DECL TuningFile parse_tuning_file(std::string_view text, const std::str
 // `file` as the JSON text that parse_tuning_file reads.
 COLTRAIN_DECL std::string tuning_file_text(const TuningFile& file);
 
-COLTRAIN_DECL TuningFile load_tuning_file(const std::filesystem::path& path);
+COLTRAIN_DECL TuningFile load_tuning_file(const std::string& path);
 
 // Writes `file` to `path` atomically: a reader sees the old file or the new one, never a part.
-COLTRAIN_DECL void save_tuning_file(const std::filesystem::path& path, const TuningFile& file);
+COLTRAIN_DECL void save_tuning_file(const std::string& path, const TuningFile& file);
 
 }  // namespace coltrain::comm
 
