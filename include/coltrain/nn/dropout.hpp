@@ -64,8 +64,12 @@ class DropoutLayer : public ParameterFreeLayer<In, In> {
   static void draw_and_apply(const T* x, T* y, std::uint8_t* keep, std::uint64_t key,
                              std::int64_t begin, std::int64_t end) {
     constexpr std::uint64_t kThreshold = uniform_threshold(P);
-    for (std::int64_t i = begin; i < end; ++i)
-      keep[i] = hash_bits(key, static_cast<std::uint64_t>(i)) >= kThreshold ? 1 : 0;
+    if constexpr (kThreshold == 0) {  // P = 0 keeps every element (and nvcc warns on `u >= 0`)
+      for (std::int64_t i = begin; i < end; ++i) keep[i] = 1;
+    } else {
+      for (std::int64_t i = begin; i < end; ++i)
+        keep[i] = hash_bits(key, static_cast<std::uint64_t>(i)) >= kThreshold ? 1 : 0;
+    }
     apply_mask(x, y, keep, begin, end);
   }
 

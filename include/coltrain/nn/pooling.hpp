@@ -47,12 +47,16 @@ struct PoolGeometry {
   using Output = Chw<In::kDims[0], kOutH, kOutW>;
 };
 
+// The base of every pooling layer, on either device: parameter-free, from In to the pooled shape.
+template <class In, std::size_t Kernel, std::size_t Stride, std::size_t Padding>
+using PoolingBase =
+    ParameterFreeLayer<In, typename PoolGeometry<In, Kernel, Stride, Padding>::Output>;
+
 }  // namespace detail
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
           class Device>
-class MaxPool2dLayer : public ParameterFreeLayer<
-                           In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
+class MaxPool2dLayer : public detail::PoolingBase<In, Kernel, Stride, Padding> {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
   static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;
@@ -212,8 +216,7 @@ class MaxPool2dLayer : public ParameterFreeLayer<
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T,
           class Device>
-class AvgPool2dLayer : public ParameterFreeLayer<
-                           In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
+class AvgPool2dLayer : public detail::PoolingBase<In, Kernel, Stride, Padding> {
   using Geometry = detail::PoolGeometry<In, Kernel, Stride, Padding>;
   using S = compute_t<T>;
   static constexpr std::int64_t kC = Geometry::kC, kH = Geometry::kH, kW = Geometry::kW;

@@ -271,16 +271,20 @@ class GradientSyncState {
     next_launch_ = 0;
   }
 
+  // InvalidArgument if the network already reports its gradients to someone: one wrapper each.
+  template <class Net>
+  void require_unwrapped(Net& network) const {
+    if (!network.context().gradient_ready_hook()) return;
+    throw InvalidArgument(std::string(owner_) +
+                              ": the network already has a gradient-ready hook (is it wrapped "
+                              "by another DataParallel?)",
+                          error_context("construct"));
+  }
+
   // Names and numbers the network's parameters in state_dict order and puts their gradients, of
   // `element_bytes` bytes each in the buckets' buffers, into buckets, the same way on every rank.
   template <class Net>
   void assign_buckets(Net& network, std::size_t element_bytes) {
-    if (network.context().gradient_ready_hook()) {
-      throw InvalidArgument(std::string(owner_) +
-                                ": the network already has a gradient-ready hook (is it wrapped "
-                                "by another DataParallel?)",
-                            error_context("construct"));
-    }
     const auto& arena = network.parameter_arena();
     std::vector<std::size_t> bytes;
     network.visit_parameters([&](const std::string& name, auto& parameter) {
@@ -397,6 +401,7 @@ class DataParallel : public GradientSyncState {
           "rank_order allreduce: it takes the automatic algorithm and no compression",
           error_context("construct"));
     }
+    require_unwrapped(network_);
     assign_buckets(network_, sizeof(B));
     if (options_.micro_shards > 0) deterministic_.emplace(network_, comm_, options_.micro_shards);
     auto& arena = network_.parameter_arena();

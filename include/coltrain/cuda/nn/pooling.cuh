@@ -42,8 +42,7 @@ struct CudaPoolGeometry {
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T>
 class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda>
-    : public ParameterFreeLayer<
-          In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
+    : public detail::PoolingBase<In, Kernel, Stride, Padding> {
   static_assert(detail::kCudaPoolingType<T>,
                 "coltrain::nn::MaxPool2d on CUDA: T must be float, half or bfloat16");
   using Device = tensor::Cuda;
@@ -76,8 +75,7 @@ class MaxPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda>
 
 template <std::size_t Kernel, std::size_t Stride, std::size_t Padding, class In, class T>
 class AvgPool2dLayer<Kernel, Stride, Padding, In, T, tensor::Cuda>
-    : public ParameterFreeLayer<
-          In, typename detail::PoolGeometry<In, Kernel, Stride, Padding>::Output> {
+    : public detail::PoolingBase<In, Kernel, Stride, Padding> {
   static_assert(detail::kCudaPoolingType<T>,
                 "coltrain::nn::AvgPool2d on CUDA: T must be float, half or bfloat16");
   using Device = tensor::Cuda;

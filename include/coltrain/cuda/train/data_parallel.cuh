@@ -80,6 +80,7 @@ class DeviceDataParallel : public GradientSyncState {
       : GradientSyncState("DeviceDataParallel", communicator, options),
         network_(network),
         stream_ordered_(communicator.stream_ordered()) {
+    require_unwrapped(network_);
     assign_buckets(network_, sizeof(B));
     auto& arena = network_.parameter_arena();
     for (const GradientBucket& bucket : buckets_) {
