@@ -4,9 +4,10 @@
 #
 #   cmake -DCOMPILER="g++|-std=c++20|-I..." -DSOURCE=file.cpp -DFORBIDDEN="regex|regex" -P ...
 #
-# COMPILER is the command and its flags, '|'-separated (add_test would split a ';'-list). FORBIDDEN is a '|'-separated list of regular expressions (so none of them may use '|') matched
-# against each path the compiler's -H lists; a match names the header and the chain of headers that
-# brought it in.
+# COMPILER is the command and its flags, '|'-separated (add_test would split a ';'-list).
+# FORBIDDEN is a '|'-separated list of regular expressions (so none of them may use '|') matched
+# against each path the compiler's -H lists; a match names the header and the chain of headers
+# that brought it in.
 foreach(variable COMPILER SOURCE FORBIDDEN)
   if(NOT DEFINED ${variable})
     message(FATAL_ERROR "CheckIncludedHeaders: ${variable} is not set")

@@ -57,7 +57,8 @@ COLTRAIN_DECL Communicator tcp_over_mpi(MPI_Comm comm, CommOptions options) {
     COLTRAIN_CHECK_MPI(MPI_Bcast(name.data(), static_cast<int>(name.size()), MPI_CHAR, 0, comm));
     options.port_file = name.data();
     env.master_port = 0;
-    if (options.job_id.empty()) options.job_id = std::filesystem::path(options.port_file).filename().string();
+    if (options.job_id.empty())
+      options.job_id = std::filesystem::path(options.port_file).filename().string();
     return Communicator::tcp(env, options);
   }
   if (!detail::nonempty_env("MASTER_ADDR")) {
