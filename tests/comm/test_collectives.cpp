@@ -565,6 +565,9 @@ TEST_CASE("automatic follows a tuning file's rules for this job's shape, the mod
     fitted.point_to_point.alpha_us = 123.0;
     fitted.same_host.alpha_us = 123.0;  // what the model uses where every rank is on one host
     file.cost_models[backend] = fitted;
+    // Single copy between ranks of a host: from 128 KiB on huge pages, 256 KiB to 8 MiB elsewhere.
+    file.single_copy_exchanges = CallSizeRange{1 << 17};
+    file.single_copy_exchanges_on_small_pages = CallSizeRange{1 << 18, 8 << 20};
     // A rule for reduce on p + 1 ranks that the model with the file's constants would not pick.
     const bool native_candidate =
         backend == Backend::kMpi && static_cast<unsigned>(shared.host_layout().largest_host()) <=
@@ -585,6 +588,9 @@ TEST_CASE("automatic follows a tuning file's rules for this job's shape, the mod
     Communicator comm = coltrain::testing::make_communicator(backend, comm_options_from_env());
     ::unsetenv("COLTRAIN_TUNING_FILE");
     CHECK(comm.cost_model().point_to_point.alpha_us == 123.0);
+    CHECK(comm.options().single_copy_exchanges == *file.single_copy_exchanges);
+    CHECK(comm.options().single_copy_exchanges_on_small_pages ==
+          *file.single_copy_exchanges_on_small_pages);
     CHECK(comm.choose(Collective::kAllreduce, 1000) == Algorithm::kTree);
     CHECK(comm.choose(Collective::kAllreduce, 1024) == Algorithm::kHalvingDoubling);
     CHECK(comm.choose(Collective::kAllreduce, large) == Algorithm::kHalvingDoubling);
@@ -599,12 +605,15 @@ TEST_CASE("automatic follows a tuning file's rules for this job's shape, the mod
              shared.choose(Collective::kBroadcast, large) != Algorithm::kRing));
     }
     // Calls under the file's rules still give the exact result.
-    for (std::size_t count : {std::size_t{7}, std::size_t{1500}})
+    // (1 MiB: by single copy over TCP between ranks of a host, by the file's 4 KiB-page range.)
+    for (std::size_t count : {std::size_t{7}, std::size_t{1500}, std::size_t{1} << 18})
       check_allreduce<float>(comm, Algorithm::kAutomatic, ReduceOp::kSum, count, false);
     // A split group keeps the file: its rules for its own shape, none here.
     std::optional<Communicator> half = comm.split(comm.rank() % 2, comm.rank());
     REQUIRE(half);
     CHECK(half->cost_model().point_to_point.alpha_us == 123.0);
+    CHECK(half->options().single_copy_exchanges_on_small_pages ==
+          *file.single_copy_exchanges_on_small_pages);
 
     // The API does the same for a communicator made without the variable.
     TuningFile tree_only;
@@ -612,6 +621,14 @@ TEST_CASE("automatic follows a tuning file's rules for this job's shape, the mod
     Communicator plain = coltrain::testing::make_communicator(backend);
     plain.use_tuning(tree_only);
     CHECK(plain.choose(Collective::kAllreduce, large) == Algorithm::kTree);
+    // A file without single-copy ranges leaves the options' as they were; one with them replaces
+    // them.
+    CHECK(plain.options().single_copy_exchanges == CommOptions{}.single_copy_exchanges);
+    CHECK(plain.options().single_copy_exchanges_on_small_pages == kNoCallSizes);
+    plain.use_tuning(file);
+    CHECK(plain.options().single_copy_exchanges_on_small_pages ==
+          *file.single_copy_exchanges_on_small_pages);
+    check_allreduce<float>(plain, Algorithm::kRing, ReduceOp::kSum, std::size_t{1} << 18, false);
   }
   // A file that is not a tuning file stops the communicator before it is made, naming the file.
   const auto bad = dir / "bad.json";

@@ -306,13 +306,17 @@ TEST_CASE("single copy: a large piece the caller keeps off it goes through the r
 }
 
 // The transport's choice, payload by payload (CommOptions::single_copy_where_it_pays).
-TEST_CASE("single copy pays on huge pages only, for exchanges from the call size, never one way",
-          "[comm][shm]") {
+TEST_CASE(
+    "single copy pays for exchanges in their page kind's sizes, never one way, else on huge pages",
+    "[comm][shm]") {
   using coltrain::comm::Algorithm;
+  using coltrain::comm::CallSizeRange;
   using coltrain::comm::Collective;
+  using coltrain::comm::kNoCallSizes;
   using coltrain::comm::MessageHeader;
   using coltrain::comm::detail::single_copy_pays;
   constexpr std::size_t kExchangeBytes = std::size_t{2} << 20;
+  const CallSizeRange from_exchange_bytes{kExchangeBytes};
   constexpr std::size_t kBlock = 4 * coltrain::kHugePageBytes;
   auto* huge = static_cast<std::byte*>(coltrain::allocate_host_memory(kBlock));
   const std::span<const std::byte> on_huge(huge + 4096, std::size_t{1} << 20);
@@ -324,34 +328,48 @@ TEST_CASE("single copy pays on huge pages only, for exchanges from the call size
     header.count = bytes / 4;
     return header;
   };
-  // Exchanges: from the call size on.
+  // Exchanges: in the range, by the call's size.
   for (const Collective collective : {Collective::kAllreduce, Collective::kReduceScatter,
                                       Collective::kAllgather, Collective::kAllgatherv}) {
     INFO("collective " << static_cast<int>(collective));
     for (const Algorithm algorithm : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
-      CHECK(single_copy_pays(call(collective, algorithm, kExchangeBytes), on_huge, kExchangeBytes));
+      CHECK(single_copy_pays(call(collective, algorithm, kExchangeBytes), on_huge,
+                             from_exchange_bytes, kNoCallSizes));
       CHECK_FALSE(single_copy_pays(call(collective, algorithm, kExchangeBytes - 4), on_huge,
-                                   kExchangeBytes));
+                                   from_exchange_bytes, kNoCallSizes));
+      // A measured range that ends: not from its end on.
+      const CallSizeRange middle{1 << 17, 8 << 20};
+      CHECK(single_copy_pays(call(collective, algorithm, 1 << 17), on_huge, middle, kNoCallSizes));
+      CHECK(single_copy_pays(call(collective, algorithm, (8 << 20) - 4), on_huge, middle,
+                             kNoCallSizes));
+      CHECK_FALSE(
+          single_copy_pays(call(collective, algorithm, 8 << 20), on_huge, middle, kNoCallSizes));
     }
   }
   // One way: never.
   CHECK_FALSE(single_copy_pays(call(Collective::kAllreduce, Algorithm::kTree, kBlock * 64), on_huge,
-                               kExchangeBytes));
+                               CallSizeRange{}, CallSizeRange{}));
   for (const Collective collective : {Collective::kBroadcast, Collective::kReduce})
-    CHECK_FALSE(
-        single_copy_pays(call(collective, Algorithm::kRing, kBlock * 64), on_huge, kExchangeBytes));
+    CHECK_FALSE(single_copy_pays(call(collective, Algorithm::kRing, kBlock * 64), on_huge,
+                                 CallSizeRange{}, CallSizeRange{}));
   // Whole blocks to one peer: at any size.
   for (const Collective collective :
        {Collective::kAlltoall, Collective::kAlltoallv, Collective::kGather, Collective::kScatter,
         Collective::kSendRecv})
-    CHECK(single_copy_pays(call(collective, Algorithm::kRing, 1 << 20), on_huge, kExchangeBytes));
-  // Memory on 4 KiB pages: never (unless the kernel puts all memory on huge pages).
+    CHECK(single_copy_pays(call(collective, Algorithm::kRing, 1 << 20), on_huge,
+                           from_exchange_bytes, kNoCallSizes));
+  // Memory on 4 KiB pages (unless the kernel puts all memory on huge pages): exchanges in the
+  // 4 KiB-page range only, whole blocks never.
   if (!coltrain::detail::transparent_huge_pages_always()) {
     const std::vector<std::byte> ordinary(std::size_t{1} << 20);
     CHECK_FALSE(single_copy_pays(call(Collective::kAlltoall, Algorithm::kRing, 1 << 20), ordinary,
-                                 kExchangeBytes));
+                                 CallSizeRange{}, CallSizeRange{}));
     CHECK_FALSE(single_copy_pays(call(Collective::kAllreduce, Algorithm::kRing, kBlock * 64),
-                                 ordinary, kExchangeBytes));
+                                 ordinary, CallSizeRange{}, kNoCallSizes));
+    CHECK(single_copy_pays(call(Collective::kAllreduce, Algorithm::kRing, 1 << 20), ordinary,
+                           kNoCallSizes, CallSizeRange{1 << 17}));
+    CHECK_FALSE(single_copy_pays(call(Collective::kAllreduce, Algorithm::kRing, 1 << 16), ordinary,
+                                 kNoCallSizes, CallSizeRange{1 << 17}));
   }
   coltrain::free_host_memory(huge);
 }

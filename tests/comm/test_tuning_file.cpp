@@ -42,6 +42,8 @@ TuningFile sample_file() {
                         {{0, Algorithm::kNative}, {65536, Algorithm::kRing}}});
   file.rules.push_back(
       {Backend::kTcp, Collective::kAllreduce, 8, 2, {{0, Algorithm::kHierarchical}}});
+  file.single_copy_exchanges = CallSizeRange{92681};
+  file.single_copy_exchanges_on_small_pages = CallSizeRange{131072, 12000000};
   file.measured = Json::array({Json::object({{"date", "2026-12-04T16:00:00Z"}})}).dump();
   return file;
 }
@@ -66,6 +68,29 @@ TEST_CASE("a tuning file round trips through its text", "[comm][tuning]") {
   CHECK(tcp.point_to_point.beta_us_per_byte == 1.0 / 2000.0);  // doubles print exactly
   CHECK(tcp.same_host.alpha_us == 0.5);
   CHECK(back.cost_models.at(Backend::kMpi).native.beta_us_per_byte == 1.0 / 900.0);
+  CHECK(back.single_copy_exchanges == CallSizeRange{92681, CallSizeRange::kUnbounded});
+  CHECK(back.single_copy_exchanges_on_small_pages == CallSizeRange{131072, 12000000});
+}
+
+TEST_CASE("a tuning file's single-copy ranges: measured, never, or not measured",
+          "[comm][tuning]") {
+  TuningFile file = sample_file();
+  file.single_copy_exchanges_on_small_pages = kNoCallSizes;
+  std::string text = tuning_file_text(file);
+  CHECK_THAT(text, Contains("\"single_copy_exchanges_on_small_pages\": \"never\""));
+  TuningFile back = parse_tuning_file(text, "sample");
+  CHECK(back.single_copy_exchanges_on_small_pages == kNoCallSizes);
+  CHECK_FALSE(back.single_copy_exchanges_on_small_pages->contains(1 << 20));
+  CHECK(back.single_copy_exchanges->contains(92681));
+  CHECK_FALSE(back.single_copy_exchanges->contains(92680));
+  // A file from before single copy was measured, or from MPI alone: the options stay as they are.
+  file.single_copy_exchanges.reset();
+  file.single_copy_exchanges_on_small_pages.reset();
+  text = tuning_file_text(file);
+  CHECK(text.find("shared_memory") == std::string::npos);
+  back = parse_tuning_file(text, "sample");
+  CHECK_FALSE(back.single_copy_exchanges);
+  CHECK_FALSE(back.single_copy_exchanges_on_small_pages);
 }
 
 TEST_CASE("a tuning file's record of its measurements must be JSON to be written",
@@ -142,6 +167,18 @@ TEST_CASE("a malformed tuning file is refused naming the file and the field", "[
              Contains("/cost_models/tcp/point_to_point: 'alpha_us' is missing"));
   CHECK_THAT(refused(with(good, "\"tcp\": {", "\"udp\": {")),
              Contains("/cost_models/udp") && Contains("udp"));
+  CHECK_THAT(refused(with(good, "\"below_bytes\": 12000000", "\"below_bytes\": 131072")),
+             Contains("/shared_memory/single_copy_exchanges_on_small_pages/below_bytes: the range "
+                      "ends at or before it starts"));
+  CHECK_THAT(refused(with(good, "\"from_bytes\": 92681", "\"from_bytes\": \"all\"")),
+             Contains("/shared_memory/single_copy_exchanges/from_bytes: expected a byte count"));
+  CHECK_THAT(refused(with(good, "\"from_bytes\": 92681", "\"since\": 92681")),
+             Contains("/shared_memory/single_copy_exchanges: 'from_bytes' is missing"));
+  const std::string ranges = "\"single_copy_exchanges\": {";
+  CHECK_THAT(refused(with(good, ranges, "\"single_copy_exchanges\": \"always\", \"x\": {")),
+             Contains("/shared_memory/single_copy_exchanges: expected \"never\""));
+  CHECK_THAT(refused(with(good, "\"shared_memory\": {", "\"shared_memory\": 5, \"unused\": {")),
+             Contains("/shared_memory: expected an object"));
 }
 
 TEST_CASE("tuning files are written atomically and read back, and COLTRAIN_TUNING_FILE names one",

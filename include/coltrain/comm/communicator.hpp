@@ -125,6 +125,12 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   int size() const;
   // Which ranks share a host (comm/host_layout.hpp): where hierarchical allreduce reduces first.
   const HostLayout& host_layout() const;
+  // The options the host path runs with: those it was made with, and a tuning file's measured
+  // values where use_tuning or CommOptions::tuning_file gave one.
+  const CommOptions& options() const;
+  // Whether large host payloads to `peer` can go by single copy: TCP between ranks of a host
+  // whose memory this rank may read (CommOptions::shared_memory_single_copy). Never over MPI.
+  bool single_copy_with(int peer) const;
   // What device buffers run on: kMpi, kTcp (both staged) or kNccl.
   Backend backend() const { return backend_; }
   // What host buffers run on: kMpi or kTcp (under NCCL, the communicator that bootstrapped it).
@@ -149,8 +155,9 @@ class Communicator : public NonBlockingCalls<Communicator>, public PointToPoint<
   void set_tuning(const AlgorithmTuning& tuning);
   // Measurements for kAutomatic to choose from: a file benchmarks/coltrain_tune wrote
   // (load_tuning_file, comm/tuning/tuning_file.hpp). Its rules for this job's shape come first;
-  // its constants replace the cost models of the backends it has. COLTRAIN_TUNING_FILE does this
-  // when the communicator is made. The same file on every rank.
+  // its constants replace the cost models of the backends it has; its single-copy ranges replace
+  // CommOptions::single_copy_exchanges(_on_small_pages). COLTRAIN_TUNING_FILE does this when the
+  // communicator is made. The same file on every rank; waits for this rank's requests first.
   void use_tuning(const TuningFile& tuning);
   // How device buffers are staged on MPI and TCP; the same on every rank.
   const StagingOptions& staging_options() const { return staging_options_; }

@@ -11,10 +11,22 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 
 namespace coltrain::comm {
+
+// Call sizes in bytes, from `from` up to, not including, `below`; kNoCallSizes holds none.
+struct CallSizeRange {
+  static constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
+  std::size_t from = 0;
+  std::size_t below = kUnbounded;
+  bool contains(std::size_t bytes) const { return bytes >= from && bytes < below; }
+  bool empty() const { return from >= below; }
+  friend bool operator==(const CallSizeRange&, const CallSizeRange&) = default;
+};
+inline constexpr CallSizeRange kNoCallSizes{0, 0};
 
 struct CommOptions {
   // Bound on every blocking wait and on the connect-and-retry window of the TCP rendezvous.
@@ -41,18 +53,23 @@ struct CommOptions {
   bool shared_memory_single_copy = true;
   // Below this size the reader's system call costs more than the ring's second copy.
   std::size_t single_copy_bytes = std::size_t{64} << 10;
-  // Where single copy pays (measured with 2 ranks, docs/benchmarks.md): only for payloads on huge
-  // pages (on_huge_pages(): coltrain's own tensors and buffers); on 4 KiB pages the reader's
-  // process_vm_readv is slower than both sides copying through the rings at every size (1.2-2.2x
-  // for allreduce at 1-16 MiB). Allreduce, reduce_scatter and allgather(v), which exchange pieces
-  // both ways and reduce or forward them at once, only in calls of at least
-  // single_copy_exchange_bytes (the caller's count): below it the data sits in cache, where each
-  // side copying into its ring and out of the other at memcpy speed wins. Broadcast, reduce and
-  // the tree allreduce, where bytes flow one way, never: the rings' two copies then run on both
-  // sides at once. false: every piece of at least single_copy_bytes goes by single copy
-  // (COLTRAIN_SHM_SINGLE_COPY=always).
+  // Where single copy pays (measured with 2 ranks, docs/benchmarks.md). Allreduce, reduce_scatter
+  // and allgather(v), which exchange pieces both ways and reduce or forward them at once, in calls
+  // whose size (the caller's count) lies in single_copy_exchanges for payloads on huge pages
+  // (on_huge_pages(): coltrain's own tensors and buffers), in
+  // single_copy_exchanges_on_small_pages for payloads on 4 KiB pages. Alltoall, gather, scatter
+  // and send/recv on huge pages at any size. Broadcast, reduce and the tree allreduce, where bytes
+  // flow one way, never: the rings' two copies then run on both sides at once. Machines differ:
+  // on one 2-core VM below 2 MiB the data sat in cache, where each side copying into its ring and
+  // out of the other at memcpy speed won, and on 4 KiB pages the reader's process_vm_readv lost at
+  // every size (1.2-2.2x at 1-16 MiB); on another single copy won from 128 KiB on huge pages and
+  // from 128 KiB to 8 MiB on 4 KiB pages. The defaults are the first machine's;
+  // benchmarks/coltrain_tune measures both ranges into a tuning file, which replaces them
+  // (comm/tuning/tuning_file.hpp). false: every piece of at least single_copy_bytes goes by
+  // single copy (COLTRAIN_SHM_SINGLE_COPY=always).
   bool single_copy_where_it_pays = true;
-  std::size_t single_copy_exchange_bytes = std::size_t{2} << 20;
+  CallSizeRange single_copy_exchanges{std::size_t{2} << 20};
+  CallSizeRange single_copy_exchanges_on_small_pages = kNoCallSizes;
   // Replaces the host identity that decides which ranks share memory (as NCCL_HOSTID does): ranks
   // with the same COLTRAIN_HOST_ID try shared memory (a segment that is not in fact shared falls
   // back to TCP), ranks with different ones use TCP. At most 60 characters.

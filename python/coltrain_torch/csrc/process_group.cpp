@@ -876,8 +876,9 @@ namespace {
 
 // PyTorch 1.13 allocates tensors on 4 KiB pages where the kernel's THP policy is "madvise"
 // (Debian's default); between the ranks of a host their bytes then go through the shared-memory
-// rings, since coltrain's single copy pays only on huge pages (CommOptions), and large
-// allreduces lose it (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU
+// rings, since by default coltrain's single copy goes only where it paid on the machine it was
+// built for: huge pages (CommOptions; a tuning file may say otherwise), and large allreduces lose
+// it (docs/benchmarks.md). With COLTRAIN_TORCH_HUGE_PAGES=1 PyTorch's CPU
 // allocations of 2 MiB and more are 2 MiB-aligned, advised as huge pages and noted as such for the
 // transport, as PyTorch 2's THP_MEM_ALLOC_ENABLE=1 does (without the note); smaller ones are
 // 64-byte aligned, as PyTorch's own: coltrain's allocate_uninitialized_host_memory. Every block is

@@ -82,14 +82,14 @@ class HostCollectives {
   // Our TCP transport: rank 0 hosts the rendezvous on env.master_addr:env.master_port.
   static std::unique_ptr<HostCollectives> tcp(const LaunchEnv& env, const CommOptions& options) {
     auto host = std::unique_ptr<HostCollectives>(new HostCollectives(Backend::kTcp, options));
-    host->tcp_ = std::make_unique<TcpTransport>(env, options);
+    host->tcp_ = std::make_unique<TcpTransport>(env, host->options_);
     return host;
   }
   // Over an established TCP mesh, one connected socket per other rank.
   static std::unique_ptr<HostCollectives> tcp(int rank, std::vector<detail::FileDescriptor> sockets,
                                               const LaunchEnv& env, const CommOptions& options) {
     auto host = std::unique_ptr<HostCollectives>(new HostCollectives(Backend::kTcp, options));
-    host->tcp_ = std::make_unique<TcpTransport>(rank, std::move(sockets), env, options);
+    host->tcp_ = std::make_unique<TcpTransport>(rank, std::move(sockets), env, host->options_);
     return host;
   }
 #if COLTRAIN_WITH_MPI
@@ -99,7 +99,7 @@ class HostCollectives {
                                               std::shared_ptr<detail::MpiSession> session = {}) {
     auto host = std::unique_ptr<HostCollectives>(new HostCollectives(Backend::kMpi, options));
     host->mpi_session_ = std::move(session);
-    host->mpi_ = std::make_unique<MpiTransport>(comm, options);
+    host->mpi_ = std::make_unique<MpiTransport>(comm, host->options_);
     return host;
   }
 #endif
@@ -118,6 +118,9 @@ class HostCollectives {
   }
   Backend backend() const { return backend_; }
   const CommOptions& options() const { return options_; }
+  // Whether large payloads to `peer` can go by single copy (TCP only: a rank on this host whose
+  // memory this rank may read).
+  bool single_copy_with(int peer) const { return tcp_ && tcp_->single_copy_with(peer); }
   FlightRecorder& recorder() { return recorder_; }
   const FlightRecorder& recorder() const { return recorder_; }
   CostModel& cost_model() { return cost_model_; }
@@ -126,10 +129,18 @@ class HostCollectives {
   const AlgorithmTuning& tuning() const { return tuning_; }
 
   // Measurements to choose from (comm/tuning/tuning_file.hpp): the file's constants for this
-  // backend replace the cost model's, and its rules come first.
+  // backend replace the cost model's, its rules come first, and its single-copy ranges replace
+  // the options' (the transport's too, once it exists). No call may be in flight.
   void use_tuning(std::shared_ptr<const TuningFile> tuning) {
     if (tuning) {
       if (const CostModel* model = tuning->cost_model_for(backend_)) cost_model_ = *model;
+      if (const auto& range = tuning->single_copy_exchanges)
+        options_.single_copy_exchanges = *range;
+      if (const auto& range = tuning->single_copy_exchanges_on_small_pages)
+        options_.single_copy_exchanges_on_small_pages = *range;
+      if (tcp_)
+        tcp_->set_single_copy_exchanges(options_.single_copy_exchanges,
+                                        options_.single_copy_exchanges_on_small_pages);
     }
     tuning_file_ = std::move(tuning);
   }

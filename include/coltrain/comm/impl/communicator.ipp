@@ -120,6 +120,10 @@ COLTRAIN_DECL Communicator::~Communicator() { progress_.drain(); }
 COLTRAIN_DECL int Communicator::rank() const { return host_->rank(); }
 COLTRAIN_DECL int Communicator::size() const { return host_->size(); }
 COLTRAIN_DECL const HostLayout& Communicator::host_layout() const { return host_->host_layout(); }
+COLTRAIN_DECL const CommOptions& Communicator::options() const { return host_->options(); }
+COLTRAIN_DECL bool Communicator::single_copy_with(int peer) const {
+  return host_->single_copy_with(peer);
+}
 COLTRAIN_DECL bool Communicator::deterministic() const { return host_->options().deterministic; }
 
 COLTRAIN_DECL const FlightRecorder& Communicator::flight_recorder() const {
@@ -154,6 +158,7 @@ COLTRAIN_DECL void Communicator::set_tuning(const AlgorithmTuning& tuning) {
   host_->tuning() = tuning;
 }
 COLTRAIN_DECL void Communicator::use_tuning(const TuningFile& tuning) {
+  progress_.drain();  // queued calls run under the settings they were issued with
   if (const CostModel* nccl = tuning.cost_model_for(Backend::kNccl)) device_cost_model_ = *nccl;
   host_->use_tuning(std::make_shared<const TuningFile>(tuning));
 }

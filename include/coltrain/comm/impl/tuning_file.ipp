@@ -11,12 +11,14 @@
 #include <coltrain/core/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace coltrain::comm {
 
@@ -73,6 +75,13 @@ inline int tuning_count(const Json& object, std::string_view key, const std::str
   return static_cast<int>(value.get<long long>());
 }
 
+inline std::size_t tuning_bytes(const Json& value, const std::string& where,
+                                const std::string& source) {
+  if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<long long>() >= 0))
+    throw tuning_file_error(source, where, "expected a byte count, not " + value.dump());
+  return value.get<std::size_t>();
+}
+
 // `text`'s enum value, or an error that lists the names it may take.
 template <class Parse>
 auto parse_tuning_name(const Json& value, Parse parse, const std::string& where,
@@ -111,11 +120,9 @@ inline CollectiveRules parse_collective_rules(const Json& entry, const std::stri
     const std::string at = where + "/sizes/" + std::to_string(i);
     const Json& size = sizes[i];
     if (!size.is_object()) throw tuning_file_error(source, at, "expected an object");
-    const Json& from = tuning_member(size, "from_bytes", at, source);
-    if (!from.is_number_unsigned() && !(from.is_number_integer() && from.get<long long>() >= 0))
-      throw tuning_file_error(source, at + "/from_bytes", "expected a byte count");
     SizeRule rule;
-    rule.from_bytes = from.get<std::size_t>();
+    rule.from_bytes =
+        tuning_bytes(tuning_member(size, "from_bytes", at, source), at + "/from_bytes", source);
     rule.algorithm = parse_tuning_name(tuning_member(size, "algorithm", at, source),
                                        parse_algorithm, at + "/algorithm", source);
     const bool offered = std::find(allowed.begin(), allowed.end(), rule.algorithm) != allowed.end();
@@ -133,6 +140,37 @@ inline CollectiveRules parse_collective_rules(const Json& entry, const std::stri
   }
   return r;
 }
+
+// "never", or {"from_bytes": F} with "below_bytes": B where the range ends.
+inline CallSizeRange parse_call_size_range(const Json& value, const std::string& where,
+                                           const std::string& source) {
+  if (value.is_string() && value.as_string() == "never") return kNoCallSizes;
+  if (!value.is_object())
+    throw tuning_file_error(source, where,
+                            "expected \"never\" or {\"from_bytes\": ..., \"below_bytes\": ...}");
+  CallSizeRange range;
+  range.from = tuning_bytes(tuning_member(value, "from_bytes", where, source),
+                            where + "/from_bytes", source);
+  if (const Json* below = value.find("below_bytes"))
+    range.below = tuning_bytes(*below, where + "/below_bytes", source);
+  if (range.empty())
+    throw tuning_file_error(source, where + "/below_bytes",
+                            "the range ends at or before it starts (\"never\" says no size)");
+  return range;
+}
+
+inline Json call_size_range_json(const CallSizeRange& range) {
+  if (range.empty()) return Json("never");
+  Json out = Json::object({{"from_bytes", range.from}});
+  if (range.below != CallSizeRange::kUnbounded) out["below_bytes"] = range.below;
+  return out;
+}
+
+// The two ranges of "shared_memory", by their keys.
+inline constexpr std::array<std::pair<const char*, std::optional<CallSizeRange> TuningFile::*>, 2>
+    kSingleCopyRanges = {{{"single_copy_exchanges", &TuningFile::single_copy_exchanges},
+                          {"single_copy_exchanges_on_small_pages",
+                           &TuningFile::single_copy_exchanges_on_small_pages}}};
 
 }  // namespace detail
 
@@ -173,6 +211,15 @@ COLTRAIN_DECL TuningFile parse_tuning_file(std::string_view text, const std::str
       file.cost_models[backend] = model;
     }
   }
+  if (const Json* shared = root.find("shared_memory")) {
+    if (!shared->is_object())
+      throw detail::tuning_file_error(source, "/shared_memory", "expected an object");
+    for (const auto& [key, field] : detail::kSingleCopyRanges) {
+      if (const Json* range = shared->find(key))
+        file.*field =
+            detail::parse_call_size_range(*range, "/shared_memory/" + std::string(key), source);
+    }
+  }
   if (const Json* rules = root.find("rules")) {
     if (!rules->is_array()) throw detail::tuning_file_error(source, "/rules", "expected an array");
     for (std::size_t i = 0; i < rules->size(); ++i) {
@@ -211,6 +258,11 @@ COLTRAIN_DECL std::string tuning_file_text(const TuningFile& file) {
     models[name_of(backend)] = entry;
   }
   root["cost_models"] = models;
+  Json shared = Json::object();
+  for (const auto& [key, field] : detail::kSingleCopyRanges) {
+    if (const auto& range = file.*field) shared[key] = detail::call_size_range_json(*range);
+  }
+  if (!shared.empty()) root["shared_memory"] = shared;
   Json rules = Json::array();
   for (const CollectiveRules& r : file.rules) {
     Json sizes = Json::array();

@@ -5,9 +5,11 @@
 // measurements, and per collective and job shape (backend, ranks, hosts) that was measured, the
 // fastest algorithm from each message size on, as Open MPI's dynamic rules give an algorithm per
 // communicator size and message size. Algorithm::kAutomatic follows a rule where one matches the
-// call and the cost model, with the file's constants, everywhere else. docs/collectives.md shows
+// call and the cost model, with the file's constants, everywhere else. It also holds the sizes at
+// which single copy between ranks of a host paid for exchanges there. docs/collectives.md shows
 // the format; one file serves every rank of a job and every job on the machines it was measured on.
 
+#include <coltrain/comm/options.hpp>
 #include <coltrain/comm/tuning/cost_model.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
@@ -43,6 +45,11 @@ struct TuningFile {
 
   std::map<Backend, CostModel> cost_models;  // fitted constants, per backend measured
   std::vector<CollectiveRules> rules;
+  // The call sizes where exchanges between ranks of a host went faster by single copy than through
+  // the rings, for payloads on huge pages and on 4 KiB pages: they replace CommOptions'
+  // single_copy_exchanges and single_copy_exchanges_on_small_pages. Unset: not measured.
+  std::optional<CallSizeRange> single_copy_exchanges;
+  std::optional<CallSizeRange> single_copy_exchanges_on_small_pages;
   // Where, when and how it was measured, as JSON text (empty: nothing recorded); kept, not
   // interpreted. Text rather than a Json value keeps the JSON parser out of this header.
   std::string measured;

@@ -94,11 +94,12 @@ struct StalledOperation {
 };
 
 // Whether single copy pays for `payload` of `header`'s call (CommOptions::single_copy_where_it_pays
-// says where and why): on huge pages only; in allreduce, reduce_scatter and allgather(v) from calls
-// of `min_exchange_call_bytes`; never in broadcast, reduce and the tree allreduce.
+// says where and why): in allreduce, reduce_scatter and allgather(v) for calls whose size lies in
+// `exchanges` (payloads on huge pages) or `exchanges_on_small_pages` (elsewhere); never in
+// broadcast, reduce and the tree allreduce; in the others on huge pages.
 inline bool single_copy_pays(const MessageHeader& header, std::span<const std::byte> payload,
-                             std::size_t min_exchange_call_bytes) {
-  if (!on_huge_pages(payload.data(), payload.size())) return false;
+                             const CallSizeRange& exchanges,
+                             const CallSizeRange& exchanges_on_small_pages) {
   switch (header.collective) {
     case Collective::kBroadcast:
     case Collective::kReduce:
@@ -109,9 +110,10 @@ inline bool single_copy_pays(const MessageHeader& header, std::span<const std::b
     case Collective::kReduceScatter:
     case Collective::kAllgather:
     case Collective::kAllgatherv:
-      return header.count * size_of(header.dtype) >= min_exchange_call_bytes;
+      return (on_huge_pages(payload.data(), payload.size()) ? exchanges : exchanges_on_small_pages)
+          .contains(header.count * size_of(header.dtype));
     default:
-      return true;
+      return on_huge_pages(payload.data(), payload.size());
   }
 }
 

@@ -154,6 +154,13 @@ class TcpTransport {
   // How long a wait polls before it sleeps in poll() (CommOptions::spin_before_sleep).
   std::chrono::microseconds spin_before_sleep() const { return spin_before_sleep_; }
   const CommOptions& options() const { return options_; }
+  // Measured single-copy ranges (a tuning file's: CommOptions::single_copy_exchanges and
+  // single_copy_exchanges_on_small_pages); no send may be queued.
+  void set_single_copy_exchanges(const CallSizeRange& on_huge_pages,
+                                 const CallSizeRange& on_small_pages) {
+    options_.single_copy_exchanges = on_huge_pages;
+    options_.single_copy_exchanges_on_small_pages = on_small_pages;
+  }
   const LaunchEnv& launch_env() const { return env_; }
 
   // The address this host uses to reach the other ranks (that of its connection to the first
@@ -426,7 +433,8 @@ class TcpTransport {
         payload.size() < channel.shm->reference_min_bytes())
       return false;
     return !options_.single_copy_where_it_pays ||
-           detail::single_copy_pays(header, payload, options_.single_copy_exchange_bytes);
+           detail::single_copy_pays(header, payload, options_.single_copy_exchanges,
+                                    options_.single_copy_exchanges_on_small_pages);
   }
 
   // One sendmsg() of the queued messages that kGatherBytes admits (payloads that go by reference
