@@ -161,8 +161,10 @@ TEST_CASE("on two ranks a tie between ring and halving-doubling goes to halving-
           "[comm][cost]") {
   for (Backend backend : {Backend::kTcp, Backend::kMpi}) {
     const CostModel model = default_cost_model(backend);
-    // Up to two chunks of 256 KiB the two predict the same time on two ranks.
-    for (std::size_t bytes : {std::size_t{8}, std::size_t{64} << 10, std::size_t{512} << 10}) {
+    // Up to two chunks of 256 KiB the two predict the same time on two ranks (below 16 KiB rank
+    // order's one round is cheaper than both).
+    for (std::size_t bytes :
+         {std::size_t{32} << 10, std::size_t{64} << 10, std::size_t{512} << 10}) {
       CHECK(
           predict_us(model, Collective::kAllreduce, Algorithm::kRing, 2, bytes) ==
           Approx(predict_us(model, Collective::kAllreduce, Algorithm::kHalvingDoubling, 2, bytes)));
@@ -172,6 +174,30 @@ TEST_CASE("on two ranks a tie between ring and halving-doubling goes to halving-
     // Beyond, the ring's pipelined reduction is cheaper: no tie.
     CHECK(choose_algorithm(model, Collective::kAllreduce, 2, std::size_t{64} << 20, false) ==
           Algorithm::kRing);
+  }
+}
+
+TEST_CASE("small allreduces on few ranks go to rank order's one-round exchange", "[comm][cost]") {
+  for (Backend backend : {Backend::kTcp, Backend::kMpi}) {
+    INFO(name_of(backend));
+    const CostModel model = default_cost_model(backend);
+    // One round of p - 1 messages against halving-doubling's 2 lg p rounds.
+    for (int p : {2, 3, 4}) {
+      INFO(p << " ranks");
+      CHECK(choose_algorithm(model, Collective::kAllreduce, p, 8, false) == Algorithm::kRankOrder);
+      CHECK(predict_us(model, Collective::kAllreduce, Algorithm::kRankOrder, p, 8) <
+            predict_us(model, Collective::kAllreduce, Algorithm::kHalvingDoubling, p, 8));
+    }
+    // More ranks: more messages than halving-doubling's rounds.
+    CHECK(choose_algorithm(model, Collective::kAllreduce, 16, 8, false) != Algorithm::kRankOrder);
+    // Beyond the one-round size its chunked schedule is never chosen, nor for other collectives.
+    for (std::size_t bytes : {kRankOrderDirectBytes + 4, std::size_t{64} << 20}) {
+      CHECK(choose_algorithm(model, Collective::kAllreduce, 2, bytes, false) !=
+            Algorithm::kRankOrder);
+      CHECK(choose_algorithm(model, Collective::kReduceScatter, 2, bytes, false) !=
+            Algorithm::kRankOrder);
+    }
+    CHECK(choose_algorithm(model, Collective::kReduce, 2, 8, false) != Algorithm::kRankOrder);
   }
 }
 

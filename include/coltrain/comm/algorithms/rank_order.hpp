@@ -19,8 +19,9 @@
 // An allreduce of at most kRankOrderDirectBytes instead sends every rank's whole input to every
 // other rank at once, and each rank folds all p copies itself, in the same tree: one round of
 // p-1 messages, (p-1) a + (p-1) n b, for the latency of small vectors; the same bits.
-// Chosen by name ("rank_order") or by deterministic mode (CommOptions::deterministic), never by the
-// cost model.
+// Chosen by name ("rank_order"), by deterministic mode (CommOptions::deterministic), and by the
+// cost model for that one-round exchange: on 2-4 ranks it took 0.5-0.9x the time of the best other
+// algorithm up to 8 KiB (docs/benchmarks.md).
 
 #include <coltrain/comm/algorithms/common.hpp>
 #include <coltrain/comm/algorithms/reduce_kernels.hpp>
@@ -155,9 +156,6 @@ void rank_order_allreduce_direct(Tr& transport, const std::byte* input, std::byt
 }
 
 }  // namespace detail
-
-// The largest allreduce that goes to every rank whole (rank_order_allreduce_direct).
-inline constexpr std::size_t kRankOrderDirectBytes = std::size_t{16} << 10;
 
 // input: count elements; output: count elements of the reduction, on every rank. input may equal
 // output.

@@ -1,6 +1,8 @@
 #pragma once
-// AlgorithmTuning: the pipelining knobs of the ring and tree schedules (Communicator::set_tuning).
-// A header of its own so that the Communicator's declaration does not pull in the algorithms.
+// AlgorithmTuning: the pipelining knobs of the ring and tree schedules (Communicator::set_tuning),
+// and the size up to which rank order's allreduce sends every input whole (which the cost model
+// prices too). A header of its own so that the Communicator's declaration does not pull in the
+// algorithms.
 
 #include <cstddef>
 
@@ -16,5 +18,9 @@ struct AlgorithmTuning {
   std::size_t min_chunks_per_block = 4;
   std::size_t min_chunk_bytes = std::size_t{64} << 10;
 };
+
+// The largest allreduce that rank_order sends to every rank whole, in one round
+// (comm/algorithms/rank_order.hpp).
+inline constexpr std::size_t kRankOrderDirectBytes = std::size_t{16} << 10;
 
 }  // namespace coltrain::comm

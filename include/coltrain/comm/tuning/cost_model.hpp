@@ -8,6 +8,7 @@
 // or set them through Communicator::set_cost_model.
 
 #include <coltrain/comm/host_layout.hpp>
+#include <coltrain/comm/tuning/algorithm_tuning.hpp>
 #include <coltrain/comm/types.hpp>
 #include <coltrain/core/config.hpp>
 
@@ -50,15 +51,18 @@ struct CostModel {
 // unpipelined reduction of large vectors) the operands come from memory, and coltrain_tune's
 // in-cache kernel rate (24-33 GB/s) made automatic pick halving-doubling at 2-128 MiB, 1.1-1.7x
 // slower there than the ring (2 ranks, TCP). MPI's constants are the 2026-11 fit (MPICH 4.0.2,
-// 2 ranks, at 8 B and 64 MB): coltrain_tune's (0.9 us and 6 GB/s; MPICH's own 0.7 us and
-// 4.5 GB/s) move MPI_Allreduce's share up to 4 KiB, where a rank whose call differs from the
-// others' (another wire compression) can no longer be told: MPI's own collectives cannot detect a
+// 2 ranks, at 8 B and 64 MB) but for coltrain's alpha over MPI, 1.0 us (2026-12-07: coltrain_tune
+// fitted 1.02-1.28 us): with 0.85 rank order's one-round allreduce took the 8-byte calls from
+// MPI_Allreduce, which ran them in 0.8-1.0 us against its 1.3-1.4 (docs/benchmarks.md, "Small
+// allreduces in one round"). coltrain_tune's (0.9 us and 6 GB/s; MPICH's own 0.7 us and 4.5 GB/s)
+// move MPI_Allreduce's share up to 4 KiB, where a rank whose call differs from the others'
+// (another wire compression) can no longer be told: MPI's own collectives cannot detect a
 // mismatch, and its peer waits inside MPI_Allreduce for good. The TCP constants before are in
 // docs/results/cost_model_defaults_before_2026-12-06.tuning.json.
 inline CostModel default_cost_model(Backend backend) {
   CostModel model;
   if (backend == Backend::kMpi) {
-    model.point_to_point = {0.85, 1.0 / 3500.0, 1.0 / 6000.0};
+    model.point_to_point = {1.0, 1.0 / 3500.0, 1.0 / 6000.0};
     model.native = {0.9, 1.0 / 1750.0, 1.0 / 6000.0};
     model.same_host = model.point_to_point;  // MPICH's own shared memory, which it was fitted on
   } else if (backend == Backend::kNccl) {
@@ -130,7 +134,11 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
               lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
           return std::min(doubling, rabenseifner);
         }
-        case Algorithm::kRankOrder:  // the ring's bytes; p-1 messages per chunk each way
+        case Algorithm::kRankOrder:
+          // Small: every input to every rank in one round of p-1 messages, each rank folding all
+          // p copies. Else the ring's bytes, p-1 messages per chunk each way.
+          if (n <= static_cast<double>(kRankOrderDirectBytes))
+            return steps * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
           return 2 * steps * chunks * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
                  share * n * c.gamma_us_per_byte;
         case Algorithm::kAutomatic:
@@ -308,9 +316,13 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
   std::array<Algorithm, 5> candidates{};
   std::size_t used = 0;
   for (Algorithm algorithm : algorithms_for(collective)) {
-    // Hierarchical competes below where there are hosts; rank order only by name or in
-    // deterministic mode, where nothing else may run.
-    if (algorithm == Algorithm::kHierarchical || algorithm == Algorithm::kRankOrder) continue;
+    // Hierarchical competes below where there are hosts. Rank order only as its one-round
+    // allreduce (up to kRankOrderDirectBytes); its chunked schedules, which hold p chunks at a
+    // time, by name or in deterministic mode.
+    if (algorithm == Algorithm::kHierarchical) continue;
+    if (algorithm == Algorithm::kRankOrder &&
+        (collective != Collective::kAllreduce || n_bytes > kRankOrderDirectBytes))
+      continue;
     if (algorithm != Algorithm::kNative || native_available) candidates.at(used++) = algorithm;
   }
   return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
