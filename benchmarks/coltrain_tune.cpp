@@ -374,6 +374,9 @@ SingleCopyRanges tune_single_copy(Communicator& comm, const Settings& settings) 
   std::optional<Communicator> split;
   if (layout.hosts() > 1) split = comm.split(layout.host_of(comm.rank()), comm.rank());
   Communicator& host = split ? *split : comm;
+  // A host measures only if every rank of it can: its ranks call the same collectives.
+  int host_measures = measures;
+  host.allreduce(std::span(&host_measures, 1), ReduceOp::kMin, Algorithm::kRing);
   TuningFile by_single_copy, by_rings;
   by_single_copy.single_copy_exchanges = CallSizeRange{};
   by_single_copy.single_copy_exchanges_on_small_pages = CallSizeRange{};
@@ -393,9 +396,9 @@ SingleCopyRanges tune_single_copy(Communicator& comm, const Settings& settings) 
                                    Way{&huge_input, &huge_output, &by_rings},
                                    Way{&small_input, &small_output, &by_single_copy},
                                    Way{&small_input, &small_output, &by_rings}};
-  // us[w][s]: zeros from ranks that measured nothing.
+  // us[w][s]: zeros from hosts that measured nothing.
   std::vector<double> us(ways.size() * sizes.size(), 0.0);
-  for (std::size_t s = 0; s < sizes.size() && measures; ++s) {
+  for (std::size_t s = 0; s < sizes.size() && host_measures; ++s) {
     const std::size_t n = sizes[s] / sizeof(float);
     const std::vector<double> medians = alternating_medians(
         host, ways.size(), settings,
@@ -407,6 +410,13 @@ SingleCopyRanges tune_single_copy(Communicator& comm, const Settings& settings) 
     for (std::size_t w = 0; w < ways.size(); ++w) us[w * sizes.size() + s] = medians[w];
   }
   comm.allreduce(std::span(us), ReduceOp::kMax, Algorithm::kRing);
+  int measured = host_measures;
+  comm.allreduce(std::span(&measured, 1), ReduceOp::kMax, Algorithm::kRing);
+  if (measured == 0) {
+    if (comm.rank() == 0)
+      std::printf("tcp  single copy: not measured: no host whose every rank has it\n");
+    return {};
+  }
   auto series = [&](std::size_t w) {
     return std::vector<double>(us.begin() + static_cast<long>(w * sizes.size()),
                                us.begin() + static_cast<long>((w + 1) * sizes.size()));
