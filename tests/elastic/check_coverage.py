@@ -47,18 +47,22 @@ def shrink(directory, ranks, step, victims):
             sys.exit(f"victim {victim} loaded {len(dead)} samples before the fault, "
                      f"not {taken_before}")
         epoch0 += dead
-    after = {r: records(directory, r)[0][taken_before:] for r in survivors}
-    loaded_after = collections.Counter(i for loaded in after.values() for i in loaded)
+    # The rest of the epoch, shared anew over the survivors once every victim has gone: each takes
+    # an equal share (padded), loaded last. Between its steps before the fault and that share a
+    # survivor may have loaded the batch of a step that never completed, once per generation that
+    # a victim's death ended (timing: a rank that learns of it first fetches none, and victims
+    # killed together may die in different generations, a slow one after the others regrouped
+    # with it); those batches lie in the rest, so they are loaded again after the last regroup.
+    remaining = SAMPLES - ranks * taken_before
+    share = (remaining + padding(remaining, len(survivors))) // len(survivors)
     for r in survivors:
-        # What it trained before the fault, then its share of the rest. Between them, the batch of
-        # its aborted step if its loader had fetched it before the fault reached the rank (timing:
-        # a rank that learns of it first fetches none): that batch lies in the rest, shared anew,
-        # so each of its samples is loaded a second time after the regroup.
-        rest_of_mine = after[r]
-        aborted = rest_of_mine[:BATCH]
-        if len(aborted) == BATCH and all(loaded_after[i] >= 2 for i in aborted):
-            rest_of_mine = rest_of_mine[BATCH:]
-        epoch0 += records(directory, r)[0][:taken_before] + rest_of_mine
+        after = records(directory, r)[0][taken_before:]
+        aborted = len(after) - share
+        if aborted < 0 or aborted % BATCH or aborted > BATCH * len(victims):
+            sys.exit(f"survivor {r} loaded {len(after)} samples of epoch 0 after the fault: its "
+                     f"share of {share}, plus {aborted} that are not whole aborted batches, at "
+                     f"most one per victim")
+        epoch0 += records(directory, r)[0][:taken_before] + after[aborted:]
     rest = padding(SAMPLES - ranks * taken_before, len(survivors))
     exactly_once(epoch0, "epoch 0", rest)
     whole = padding(SAMPLES, len(survivors))

@@ -207,7 +207,9 @@ class Trainer {
       } catch (const CommError& e) {
         if (!elastic_ || dynamic_cast<const MismatchError*>(&e) != nullptr) throw;
         const ElasticPosition at = recover(e, epoch, counts, validation);
-        epoch_begins = at.taken == 0 && !at.trained;  // nothing taken: it starts again
+        // Nothing taken: the epoch starts again, unless an earlier hand-over in it had already
+        // shared out only its rest (a second failure before the regrouped ranks took a step).
+        epoch_begins = at.taken == 0 && !at.trained && !(resumed_ && at.epoch == epoch);
         if (!epoch_begins) resume_epoch(train, at);
         epoch = at.epoch;
         continue;
@@ -511,6 +513,7 @@ class Trainer {
   void begin_epoch(data::Loader<T, Transform>& train, std::int64_t epoch) {
     taken_ = 0;
     trained_ = false;
+    resumed_ = false;
     if (elastic_)
       elastic_->begin_epoch(train, epoch);
     else
@@ -522,6 +525,7 @@ class Trainer {
   void resume_epoch(data::Loader<T, Transform>& train, const ElasticPosition& at) {
     taken_ = 0;
     trained_ = at.trained;
+    resumed_ = true;
     elastic_->resume_epoch(train, at);
   }
 
@@ -578,6 +582,7 @@ class Trainer {
   TrainerOptions options_;
   std::int64_t taken_ = 0;  // samples this rank took in the current epoch (elastic: of its plan)
   bool trained_ = false;    // the epoch's steps are done
+  bool resumed_ = false;    // elastic: the current epoch's plan is the rest after a hand-over
   bool progress_ = false;
   std::optional<EpochLoop> loop_;  // the current fit()'s
   nn::SoftmaxCrossEntropy loss_;
