@@ -98,13 +98,14 @@ TEST_CASE("Algorithms alone: ring, tree and halving-doubling allreduce give the 
             out.assign(count, -1);
             const MessageHeader call = call_of(Collective::kAllreduce, algorithm, count, 0, op);
             const ElementReduction reduction = element_reduction<std::int64_t>(op);
-            std::vector<std::byte> scratch;
+            AlgorithmScratch scratch;
             if (algorithm == Algorithm::kRing)
-              ring_allreduce(t, bytes(in), bytes(out), count, reduction, call, tuning);
+              ring_allreduce(t, bytes(in), bytes(out), count, reduction, call, tuning, scratch);
             else if (algorithm == Algorithm::kTree)
-              tree_allreduce(t, bytes(in), bytes(out), count, reduction, call, tuning);
+              tree_allreduce(t, bytes(in), bytes(out), count, reduction, call, tuning, scratch);
             else
-              halving_doubling_allreduce(t, bytes(in), bytes(out), count, reduction, call, scratch);
+              halving_doubling_allreduce(t, bytes(in), bytes(out), count, reduction, call, tuning,
+                                         scratch);
           });
           for (int r = 0; r < p; ++r)
             for (std::size_t i = 0; i < count; ++i)
@@ -112,6 +113,53 @@ TEST_CASE("Algorithms alone: ring, tree and halving-doubling allreduce give the 
         }
       }
     }
+  }
+}
+
+TEST_CASE(
+    "Algorithms alone: one scratch reused by every algorithm, in place and not, large then "
+    "small, gives the exact reduction",
+    "[algorithms][alone]") {
+  // A communicator keeps one AlgorithmScratch for all its calls: what a larger call left in the
+  // receive slots and partial results must never reach a later call's result.
+  const AlgorithmTuning tuning = small_chunks();
+  for (const int p : {3, 4}) {
+    INFO("p = " << p);
+    std::vector<std::vector<std::int64_t>> results(static_cast<std::size_t>(p));
+    std::vector<std::string> failures(static_cast<std::size_t>(p));
+    run_ranks(p, [&](InProcessTransport& t) {
+      AlgorithmScratch scratch;
+      std::uint64_t sequence = 0;  // each call its own, as a communicator numbers them
+      std::string& failure = failures[static_cast<std::size_t>(t.rank())];
+      for (const std::size_t count : {std::size_t{4099}, std::size_t{13}, std::size_t{1000}}) {
+        for (const Algorithm algorithm :
+             {Algorithm::kHalvingDoubling, Algorithm::kRing, Algorithm::kTree}) {
+          for (const bool in_place : {false, true}) {
+            std::vector<std::int64_t> in = inputs(t.rank(), count);
+            std::vector<std::int64_t> out(count, -1);
+            std::vector<std::int64_t>& result = in_place ? in : out;
+            MessageHeader call = call_of(Collective::kAllreduce, algorithm, count);
+            call.sequence = ++sequence;
+            const ElementReduction sum = element_reduction<std::int64_t>(ReduceOp::kSum);
+            const std::byte* input = bytes(in);
+            std::byte* output = bytes(result);
+            if (algorithm == Algorithm::kRing)
+              ring_allreduce(t, input, output, count, sum, call, tuning, scratch);
+            else if (algorithm == Algorithm::kTree)
+              tree_allreduce(t, input, output, count, sum, call, tuning, scratch);
+            else
+              halving_doubling_allreduce(t, input, output, count, sum, call, tuning, scratch);
+            for (std::size_t i = 0; i < count && failure.empty(); ++i) {
+              if (result[i] != reduced(p, i, ReduceOp::kSum)) {
+                failure = std::string(name_of(algorithm)) + (in_place ? " in place" : "") +
+                          ", count " + std::to_string(count) + ", element " + std::to_string(i);
+              }
+            }
+          }
+        }
+      }
+    });
+    for (const std::string& failure : failures) CHECK(failure == "");
   }
 }
 
@@ -127,7 +175,7 @@ TEST_CASE("Algorithms alone: ring reduce-scatter and allgather move the right bl
         const auto r = static_cast<std::size_t>(t.rank());
         const std::vector<std::int64_t> in = inputs(t.rank(), count * n);
         scattered[r].assign(count, -1);
-        std::vector<std::byte> scratch;
+        AlgorithmScratch scratch;
         ring_reduce_scatter(t, bytes(in), bytes(scattered[r]), count,
                             element_reduction<std::int64_t>(ReduceOp::kSum),
                             call_of(Collective::kReduceScatter, Algorithm::kRing, count), tuning,
@@ -173,7 +221,7 @@ TEST_CASE("Algorithms alone: ring and tree broadcast and reduce honour every roo
             reduction[r].assign(count, -1);
             const MessageHeader reduce = call_of(Collective::kReduce, algorithm, count, root);
             const ElementReduction sum = element_reduction<std::int64_t>(ReduceOp::kSum);
-            std::vector<std::byte> scratch;
+            AlgorithmScratch scratch;
             if (algorithm == Algorithm::kRing)
               ring_reduce(t, bytes(in), bytes(reduction[r]), count, root, sum, reduce, tuning,
                           scratch);
@@ -206,10 +254,11 @@ TEST_CASE("Algorithms alone: ranks that disagree on the call fail with a Mismatc
         const Algorithm algorithm = t.rank() == 1 ? Algorithm::kTree : Algorithm::kRing;
         const MessageHeader call = call_of(Collective::kAllreduce, algorithm, count);
         const ElementReduction sum = element_reduction<std::int64_t>(ReduceOp::kSum);
+        AlgorithmScratch scratch;
         if (algorithm == Algorithm::kRing)
-          ring_allreduce(t, bytes(in), bytes(out), count, sum, call, tuning);
+          ring_allreduce(t, bytes(in), bytes(out), count, sum, call, tuning, scratch);
         else
-          tree_allreduce(t, bytes(in), bytes(out), count, sum, call, tuning);
+          tree_allreduce(t, bytes(in), bytes(out), count, sum, call, tuning, scratch);
       },
       std::chrono::seconds(3));
   int mismatches = 0;

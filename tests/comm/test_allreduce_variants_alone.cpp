@@ -185,7 +185,7 @@ TEST_CASE(
               out = in;
             else
               out.assign(count, -1);
-            std::vector<std::byte> scratch;
+            AlgorithmScratch scratch;
             hierarchical_allreduce(
                 t, hosts, reinterpret_cast<const std::byte*>(in_place ? out.data() : in.data()),
                 reinterpret_cast<std::byte*>(out.data()), count,
@@ -381,7 +381,7 @@ TEST_CASE(
           std::vector<std::int64_t> in(count, input_value(t.rank(), 0));
           std::vector<std::int64_t> out(count);
           const ReduceOp op = t.rank() == 1 ? ReduceOp::kMax : ReduceOp::kSum;
-          std::vector<std::byte> scratch;
+          AlgorithmScratch scratch;
           hierarchical_allreduce(
               t, hosts, reinterpret_cast<const std::byte*>(in.data()),
               reinterpret_cast<std::byte*>(out.data()), count, element_reduction<std::int64_t>(op),

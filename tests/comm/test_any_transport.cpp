@@ -113,11 +113,12 @@ TEST_CASE("AnyTransport's ring allreduce matches the transport's own", "[any_tra
         const ElementReduction sum = element_reduction<std::int64_t>(ReduceOp::kSum);
         const auto* input = reinterpret_cast<const std::byte*>(in.data());
         auto* output = reinterpret_cast<std::byte*>(out.data());
+        AlgorithmScratch scratch;
         if (through_any) {
           AnyTransport t(transport);
-          ring_allreduce(t, input, output, count, sum, call, tuning);
+          ring_allreduce(t, input, output, count, sum, call, tuning, scratch);
         } else {
-          ring_allreduce(transport, input, output, count, sum, call, tuning);
+          ring_allreduce(transport, input, output, count, sum, call, tuning, scratch);
         }
       });
     };

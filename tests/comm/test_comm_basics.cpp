@@ -143,11 +143,15 @@ TEST_CASE("blocks cover the array contiguously with sizes differing by at most o
   }
 }
 
-TEST_CASE("the cost model prefers latency-light algorithms small and ring large", "[comm][cost]") {
+TEST_CASE("the cost model prefers latency-light algorithms small and bandwidth-optimal ones large",
+          "[comm][cost]") {
   const CostModel tcp = default_cost_model(Backend::kTcp);
+  const std::size_t large = std::size_t{256} << 20;
   CHECK(choose_algorithm(tcp, Collective::kAllreduce, 8, 8, false) != Algorithm::kRing);
-  CHECK(choose_algorithm(tcp, Collective::kAllreduce, 8, std::size_t{256} << 20, false) ==
-        Algorithm::kRing);
+  const Algorithm on_eight = choose_algorithm(tcp, Collective::kAllreduce, 8, large, false);
+  CHECK((on_eight == Algorithm::kRing || on_eight == Algorithm::kHalvingDoubling));
+  // Off powers of two halving-doubling's fold moves the whole vector twice more: the ring.
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, 6, large, false) == Algorithm::kRing);
   // Never native where the backend has none.
   for (std::size_t bytes : {std::size_t{8}, std::size_t{1} << 30}) {
     CHECK(choose_algorithm(tcp, Collective::kBroadcast, 4, bytes, false) != Algorithm::kNative);
@@ -171,10 +175,40 @@ TEST_CASE("on two ranks a tie between ring and halving-doubling goes to halving-
       CHECK(choose_algorithm(model, Collective::kAllreduce, 2, bytes, false) ==
             Algorithm::kHalvingDoubling);
     }
-    // Beyond, the ring's pipelined reduction is cheaper: no tie.
-    CHECK(choose_algorithm(model, Collective::kAllreduce, 2, std::size_t{64} << 20, false) ==
-          Algorithm::kRing);
+    // Beyond, both pipeline their reductions, and halving-doubling sends the same bytes in half
+    // the ring's messages (one halving step against the ring's two phases): no tie.
+    const std::size_t large = std::size_t{64} << 20;
+    CHECK(predict_us(model, Collective::kAllreduce, Algorithm::kHalvingDoubling, 2, large) <
+          predict_us(model, Collective::kAllreduce, Algorithm::kRing, 2, large));
+    CHECK(choose_algorithm(model, Collective::kAllreduce, 2, large, false) ==
+          Algorithm::kHalvingDoubling);
   }
+}
+
+TEST_CASE(
+    "halving-doubling is priced as a pipeline: a message per chunk, each step's last "
+    "chunk's reduction",
+    "[comm][cost]") {
+  // Four ranks, 64 MiB: two halving steps of 32 and 16 MiB in 256 KiB chunks, the ring's six
+  // steps of 16 MiB. Messages alone: halving-doubling's 128 + 64 + 2 against the ring's 6 x 64.
+  const std::size_t large = std::size_t{64} << 20;
+  CostModel messages_only;
+  messages_only.point_to_point = {1.0, 0, 0};
+  CHECK(predict_us(messages_only, Collective::kAllreduce, Algorithm::kHalvingDoubling, 4, large) ==
+        Approx(128 + 64 + 2));
+  CHECK(predict_us(messages_only, Collective::kAllreduce, Algorithm::kRing, 4, large) ==
+        Approx(6 * 64));
+  // Reductions alone: one chunk's a halving step against the ring's one chunk in all.
+  CostModel reductions_only;
+  reductions_only.point_to_point = {0, 0, 1.0};
+  const double chunk = static_cast<double>(reductions_only.chunk_bytes);
+  CHECK(predict_us(reductions_only, Collective::kAllreduce, Algorithm::kHalvingDoubling, 4,
+                   large) == Approx(2 * chunk));
+  CHECK(predict_us(reductions_only, Collective::kAllreduce, Algorithm::kRing, 4, large) ==
+        Approx(chunk));
+  // Three ranks: the fold of the whole vector (pipelined) and the result sent back come first.
+  CHECK(predict_us(messages_only, Collective::kAllreduce, Algorithm::kHalvingDoubling, 3, large) ==
+        Approx((256 + 1) + (128 + 1)));
 }
 
 TEST_CASE("small allreduces on few ranks go to rank order's one-round exchange", "[comm][cost]") {
@@ -229,9 +263,21 @@ TEST_CASE("over several hosts the cost model counts the ring's links between hos
   CHECK(blocks.ring_links_leaving_a_host() == 1);
   CHECK(cyclic.ring_links_leaving_a_host() == 4);
   CHECK(HostLayout(std::vector{0, 0}).ring_links_leaving_a_host() == 1);
+  // Halving-doubling's first halving and last doubling (n/2 each way) cross for every rank of a
+  // block; with alternating hosts only its smallest steps do, which counts as 1 like a rank a host.
+  CHECK(blocks.halving_doubling_load_leaving_a_host() == Approx(16.0 / 7));
+  CHECK(cyclic.halving_doubling_load_leaving_a_host() == 1);
+  CHECK(HostLayout(std::vector{0, 1, 2, 3}).halving_doubling_load_leaving_a_host() == 1);
+  // Twelve ranks in two hosts of six: the eight that run it after the fold are ranks 1, 3, 5, 7
+  // and 8 to 11. At the largest step (bit 4) three ranks of each host cross (12/7), at bit 2 and
+  // bit 1 one each (2/7 and 1/7).
+  CHECK(HostLayout(std::vector{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1})
+            .halving_doubling_load_leaving_a_host() == Approx(15.0 / 7));
   const std::size_t large = std::size_t{64} << 20;
-  // Cyclic placement: a flat ring sends everything between hosts four times over.
-  CHECK(choose_algorithm(tcp, Collective::kAllreduce, cyclic, large, false) ==
+  // Cyclic placement: a flat ring sends everything between hosts four times over, where
+  // hierarchical, and halving-doubling whose large steps stay inside the hosts, send it once.
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, cyclic, large, false) != Algorithm::kRing);
+  CHECK(choose_algorithm(tcp, Collective::kAllreduce, blocks, large, false) ==
         Algorithm::kHierarchical);
   // One host, or one rank per host: never.
   CHECK(choose_algorithm(tcp, Collective::kAllreduce, HostLayout(std::vector{0, 0, 0, 0}), large,
@@ -249,13 +295,18 @@ TEST_CASE("over several hosts the cost model counts the ring's links between hos
 TEST_CASE("on one host the cost model prices every message at the same-host costs",
           "[comm][cost][hosts]") {
   // Messages that cost a millisecond inside a host and nothing between hosts: the fewest messages
-  // (halving-doubling) win on one host, the fewest bytes (the ring) where each rank has its own.
+  // win on one host (the ring sends the most), the fewest bytes (the ring) where each rank has its
+  // own.
   CostModel model = default_cost_model(Backend::kTcp);
   model.point_to_point = {0.001, 1.0 / 3500.0, 1.0 / 6000.0};
   model.same_host = {1000.0, 1.0 / 13000.0, 1.0 / 6000.0};
   const std::size_t large = std::size_t{64} << 20;
-  CHECK(choose_algorithm(model, Collective::kAllreduce, HostLayout(std::vector(8, 0)), large,
-                         false) == Algorithm::kHalvingDoubling);
+  CostModel inside = model;
+  inside.point_to_point = model.same_host;
+  const Algorithm on_one_host =
+      choose_algorithm(model, Collective::kAllreduce, HostLayout(std::vector(8, 0)), large, false);
+  CHECK(on_one_host == choose_algorithm(inside, Collective::kAllreduce, 8, large, false));
+  CHECK(on_one_host != Algorithm::kRing);
   CHECK(choose_algorithm(model, Collective::kAllreduce,
                          HostLayout(std::vector{0, 1, 2, 3, 4, 5, 6, 7}), large,
                          false) == Algorithm::kRing);

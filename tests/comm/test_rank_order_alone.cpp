@@ -97,7 +97,7 @@ void check_allreduce(int p, std::size_t count, ReduceOp op, const AlgorithmTunin
     const auto r = static_cast<std::size_t>(t.rank());
     std::vector<T>& out = outputs[r];
     out = in_place ? inputs[r] : std::vector<T>(count, T(-3));
-    std::vector<std::byte> scratch;
+    AlgorithmScratch scratch;
     rank_order_allreduce(
         t, reinterpret_cast<const std::byte*>(in_place ? out.data() : inputs[r].data()),
         reinterpret_cast<std::byte*>(out.data()), count, element_reduction<T>(op),
@@ -149,7 +149,7 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the fixed
           std::vector<std::vector<float>> blocks(n, std::vector<float>(count, -3.0f));
           run_ranks(p, [&](InProcessTransport& t) {
             const auto r = static_cast<std::size_t>(t.rank());
-            std::vector<std::byte> scratch;
+            AlgorithmScratch scratch;
             rank_order_reduce_scatter(
                 t, reinterpret_cast<const std::byte*>(inputs[r].data()),
                 reinterpret_cast<std::byte*>(blocks[r].data()), count, element_reduction<float>(op),
@@ -168,7 +168,7 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the fixed
           std::vector<std::vector<float>> in_place = inputs;
           run_ranks(p, [&](InProcessTransport& t) {
             const auto r = static_cast<std::size_t>(t.rank());
-            std::vector<std::byte> scratch;
+            AlgorithmScratch scratch;
             rank_order_reduce_scatter(
                 t, reinterpret_cast<const std::byte*>(in_place[r].data()),
                 reinterpret_cast<std::byte*>(in_place[r].data() + r * count), count,
@@ -190,7 +190,7 @@ TEST_CASE("Algorithms alone: rank-order reduce_scatter and reduce give the fixed
             std::vector<std::vector<float>> outputs(n, std::vector<float>(count * n, -3.0f));
             run_ranks(p, [&](InProcessTransport& t) {
               const auto r = static_cast<std::size_t>(t.rank());
-              std::vector<std::byte> scratch;
+              AlgorithmScratch scratch;
               rank_order_reduce(
                   t, reinterpret_cast<const std::byte*>(inputs[r].data()),
                   reinterpret_cast<std::byte*>(outputs[r].data()), count * n, root,
@@ -221,12 +221,13 @@ TEST_CASE("Algorithms alone: these inputs tell the ring's order of additions fro
   std::vector<float> ring_result;
   run_ranks(p, [&](InProcessTransport& t) {
     std::vector<float> out(count);
+    AlgorithmScratch scratch;
     ring_allreduce(
         t, reinterpret_cast<const std::byte*>(inputs[static_cast<std::size_t>(t.rank())].data()),
         reinterpret_cast<std::byte*>(out.data()), count, element_reduction<float>(ReduceOp::kSum),
         call_of(Collective::kAllreduce, DataType::kFloat32, count, ReduceOp::kSum, 0,
                 Algorithm::kRing),
-        small_chunks());
+        small_chunks(), scratch);
     if (t.rank() == 0) ring_result = out;
   });
   CHECK_FALSE(same_bits(ring_result, fold_in_fixed_tree(inputs, ReduceOp::kSum)));

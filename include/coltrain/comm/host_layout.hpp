@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -94,10 +95,12 @@ class HostLayout {
       if (host_of_[rank] != host_of_[(rank + 1) % p])
         ++leaving[static_cast<std::size_t>(host_of_[rank])];
     }
+    const std::vector<double> halving_doubling = halving_doubling_shares_leaving();
     for (std::size_t host = 0; host < ranks_of_host_.size(); ++host) {
       largest_host_ = std::max(largest_host_, static_cast<int>(ranks_of_host_[host].size()));
       uniform_ = uniform_ && ranks_of_host_[host].size() == ranks_of_host_[0].size();
       ring_links_leaving_a_host_ = std::max(ring_links_leaving_a_host_, leaving[host]);
+      halving_doubling_load_ = std::max(halving_doubling_load_, halving_doubling[host]);
     }
   }
 
@@ -121,13 +124,40 @@ class HostLayout {
   // with other hosts' (cyclic placement, as srun --distribution=cyclic gives). Those links share
   // the host's network link.
   int ring_links_leaving_a_host() const { return ring_links_leaving_a_host_; }
+  // The same for halving-doubling (algorithms/halving_doubling.hpp): what the busiest host sends to
+  // other hosts, in units of what one rank sends in all, and at least 1 as the ring's count is. 1
+  // with a rank a host; with hosts of adjacent ranks the largest steps (the first halving, the
+  // last doubling) cross for every rank: two hosts of 4 give 16/7. With alternating hosts only the
+  // smallest steps cross (4/7, counted as 1: the steps inside a host take time too).
+  double halving_doubling_load_leaving_a_host() const { return halving_doubling_load_; }
 
  private:
+  // Per host: the bytes its ranks send to other hosts in halving-doubling over the power-of-two
+  // ranks that run it (the fold's pairs of neighbours left out), over what one rank sends. The
+  // step whose partners differ in bit m sends n m / q bytes each way; a rank sends 2 n (q-1)/q.
+  std::vector<double> halving_doubling_shares_leaving() const {
+    const auto p = static_cast<int>(host_of_.size());
+    const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(std::max(p, 1))));
+    const int extra = p - q;
+    const auto real_rank = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+    std::vector<double> shares(ranks_of_host_.size(), 0);
+    if (q < 2) return shares;
+    for (int v = 0; v < q; ++v) {
+      const int host = host_of_[static_cast<std::size_t>(real_rank(v))];
+      for (int m = 1; m < q; m *= 2) {
+        if (host_of_[static_cast<std::size_t>(real_rank(v ^ m))] != host)
+          shares[static_cast<std::size_t>(host)] += static_cast<double>(m) / (q - 1);
+      }
+    }
+    return shares;
+  }
+
   std::vector<int> host_of_;
   std::vector<std::vector<int>> ranks_of_host_;
   int largest_host_ = 0;
   bool uniform_ = true;
   int ring_links_leaving_a_host_ = 1;
+  double halving_doubling_load_ = 1;
 };
 
 }  // namespace coltrain::comm

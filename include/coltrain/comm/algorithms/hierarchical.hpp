@@ -47,7 +47,7 @@ template <Transport Tr>
 void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::byte* input,
                             std::byte* output, std::size_t count, const ElementReduction& reduction,
                             const MessageHeader& call, const AlgorithmTuning& tuning,
-                            std::vector<std::byte>& scratch) {
+                            AlgorithmScratch& scratch) {
   const int p = transport.size();
   const std::size_t element_bytes = reduction.element_bytes();
   // The phases sum; an average is divided once, by p, at the end.
@@ -63,7 +63,7 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
     if (local.rank() == 0) {
       const std::vector<int> first_ranks = detail::ranks_at_local_index(hosts, 0);
       AnyTransport across = whole.subgroup(first_ranks);
-      ring_allreduce(across, output, output, count, partial, call, tuning);
+      ring_allreduce(across, output, output, count, partial, call, tuning, scratch);
       reduction.finish(output, count * element_bytes, p);
     }
     ring_broadcast(local, output, count, element_bytes, 0, call, tuning);
@@ -76,19 +76,19 @@ void hierarchical_allreduce(Tr& transport, const HostLayout& hosts, const std::b
     // allreduce on a 10 Gbit/s link).
     const std::vector<int> peers = detail::ranks_at_local_index(hosts, 0);
     AnyTransport across = whole.subgroup(peers);
-    ring_allreduce(across, input, output, count, partial, call, tuning);
+    ring_allreduce(across, input, output, count, partial, call, tuning, scratch);
     reduction.finish(output, count * element_bytes, p);
     return;
   }
   const detail::RingLayout ring(local_ranks, local.rank(), count, element_bytes, tuning);
-  ring_reduce_scatter_phase(local, input, output, count, partial, call, tuning);
+  ring_reduce_scatter_phase(local, input, output, count, partial, call, tuning, scratch.slots);
   const auto segment = static_cast<std::size_t>(local.rank());
   const detail::ByteRange mine =
       detail::to_bytes({ring.segments.begin(segment), ring.segments.size(segment)}, element_bytes);
   const std::vector<int> peers = detail::ranks_at_local_index(hosts, local.rank());
   AnyTransport across = whole.subgroup(peers);
   ring_allreduce(across, output + mine.begin, output + mine.begin, mine.size / element_bytes,
-                 partial, call, tuning);
+                 partial, call, tuning, scratch);
   reduction.finish(output + mine.begin, mine.size, p);
   ring_allgather_segments(local, ring, output, call);
 }

@@ -69,22 +69,21 @@ inline constexpr std::size_t kRankOrderDepth = 4;
 
 // Reduces segment `ring.r` of `input` over all ranks in rank order into `result` (the segment's
 // first element at result[0]), which may be that segment of `input` itself; the caller's finish()
-// is left to do. `scratch` holds kRankOrderDepth sets of p chunks.
+// is left to do. `slots` holds kRankOrderDepth sets of p chunks.
 template <Transport Tr>
 void rank_order_reduce_segment(Tr& transport, const RingLayout& ring, const std::byte* input,
                                std::byte* result, const ElementReduction& reduction,
-                               const MessageHeader& call, std::vector<std::byte>& scratch) {
+                               const MessageHeader& call, std::vector<std::byte>& slots) {
   const int p = ring.p;
   const int r = ring.r;
   const auto at = [](int i) { return static_cast<std::size_t>(i); };
   const std::size_t slot_bytes = ring.largest_chunk_bytes();
-  if (scratch.size() < kRankOrderDepth * at(p) * slot_bytes)
-    scratch.resize(kRankOrderDepth * at(p) * slot_bytes);
+  std::byte* const slot_space = reserved_bytes(slots, kRankOrderDepth * at(p) * slot_bytes);
   const auto chunk = [&](int segment, std::size_t j) {
     return to_bytes(chunk_of(ring.segments, at(segment), ring.chunks, j), ring.element_bytes);
   };
   const auto slot = [&](std::size_t j, int from) {
-    return scratch.data() + ((j % kRankOrderDepth) * at(p) + at(from)) * slot_bytes;
+    return slot_space + ((j % kRankOrderDepth) * at(p) + at(from)) * slot_bytes;
   };
   // Chunk j of this rank's segment from every other rank, and chunk j of every other rank's
   // segment to it.
@@ -130,13 +129,13 @@ void rank_order_reduce_segment(Tr& transport, const RingLayout& ring, const std:
 template <Transport Tr>
 void rank_order_allreduce_direct(Tr& transport, const std::byte* input, std::byte* output,
                                  std::size_t count, const ElementReduction& reduction,
-                                 const MessageHeader& call, std::vector<std::byte>& scratch) {
+                                 const MessageHeader& call, std::vector<std::byte>& slots) {
   const int p = transport.size();
   const int r = transport.rank();
   const auto at = [](int i) { return static_cast<std::size_t>(i); };
   const std::size_t bytes = count * reduction.element_bytes();
-  if (scratch.size() < at(p) * bytes) scratch.resize(at(p) * bytes);
-  const auto copy_of = [&](int rank) { return scratch.data() + at(rank) * bytes; };
+  std::byte* const copies = reserved_bytes(slots, at(p) * bytes);
+  const auto copy_of = [&](int rank) { return copies + at(rank) * bytes; };
   std::vector<typename Tr::Request> requests;
   requests.reserve(2 * at(p));
   for (int step = 1; step < p; ++step) {
@@ -163,7 +162,7 @@ template <Transport Tr>
 void rank_order_allreduce(Tr& transport, const std::byte* input, std::byte* output,
                           std::size_t count, const ElementReduction& reduction,
                           const MessageHeader& call, const AlgorithmTuning& tuning,
-                          std::vector<std::byte>& scratch) {
+                          AlgorithmScratch& scratch) {
   const int p = transport.size();
   const std::size_t bytes = count * reduction.element_bytes();
   if (p == 1) {
@@ -171,14 +170,15 @@ void rank_order_allreduce(Tr& transport, const std::byte* input, std::byte* outp
     return;
   }
   if (bytes <= kRankOrderDirectBytes) {
-    detail::rank_order_allreduce_direct(transport, input, output, count, reduction, call, scratch);
+    detail::rank_order_allreduce_direct(transport, input, output, count, reduction, call,
+                                        scratch.slots);
     return;
   }
   const detail::RingLayout ring(p, transport.rank(), count, reduction.element_bytes(), tuning);
   const detail::ByteRange mine = ring.segment_range(ring.r);
   // In place, the segment written is one no other rank's copy is sent from.
   detail::rank_order_reduce_segment(transport, ring, input, output + mine.begin, reduction, call,
-                                    scratch);
+                                    scratch.slots);
   reduction.finish(output + mine.begin, mine.size, p);
   ring_allgather_segments(transport, ring, output, call);
 }
@@ -188,7 +188,7 @@ template <Transport Tr>
 void rank_order_reduce_scatter(Tr& transport, const std::byte* input, std::byte* output,
                                std::size_t count, const ElementReduction& reduction,
                                const MessageHeader& call, const AlgorithmTuning& tuning,
-                               std::vector<std::byte>& scratch) {
+                               AlgorithmScratch& scratch) {
   const int p = transport.size();
   const std::size_t block_bytes = count * reduction.element_bytes();
   if (p == 1) {
@@ -198,7 +198,7 @@ void rank_order_reduce_scatter(Tr& transport, const std::byte* input, std::byte*
   // count * p elements in p segments of count each: segment r is this rank's block.
   const detail::RingLayout ring(p, transport.rank(), count * static_cast<std::size_t>(p),
                                 reduction.element_bytes(), tuning);
-  detail::rank_order_reduce_segment(transport, ring, input, output, reduction, call, scratch);
+  detail::rank_order_reduce_segment(transport, ring, input, output, reduction, call, scratch.slots);
   reduction.finish(output, block_bytes, p);
 }
 
@@ -207,7 +207,7 @@ void rank_order_reduce_scatter(Tr& transport, const std::byte* input, std::byte*
 template <Transport Tr>
 void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
                        int root, const ElementReduction& reduction, const MessageHeader& call,
-                       const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
+                       const AlgorithmTuning& tuning, AlgorithmScratch& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
   const std::size_t bytes = count * reduction.element_bytes();
@@ -217,13 +217,13 @@ void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output,
   }
   const detail::RingLayout ring(p, r, count, reduction.element_bytes(), tuning);
   const detail::ByteRange mine = ring.segment_range(r);
-  std::vector<std::byte> reduced(mine.size);
-  detail::rank_order_reduce_segment(transport, ring, input, reduced.data(), reduction, call,
-                                    scratch);
-  reduction.finish(reduced.data(), mine.size, p);
+  std::byte* const reduced = detail::reserved_bytes(scratch.partial, mine.size);
+  detail::rank_order_reduce_segment(transport, ring, input, reduced, reduction, call,
+                                    scratch.slots);
+  reduction.finish(reduced, mine.size, p);
   if (r != root) {
     auto sent = transport.isend(root, detail::message(call, mine.size),
-                                std::span<const std::byte>(reduced.data(), mine.size));
+                                std::span<const std::byte>(reduced, mine.size));
     transport.wait(sent);
     return;
   }
@@ -234,7 +234,7 @@ void rank_order_reduce(Tr& transport, const std::byte* input, std::byte* output,
     receives.push_back(transport.irecv(owner, detail::message(call, range.size),
                                        detail::writable_bytes_of(output, range)));
   }
-  detail::copy_bytes(output + mine.begin, reduced.data(), mine.size);
+  detail::copy_bytes(output + mine.begin, reduced, mine.size);
   wait_all(transport, std::span(receives));
 }
 

@@ -64,16 +64,17 @@ struct RingLayout {
 // work[segment r] holds the reduction over all ranks, and the other segments of work hold partial
 // results. `input` may equal `work`. Each chunk of segment r is handed to `on_final(range)` as soon
 // as it is complete. Returns the sends, still in flight: unit u's send reads the chunk that the
-// allgather's unit u later receives into.
+// allgather's unit u later receives into. The received chunks wait in `slots`.
 template <Transport Tr, class OnFinal>
 std::vector<typename Tr::Request> ring_reduce_scatter_steps(Tr& transport, const RingLayout& ring,
                                                             const std::byte* input, std::byte* work,
                                                             const ElementReduction& reduction,
                                                             const MessageHeader& call,
+                                                            std::vector<std::byte>& slots,
                                                             OnFinal on_final) {
   auto received_range = [&](std::size_t u) { return ring.unit_range(u, 2); };
   ReceivePipeline<Tr> receives(transport, ring.left, call, ring.units, ring.largest_chunk_bytes(),
-                               received_range);
+                               received_range, slots);
   std::vector<typename Tr::Request> sends;
   sends.reserve(ring.units);
   auto post_send = [&](std::size_t u) {
@@ -131,11 +132,12 @@ void ring_allgather_steps(Tr& transport, const RingLayout& ring, std::byte* data
 template <Transport Tr>
 void ring_reduce_scatter_phase(Tr& transport, const std::byte* input, std::byte* work,
                                std::size_t count, const ElementReduction& reduction,
-                               const MessageHeader& call, const AlgorithmTuning& tuning) {
+                               const MessageHeader& call, const AlgorithmTuning& tuning,
+                               std::vector<std::byte>& slots) {
   const detail::RingLayout ring(transport.size(), transport.rank(), count,
                                 reduction.element_bytes(), tuning);
   auto sends = detail::ring_reduce_scatter_steps(transport, ring, input, work, reduction, call,
-                                                 [](detail::ByteRange) {});
+                                                 slots, [](detail::ByteRange) {});
   wait_all(transport, std::span(sends));
 }
 
@@ -144,7 +146,7 @@ void ring_reduce_scatter_phase(Tr& transport, const std::byte* input, std::byte*
 template <Transport Tr>
 void ring_allreduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
                     const ElementReduction& reduction, const MessageHeader& call,
-                    const AlgorithmTuning& tuning) {
+                    const AlgorithmTuning& tuning, AlgorithmScratch& scratch) {
   const int p = transport.size();
   if (p == 1) {
     detail::copy_bytes(output, input, count * reduction.element_bytes());
@@ -154,7 +156,7 @@ void ring_allreduce(Tr& transport, const std::byte* input, std::byte* output, st
   std::vector<typename Tr::Request> allgather_sends;
   allgather_sends.reserve(ring.units);
   auto reduce_scatter_sends = detail::ring_reduce_scatter_steps(
-      transport, ring, input, output, reduction, call, [&](detail::ByteRange range) {
+      transport, ring, input, output, reduction, call, scratch.slots, [&](detail::ByteRange range) {
         reduction.finish(output + range.begin, range.size, p);
         allgather_sends.push_back(transport.isend(ring.right, detail::message(call, range.size),
                                                   detail::bytes_of(output, range)));
@@ -163,13 +165,13 @@ void ring_allreduce(Tr& transport, const std::byte* input, std::byte* output, st
                                reduce_scatter_sends);
 }
 
-// input: count * p elements; output: this rank's count elements of the reduction. `scratch` is
-// reused across calls to hold the partial results.
+// input: count * p elements; output: this rank's count elements of the reduction. The partial
+// results live in `scratch`.
 template <Transport Tr>
 void ring_reduce_scatter(Tr& transport, const std::byte* input, std::byte* output,
                          std::size_t count, const ElementReduction& reduction,
                          const MessageHeader& call, const AlgorithmTuning& tuning,
-                         std::vector<std::byte>& scratch) {
+                         AlgorithmScratch& scratch) {
   const int p = transport.size();
   const std::size_t block_bytes = count * reduction.element_bytes();
   if (p == 1) {
@@ -177,10 +179,9 @@ void ring_reduce_scatter(Tr& transport, const std::byte* input, std::byte* outpu
     return;
   }
   const std::size_t total = count * static_cast<std::size_t>(p);
-  scratch.resize(total * reduction.element_bytes());
-  ring_reduce_scatter_phase(transport, input, scratch.data(), total, reduction, call, tuning);
-  detail::copy_bytes(output,
-                     scratch.data() + block_bytes * static_cast<std::size_t>(transport.rank()),
+  std::byte* work = detail::reserved_bytes(scratch.partial, total * reduction.element_bytes());
+  ring_reduce_scatter_phase(transport, input, work, total, reduction, call, tuning, scratch.slots);
+  detail::copy_bytes(output, work + block_bytes * static_cast<std::size_t>(transport.rank()),
                      block_bytes);
   reduction.finish(output, block_bytes, p);
 }
@@ -259,11 +260,9 @@ void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
   const int v = detail::modulo(transport.rank() - root, p);
   const int previous = detail::modulo(transport.rank() - 1, p);
   const int next = (transport.rank() + 1) % p;
-  const detail::Blocks whole(count, 1);
-  const std::size_t chunks = detail::chunks_per_block(whole, element_bytes, tuning);
-  auto range_of = [&](std::size_t j) {
-    return detail::to_bytes(detail::chunk_of(whole, 0, chunks, j), element_bytes);
-  };
+  const detail::ChunkedRange whole({0, count * element_bytes}, element_bytes, tuning);
+  const std::size_t chunks = whole.chunks();
+  auto range_of = [&](std::size_t j) { return whole.chunk(j); };
 
   std::vector<typename Tr::Request> receives;
   if (v > 0) {
@@ -300,7 +299,7 @@ void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
 template <Transport Tr>
 void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
                  int root, const ElementReduction& reduction, const MessageHeader& call,
-                 const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
+                 const AlgorithmTuning& tuning, AlgorithmScratch& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
   const int v = detail::modulo(r - root, p);
@@ -309,11 +308,9 @@ void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
     detail::copy_bytes(output, input, count * element_bytes);
     return;
   }
-  const detail::Blocks whole(count, 1);
-  const std::size_t chunks = detail::chunks_per_block(whole, element_bytes, tuning);
-  auto range_of = [&](std::size_t j) {
-    return detail::to_bytes(detail::chunk_of(whole, 0, chunks, j), element_bytes);
-  };
+  const detail::ChunkedRange whole({0, count * element_bytes}, element_bytes, tuning);
+  const std::size_t chunks = whole.chunks();
+  auto range_of = [&](std::size_t j) { return whole.chunk(j); };
   const int toward_root = detail::modulo(r - 1, p);
   const int away_from_root = (r + 1) % p;
 
@@ -328,12 +325,9 @@ void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
     return;
   }
   std::byte* work = output;
-  if (v != 0) {
-    scratch.resize(count * element_bytes);
-    work = scratch.data();
-  }
+  if (v != 0) work = detail::reserved_bytes(scratch.partial, count * element_bytes);
   detail::ReceivePipeline<Tr> receives(transport, away_from_root, call, chunks, range_of(0).size,
-                                       range_of);
+                                       range_of, scratch.slots);
   for (std::size_t j = 0; j < chunks; ++j) {
     const detail::ByteRange range = range_of(j);
     reduction.reduce(work + range.begin, input + range.begin, receives.wait(j), range.size);

@@ -51,18 +51,18 @@ enum class TreeFlow { kUp, kDown, kUpAndDown };
 // Runs the units through their trees. kUp leaves the reduction in `output` on each tree's root
 // (interior ranks use `output` for partial sums); kDown broadcasts `output` from the root;
 // kUpAndDown does both, so every rank ends with the reduction. kAvg divides at the root.
-// `reduction` is null for kDown, which only moves bytes; `slot_bytes` holds the largest unit.
+// `reduction` is null for kDown, which only moves bytes. The children's chunks wait in `slots`, two
+// of `slot_bytes` (the largest unit) each; kDown receives in place and needs none.
 template <Transport Tr>
 void run_tree_pipeline(Tr& transport, const std::byte* input, std::byte* output,
                        const std::vector<TreeUnit>& units, TreeFlow flow,
                        const ElementReduction* reduction, const MessageHeader& call,
-                       std::size_t slot_bytes) {
+                       std::byte* slots, std::size_t slot_bytes) {
   const bool up = flow != TreeFlow::kDown;
   const bool down = flow != TreeFlow::kUp;
   // A chunk starts down two iterations after it went up, so the next chunks' ascent overlaps it.
   const std::size_t lag = (up && down) ? 2 : 0;
   const std::size_t iterations = units.size() + (down ? lag : 0);
-  std::vector<std::byte> slots(2 * slot_bytes);
   std::vector<typename Tr::Request> up_sends(units.size());
   std::vector<typename Tr::Request> down_sends;
   const int p = transport.size();
@@ -75,16 +75,16 @@ void run_tree_pipeline(Tr& transport, const std::byte* input, std::byte* output,
       // at(): g++ cannot see that a node has at most two children, and warns of an overflow.
       std::array<typename Tr::Request, 2> child_requests{};
       for (int c = 0; c < node.child_count; ++c) {
-        child_requests.at(static_cast<std::size_t>(c)) = transport.irecv(
-            node.children[static_cast<std::size_t>(c)], header,
-            writable_bytes_of(slots.data() + static_cast<std::size_t>(c) * slot_bytes,
-                              ByteRange{0, unit.range.size}));
+        child_requests.at(static_cast<std::size_t>(c)) =
+            transport.irecv(node.children[static_cast<std::size_t>(c)], header,
+                            writable_bytes_of(slots + static_cast<std::size_t>(c) * slot_bytes,
+                                              ByteRange{0, unit.range.size}));
       }
       const std::byte* mine = input + unit.range.begin;  // a leaf sends its input as it is
       for (int c = 0; c < node.child_count; ++c) {
         transport.wait(child_requests[static_cast<std::size_t>(c)]);
         reduction->reduce(output + unit.range.begin, mine,
-                          slots.data() + static_cast<std::size_t>(c) * slot_bytes, unit.range.size);
+                          slots + static_cast<std::size_t>(c) * slot_bytes, unit.range.size);
         mine = output + unit.range.begin;
       }
       if (node.parent >= 0) {
@@ -121,7 +121,7 @@ void run_tree_pipeline(Tr& transport, const std::byte* input, std::byte* output,
 template <Transport Tr>
 void tree_allreduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
                     const ElementReduction& reduction, const MessageHeader& call,
-                    const AlgorithmTuning& tuning) {
+                    const AlgorithmTuning& tuning, AlgorithmScratch& scratch) {
   const int p = transport.size();
   const int r = transport.rank();
   const std::size_t element_bytes = reduction.element_bytes();
@@ -143,9 +143,10 @@ void tree_allreduce(Tr& transport, const std::byte* input, std::byte* output, st
                        &nodes[tree]});
     }
   }
+  const std::size_t slot_bytes = (halves.size(0) + chunks - 1) / chunks * element_bytes;
   detail::run_tree_pipeline(transport, input, output, units, detail::TreeFlow::kUpAndDown,
-                            &reduction, call,
-                            (halves.size(0) + chunks - 1) / chunks * element_bytes);
+                            &reduction, call, detail::reserved_bytes(scratch.slots, 2 * slot_bytes),
+                            slot_bytes);
 }
 
 namespace detail {
@@ -189,7 +190,7 @@ void tree_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
         transport.irecv(node.children[static_cast<std::size_t>(c)], closing, {});
   }
   detail::run_tree_pipeline(transport, data, data, units, detail::TreeFlow::kDown, nullptr, call,
-                            0);
+                            nullptr, 0);
   if (node.parent >= 0) {
     auto done = transport.isend(node.parent, closing, {});
     transport.wait(done);
@@ -201,7 +202,7 @@ void tree_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
 template <Transport Tr>
 void tree_reduce(Tr& transport, const std::byte* input, std::byte* output, std::size_t count,
                  int root, const ElementReduction& reduction, const MessageHeader& call,
-                 const AlgorithmTuning& tuning, std::vector<std::byte>& scratch) {
+                 const AlgorithmTuning& tuning, AlgorithmScratch& scratch) {
   const int p = transport.size();
   const std::size_t element_bytes = reduction.element_bytes();
   if (p == 1) {
@@ -210,14 +211,12 @@ void tree_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
   }
   const detail::TreeNode node = detail::rooted_tree_node(transport.rank(), p, root);
   std::byte* work = output;
-  if (transport.rank() != root) {
-    scratch.resize(count * element_bytes);
-    work = scratch.data();
-  }
+  if (transport.rank() != root)
+    work = detail::reserved_bytes(scratch.partial, count * element_bytes);
   std::size_t slot_bytes = 0;
   const auto units = detail::rooted_tree_units(node, count, element_bytes, tuning, slot_bytes);
   detail::run_tree_pipeline(transport, input, work, units, detail::TreeFlow::kUp, &reduction, call,
-                            slot_bytes);
+                            detail::reserved_bytes(scratch.slots, 2 * slot_bytes), slot_bytes);
 }
 
 }  // namespace coltrain::comm

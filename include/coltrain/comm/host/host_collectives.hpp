@@ -266,7 +266,8 @@ class HostCollectives {
         case Algorithm::kPairwise:
           return pairwise_alltoall(t, input.data(), output.data(), block_bytes, call);
         case Algorithm::kBruck:
-          return bruck_alltoall(t, input.data(), output.data(), block_bytes, call, scratch_);
+          return bruck_alltoall(t, input.data(), output.data(), block_bytes, call,
+                                scratch_.partial);
         default:
           return run_native(
               [&](auto& mpi) { native_alltoall(mpi, input.data(), output.data(), block_bytes); });
@@ -577,16 +578,18 @@ class HostCollectives {
           if (call.compression != WireCompression::kNone) {
             return compressed_allreduce(t, reinterpret_cast<const float*>(input),
                                         reinterpret_cast<float*>(output), input_count, call.op,
-                                        call, tuning_, scratch_);
+                                        call, tuning_, scratch_.partial);
           }
           switch (call.algorithm) {
             case Algorithm::kRing:
-              return ring_allreduce(t, input, output, input_count, reduction, call, tuning_);
+              return ring_allreduce(t, input, output, input_count, reduction, call, tuning_,
+                                    scratch_);
             case Algorithm::kTree:
-              return tree_allreduce(t, input, output, input_count, reduction, call, tuning_);
+              return tree_allreduce(t, input, output, input_count, reduction, call, tuning_,
+                                    scratch_);
             case Algorithm::kHalvingDoubling:
               return halving_doubling_allreduce(t, input, output, input_count, reduction, call,
-                                                scratch_);
+                                                tuning_, scratch_);
             case Algorithm::kHierarchical:
               return hierarchical_allreduce(t, host_layout(), input, output, input_count, reduction,
                                             call, tuning_, scratch_);
@@ -659,7 +662,7 @@ class HostCollectives {
   MessageBookHandle messages_;                         // after the transports: goes before them
   std::map<std::pair<int, int>, std::uint64_t> sent_;  // messages per (peer, tag), both ways
   std::map<std::pair<int, int>, std::uint64_t> received_;
-  std::vector<std::byte> scratch_;  // the algorithms' partial results, reused across calls
+  AlgorithmScratch scratch_;  // the algorithms' buffers, reused across calls
   std::vector<float> widened_input_;
   std::vector<float> widened_output_;
 };

@@ -47,15 +47,15 @@ struct CostModel {
 
 // TCP's alpha and beta fitted by coltrain_tune on the development machine (AMD EPYC VM, 2 cores,
 // 2 ranks; 2026-12-06, between two runs' fits, docs/benchmarks.md) to every allreduce from 8 B to
-// 64 MiB. Gamma is the reduction out of cache, 6 GB/s: where it decides (halving-doubling's
-// unpipelined reduction of large vectors) the operands come from memory, and coltrain_tune's
-// in-cache kernel rate (24-33 GB/s) made automatic pick halving-doubling at 2-128 MiB, 1.1-1.7x
-// slower there than the ring (2 ranks, TCP). MPI's constants are the 2026-11 fit (MPICH 4.0.2,
-// 2 ranks, at 8 B and 64 MB) but for coltrain's alpha over MPI, 1.0 us (2026-12-07: coltrain_tune
-// fitted 1.02-1.28 us): with 0.85 rank order's one-round allreduce took the 8-byte calls from
-// MPI_Allreduce, which ran them in 0.8-1.0 us against its 1.3-1.4 (docs/benchmarks.md, "Small
-// allreduces in one round"). coltrain_tune's (0.9 us and 6 GB/s; MPICH's own 0.7 us and 4.5 GB/s)
-// move MPI_Allreduce's share up to 4 KiB, where a rank whose call differs from the others'
+// 64 MiB. Gamma is the reduction out of cache, 6 GB/s: where it decided (halving-doubling's
+// reductions of whole halves, before they were pipelined) the operands came from memory, and
+// coltrain_tune's in-cache kernel rate (24-33 GB/s) made automatic pick halving-doubling at 2-128
+// MiB, 1.1-1.7x slower there than the ring (2 ranks, TCP). MPI's constants are the 2026-11 fit
+// (MPICH 4.0.2, 2 ranks, at 8 B and 64 MB) but for coltrain's alpha over MPI, 1.0 us (2026-12-07:
+// coltrain_tune fitted 1.02-1.28 us): with 0.85 rank order's one-round allreduce took the 8-byte
+// calls from MPI_Allreduce, which ran them in 0.8-1.0 us against its 1.3-1.4 (docs/benchmarks.md,
+// "Small allreduces in one round"). coltrain_tune's (0.9 us and 6 GB/s; MPICH's own 0.7 us and 4.5
+// GB/s) move MPI_Allreduce's share up to 4 KiB, where a rank whose call differs from the others'
 // (another wire compression) can no longer be told: MPI's own collectives cannot detect a
 // mismatch, and its peer waits inside MPI_Allreduce for good. The TCP constants before are in
 // docs/results/cost_model_defaults_before_2026-12-06.tuning.json.
@@ -117,22 +117,39 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
           // first and n/2 up in the second.
           return 2 * (lg + chunks) * c.alpha_us + 2 * n * c.beta_us_per_byte +
                  std::min(n / 2, chunk) * c.gamma_us_per_byte;
-        case Algorithm::kNative:
+        case Algorithm::kNative: {
           if (model.native_shape == NativeShape::kNccl) {
             const double ring = 2 * steps * c.alpha_us + 2 * share * n * c.beta_us_per_byte;
             const double tree = 2 * lg * c.alpha_us + 2 * n * c.beta_us_per_byte;
             return std::min(ring, tree) + share * n * c.gamma_us_per_byte;
           }
-          [[fallthrough]];
-        case Algorithm::kHalvingDoubling: {
-          // MPICH's own choice: recursive doubling for small vectors, Rabenseifner for large.
+          // MPICH's own choice: recursive doubling for small vectors, Rabenseifner for large,
+          // whose reductions wait for whole halves.
           double rabenseifner = 2 * lg * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
                                 share * n * c.gamma_us_per_byte;
           if (!power_of_two) rabenseifner += 2 * c.alpha_us + 2 * n * c.beta_us_per_byte;
-          if (algorithm == Algorithm::kHalvingDoubling) return rabenseifner;
           const double doubling =
               lg * (c.alpha_us + n * (c.beta_us_per_byte + c.gamma_us_per_byte));
           return std::min(doubling, rabenseifner);
+        }
+        case Algorithm::kHalvingDoubling: {
+          // coltrain's pipelines its reducing steps as the ring does: the halving step that sends
+          // n/2^k bytes sends them in chunks, and only its last chunk's reduction adds. The
+          // doubling steps send whole windows. Other p: q = 2^floor(lg p) ranks run it, after a
+          // fold of n bytes (pipelined too) and before the whole result goes back.
+          const int halvings = std::bit_width(static_cast<unsigned>(p)) - 1;  // lg q
+          const auto pipelined = [&](double bytes) {
+            return std::max(1.0, std::ceil(bytes / chunk)) * c.alpha_us +
+                   bytes * c.beta_us_per_byte + std::min(bytes, chunk) * c.gamma_us_per_byte;
+          };
+          double time = 0;
+          double bytes = n;
+          for (int step = 0; step < halvings; ++step) {
+            bytes /= 2;
+            time += pipelined(bytes) + c.alpha_us + bytes * c.beta_us_per_byte;
+          }
+          if (!power_of_two) time += pipelined(n) + c.alpha_us + n * c.beta_us_per_byte;
+          return time;
         }
         case Algorithm::kRankOrder:
           // Small: every input to every rank in one round of p-1 messages, each rank folding all
@@ -289,16 +306,17 @@ inline std::span<const Algorithm> algorithms_for(Collective collective) {
   return {};
 }
 
-// The cheapest of `candidates` by the model (the first of them when none applies).
-inline Algorithm choose_among(const CostModel& model, Collective collective, int p,
-                              std::size_t n_bytes, std::span<const Algorithm> candidates) {
+// The cheapest of `candidates` by `price(algorithm)`, in microseconds (the first of them when none
+// applies).
+template <class Price>
+Algorithm cheapest_of(std::span<const Algorithm> candidates, Price price) {
   Algorithm best = candidates.empty() ? Algorithm::kRing : candidates.front();
   double best_us = std::numeric_limits<double>::infinity();
   for (Algorithm algorithm : candidates) {
-    const double us = predict_us(model, collective, algorithm, p, n_bytes);
+    const double us = price(algorithm);
     // A tie between ring and halving-doubling (two ranks, up to two chunks: the same messages and
-    // bytes) goes to halving-doubling, whose plain exchange measured faster than the ring's
-    // pipeline at 8 B-512 KiB over MPI and TCP (2 ranks, 2026-12-06, docs/benchmarks.md).
+    // bytes) goes to halving-doubling, which measured faster than the ring at 8 B-512 KiB over MPI
+    // and TCP (2 ranks, 2026-12-06 and 2026-12-07, docs/benchmarks.md).
     const bool tie_to_halving_doubling = algorithm == Algorithm::kHalvingDoubling &&
                                          best == Algorithm::kRing && us <= best_us * (1 + 1e-12);
     if (us < best_us || tie_to_halving_doubling) {
@@ -309,29 +327,51 @@ inline Algorithm choose_among(const CostModel& model, Collective collective, int
   return best;
 }
 
-// The cheapest algorithm by the model on a host backend of p ranks, all of them on one host or each
-// on its own.
-inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
-                                  std::size_t n_bytes, bool native_available) {
-  std::array<Algorithm, 5> candidates{};
-  std::size_t used = 0;
+// The cheapest of `candidates` by the model.
+inline Algorithm choose_among(const CostModel& model, Collective collective, int p,
+                              std::size_t n_bytes, std::span<const Algorithm> candidates) {
+  return cheapest_of(candidates, [&](Algorithm algorithm) {
+    return predict_us(model, collective, algorithm, p, n_bytes);
+  });
+}
+
+// What automatic chooses from on a host backend, hierarchical aside (it competes where there are
+// hosts).
+struct AutomaticCandidates {
+  std::array<Algorithm, 5> algorithms{};
+  std::size_t count = 0;
+  std::span<const Algorithm> list() const { return std::span(algorithms.data(), count); }
+};
+
+inline AutomaticCandidates automatic_candidates(Collective collective, std::size_t n_bytes,
+                                                bool native_available) {
+  AutomaticCandidates candidates;
   for (Algorithm algorithm : algorithms_for(collective)) {
-    // Hierarchical competes below where there are hosts. Rank order only as its one-round
-    // allreduce (up to kRankOrderDirectBytes); its chunked schedules, which hold p chunks at a
-    // time, by name or in deterministic mode.
+    // Rank order only as its one-round allreduce (up to kRankOrderDirectBytes); its chunked
+    // schedules, which hold p chunks at a time, by name or in deterministic mode.
     if (algorithm == Algorithm::kHierarchical) continue;
     if (algorithm == Algorithm::kRankOrder &&
         (collective != Collective::kAllreduce || n_bytes > kRankOrderDirectBytes))
       continue;
-    if (algorithm != Algorithm::kNative || native_available) candidates.at(used++) = algorithm;
+    if (algorithm != Algorithm::kNative || native_available)
+      candidates.algorithms.at(candidates.count++) = algorithm;
   }
-  return choose_among(model, collective, p, n_bytes, std::span(candidates.data(), used));
+  return candidates;
+}
+
+// The cheapest algorithm by the model on a host backend of p ranks, all of them on one host or each
+// on its own.
+inline Algorithm choose_algorithm(const CostModel& model, Collective collective, int p,
+                                  std::size_t n_bytes, bool native_available) {
+  return choose_among(model, collective, p, n_bytes,
+                      automatic_candidates(collective, n_bytes, native_available).list());
 }
 
 // The same, for ranks on `hosts`. On one host every message goes at same_host costs. Over several
-// hosts the flat algorithms' bytes between hosts share each host's network link
-// (HostLayout::ring_links_leaving_a_host), and hierarchical allreduce competes where some host has
-// several ranks.
+// hosts the flat algorithms' bytes between hosts share each host's network link: the ring's as
+// many times as it has links leaving a host (HostLayout::ring_links_leaving_a_host),
+// halving-doubling's as its steps cross (halving_doubling_load_leaving_a_host); hierarchical
+// allreduce competes where some host has several ranks.
 inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
                                   const HostLayout& hosts, std::size_t n_bytes,
                                   bool native_available) {
@@ -345,12 +385,19 @@ inline Algorithm choose_algorithm(const CostModel& model, Collective collective,
     return choose_algorithm(model, collective, p, n_bytes, native_available);
   CostModel flat_model = model;
   flat_model.point_to_point.beta_us_per_byte *= hosts.ring_links_leaving_a_host();
-  const Algorithm flat = choose_algorithm(flat_model, collective, p, n_bytes, native_available);
+  CostModel halving_doubling_model = model;
+  halving_doubling_model.point_to_point.beta_us_per_byte *=
+      hosts.halving_doubling_load_leaving_a_host();
+  const auto flat_us = [&](Algorithm algorithm) {
+    return predict_us(
+        algorithm == Algorithm::kHalvingDoubling ? halving_doubling_model : flat_model, collective,
+        algorithm, p, n_bytes);
+  };
+  const Algorithm flat =
+      cheapest_of(automatic_candidates(collective, n_bytes, native_available).list(), flat_us);
   if (collective != Collective::kAllreduce) return flat;
-  return predict_hierarchical_us(model, hosts, n_bytes) <
-                 predict_us(flat_model, collective, flat, p, n_bytes)
-             ? Algorithm::kHierarchical
-             : flat;
+  return predict_hierarchical_us(model, hosts, n_bytes) < flat_us(flat) ? Algorithm::kHierarchical
+                                                                        : flat;
 }
 
 // The algorithms of `collective` on NCCL device buffers: NCCL's own, and for allreduce coltrain's
