@@ -206,6 +206,9 @@ TEST_CASE(
                    large) == Approx(2 * chunk));
   CHECK(predict_us(reductions_only, Collective::kAllreduce, Algorithm::kRing, 4, large) ==
         Approx(chunk));
+  // The tree: each of its two trees carries half in chunks, 128 each, plus the depth up and down.
+  CHECK(predict_us(messages_only, Collective::kAllreduce, Algorithm::kTree, 4, large) ==
+        Approx(2 * (2 + 128)));
   // Three ranks: the fold of the whole vector (pipelined) and the result sent back come first.
   CHECK(predict_us(messages_only, Collective::kAllreduce, Algorithm::kHalvingDoubling, 3, large) ==
         Approx((256 + 1) + (128 + 1)));

@@ -112,11 +112,15 @@ inline double predict_us(const CostModel& model, Collective collective, Algorith
         case Algorithm::kRing:
           return 2 * steps * chunks * c.alpha_us + 2 * share * n * c.beta_us_per_byte +
                  std::min(share * n, chunk) * c.gamma_us_per_byte;
-        case Algorithm::kTree:
-          // A rank inside one tree and a leaf of the other sends n/2 up and 2 x n/2 down in the
-          // first and n/2 up in the second.
-          return 2 * (lg + chunks) * c.alpha_us + 2 * n * c.beta_us_per_byte +
+        case Algorithm::kTree: {
+          // Each tree carries n/2 in k chunks, and each iteration moves a chunk of either tree up
+          // and one down, so the pipeline is 2k units long plus the trees' depth. A rank inside
+          // one tree and a leaf of the other sends n/2 up and 2 x n/2 down in the first and n/2
+          // up in the second.
+          const double tree_chunks = std::max(1.0, std::ceil(n / 2 / chunk));
+          return 2 * (lg + tree_chunks) * c.alpha_us + 2 * n * c.beta_us_per_byte +
                  std::min(n / 2, chunk) * c.gamma_us_per_byte;
+        }
         case Algorithm::kNative: {
           if (model.native_shape == NativeShape::kNccl) {
             const double ring = 2 * steps * c.alpha_us + 2 * share * n * c.beta_us_per_byte;
