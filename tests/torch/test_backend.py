@@ -5,6 +5,9 @@
     test_backend.py ddp NP           DistributedDataParallel: coltrain's losses against gloo's
     test_backend.py failures         a dead peer, a mismatched call, a wrong secret, refused ops
     test_backend.py huge_pages       COLTRAIN_TORCH_HUGE_PAGES=1: large CPU tensors 2 MiB-aligned
+    test_backend.py reused_on_huge_pages
+                                     a large tensor reduced again is moved onto huge pages where it
+                                     lies, one reduced once is not, and the sums stay exact
     test_backend.py torchrun         benchmarks/reference/torch_ddp_mnist.py under torchrun, one
                                      epoch of MNIST: the same losses over coltrain as over gloo
 
@@ -285,10 +288,44 @@ def worker_failures(args):
     return result
 
 
+def anon_huge_page_bytes():
+    """The process's anonymous memory on transparent huge pages (/proc/self/smaps_rollup)."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("/proc/self/smaps_rollup has no AnonHugePages line")
+
+
+def worker_reused_on_huge_pages(args):
+    """A tensor of 24 MiB reduced once, then another reduced three times: how much of the
+    process's memory went onto huge pages after each, and every sum checked exactly (values that
+    differ by position, so that a piece sent from the wrong place or by the wrong path shows)."""
+    import torch
+    dist = init(args)
+    n = 6 << 20  # float32 elements: 24 MiB
+    pattern = torch.arange(n, dtype=torch.float32) % 1021
+    want = pattern * sum(r + 1 for r in range(args.world))
+    result = {"before": anon_huge_page_bytes()}
+    once = pattern * (args.rank + 1)
+    dist.all_reduce(once)
+    expect(torch.equal(once, want), "the tensor reduced once")
+    result["after_once"] = anon_huge_page_bytes()
+    again = torch.empty(n, dtype=torch.float32)
+    for call in range(3):
+        torch.mul(pattern, args.rank + 1, out=again)
+        dist.all_reduce(again)
+        expect(torch.equal(again, want), f"the tensor reduced again, call {call + 1}")
+    result["after_again"] = anon_huge_page_bytes()
+    dist.destroy_process_group()
+    return result
+
+
 def worker_main(args):
     try:
         result = {"collectives": worker_collectives, "ddp": worker_ddp,
-                  "failures": worker_failures}[args.worker](args)
+                  "failures": worker_failures,
+                  "reused_on_huge_pages": worker_reused_on_huge_pages}[args.worker](args)
     except Exception:
         import traceback
         traceback.print_exc()
@@ -413,6 +450,61 @@ def case_huge_pages():
           f"{results_offset} bytes off), small tensors not; DDP trains")
 
 
+def kernel_can_collapse():
+    """Whether madvise(MADV_COLLAPSE) (Linux 6.1) works here, and the THP policy."""
+    import ctypes
+    import mmap
+    policy = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    # Private, as tensors are (a shared mapping would ask about shared memory's huge pages).
+    region = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.write(b"\x01" * (4 << 20))
+    view = ctypes.c_char.from_buffer(region)
+    start = (ctypes.addressof(view) + (2 << 20) - 1) & ~((2 << 20) - 1)
+    ok = libc.madvise(start, 2 << 20, 25) == 0  # MADV_COLLAPSE
+    del view  # the mapping cannot close while a view holds it
+    region.close()
+    return ok, policy
+
+
+def case_reused_on_huge_pages():
+    """The backend moves a large tensor that comes back to the collectives onto huge pages in
+    place (madvise MADV_COLLAPSE), and only that one; COLTRAIN_TORCH_HUGE_PAGES=0 turns it off."""
+    can_collapse, policy = kernel_can_collapse()
+    runs = {}
+    for value in ("", "0"):
+        results = launch("reused_on_huge_pages", 2, extra_env={"COLTRAIN_TORCH_HUGE_PAGES": value})
+        require_all_passed(results, f"reused_on_huge_pages with COLTRAIN_TORCH_HUGE_PAGES={value!r}")
+        runs[value] = [data for _, _, _, data in results]
+    mib = 1 << 20
+    for value, ranks in runs.items():
+        for rank, r in enumerate(ranks):
+            once, again = r["after_once"] - r["before"], r["after_again"] - r["after_once"]
+            label = f"rank {rank}, COLTRAIN_TORCH_HUGE_PAGES={value!r}"
+            if "[always]" in policy:
+                continue  # every large tensor is on huge pages already: nothing to tell apart
+            if once >= 2 * mib:
+                raise SystemExit(f"FAILED: {label}: a tensor reduced once went onto huge pages "
+                                 f"({once} bytes)")
+            if value == "" and can_collapse and again < 16 * mib:
+                raise SystemExit(f"FAILED: {label}: a 24 MiB tensor reduced three times put only "
+                                 f"{again} bytes onto huge pages")
+            if (value == "0" or not can_collapse) and again >= 2 * mib:
+                raise SystemExit(f"FAILED: {label}: {again} bytes went onto huge pages")
+    if "[always]" in policy:
+        print("reused_on_huge_pages: THP policy 'always' here, so every large tensor is on huge "
+              "pages without the backend; checked the sums only")
+    elif not can_collapse:
+        print("reused_on_huge_pages: this kernel cannot collapse (MADV_COLLAPSE needs Linux 6.1 "
+              "and THP not 'never'); checked that nothing moved and the sums stay exact")
+    else:
+        moved = [r["after_again"] - r["after_once"] for r in runs[""]]
+        print(f"reused_on_huge_pages: a 24 MiB tensor reduced three times: {moved[0] // mib} and "
+              f"{moved[1] // mib} MiB onto huge pages; reduced once, or with "
+              f"COLTRAIN_TORCH_HUGE_PAGES=0: none; every sum exact")
+
+
 def case_torchrun():
     """The usual DDP script under torchrun (--standalone: its store on a port it picked), with only
     the backend name changed."""
@@ -460,7 +552,7 @@ def main():
         return worker_main(args)
     {"collectives": lambda: case_collectives(args.world), "ddp": lambda: case_ddp(args.world),
      "failures": case_failures, "torchrun": case_torchrun,
-     "huge_pages": case_huge_pages}[args.case]()
+     "huge_pages": case_huge_pages, "reused_on_huge_pages": case_reused_on_huge_pages}[args.case]()
 
 
 if __name__ == "__main__":

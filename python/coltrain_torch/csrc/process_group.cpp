@@ -35,12 +35,17 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <sys/mman.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -279,6 +284,139 @@ class WithoutGil {
   PyThreadState* state_;
 };
 
+// Where the kernel's THP policy is "madvise" (Debian's default), PyTorch 1.13's CPU tensors sit on
+// 4 KiB pages. Between the ranks of a host, single copy beat the shared-memory rings at large
+// sizes on huge pages on every machine measured, but on 4 KiB pages only on some (CommOptions), so
+// such tensors go through the rings by default: a 25 MB allreduce of 2 ranks took 6.4-7.3 ms where
+// the same tensor on huge pages took 3.4 (docs/benchmarks.md). A tensor that comes back to the
+// collectives (DDP's buckets, every step) is therefore moved onto huge pages where it lies: from
+// its second call, its 2 MiB-aligned interior is collapsed into huge pages (madvise MADV_COLLAPSE,
+// Linux 6.1) and noted as huge pages for the transport while the call runs. Collapsing costs
+// 0.25-3 ms a MiB where it moves pages and microseconds where they are huge already, so:
+// - tensors seen once are left alone;
+// - an interior whose pages were 4 KiB again at a later call (a tensor freed and allocated again
+//   at the same address) is not collapsed again;
+// - new collapses wait while collapsing has cost more than a tenth of the time of the large calls,
+//   after an allowance for the first conversions.
+// COLTRAIN_TORCH_HUGE_PAGES=0 turns it off; =1 puts every allocation on huge pages from the start
+// (HugePageCpuAllocator).
+class HugePageInteriors {
+ public:
+  // Tensors from this size, whose interior holds at least half of their bytes.
+  static constexpr std::size_t kMinBytes = std::size_t{4} << 20;
+
+  static HugePageInteriors& instance() {
+    static auto* interiors = new HugePageInteriors;  // never destroyed: loans may outlive exit
+    return *interiors;
+  }
+
+  // The interior of [data, data + bytes) noted as huge pages until the loan goes; null where
+  // nothing was noted (a small tensor, one seen for the first time, a kernel that cannot collapse).
+  std::shared_ptr<void> lend(const void* data, std::size_t bytes) {
+    if (bytes < kMinBytes || coltrain::on_huge_pages(data, bytes)) return nullptr;
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
+    const std::uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge;
+    const std::uintptr_t last = (begin + bytes) / kHuge * kHuge;
+    if (last <= first || 2 * (last - first) < bytes) return nullptr;
+    const Range range{first, last - first};
+    const std::lock_guard lock(mutex_);
+    if (!enabled_) return nullptr;
+    Interior& interior = seen(range);
+    if (interior.loans == 0) {
+      if (++interior.calls < 2 || interior.unstable || !collapse(range, interior)) return nullptr;
+      coltrain::note_huge_page_memory(reinterpret_cast<void*>(first), range.bytes);
+    }
+    ++interior.loans;
+    return std::shared_ptr<void>(reinterpret_cast<void*>(first), [this, range](void*) {
+      const std::lock_guard lock(mutex_);
+      auto it = interiors_.find(range);
+      if (it != interiors_.end() && --it->second.loans == 0)
+        coltrain::forget_huge_page_memory(reinterpret_cast<void*>(range.start));
+    });
+  }
+
+  // A call with a tensor of kMinBytes or more took `seconds`, issue to completion.
+  void served(double seconds) {
+    const std::lock_guard lock(mutex_);
+    served_seconds_ += seconds;
+  }
+
+ private:
+  static constexpr std::uintptr_t kHuge = coltrain::kHugePageBytes;
+  static constexpr double kAllowanceSeconds = 0.25, kShareOfCalls = 0.1;
+  // A huge page collapsed again took 1-50 us where it still was one (the most just after the
+  // tensor was written), 0.6-7 ms where its pages had to move (measured on 2 cores).
+  static constexpr double kStableProbeSeconds = 200e-6;
+  static constexpr std::size_t kMaxRemembered = 256;
+  struct Range {
+    std::uintptr_t start;
+    std::size_t bytes;
+    auto operator<=>(const Range&) const = default;
+  };
+  struct Interior {
+    int calls = 0;  // calls that came with this interior while it was not on loan
+    int loans = 0;
+    bool collapsed = false;  // once on huge pages
+    bool unstable = false;   // on 4 KiB pages again after that
+  };
+
+  HugePageInteriors() {
+    const char* value = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
+    enabled_ = !(value != nullptr && std::string(value) == "0") && coltrain::huge_pages_wanted();
+  }
+
+  Interior& seen(const Range& range) {
+    if (interiors_.size() >= kMaxRemembered && interiors_.find(range) == interiors_.end())
+      std::erase_if(interiors_, [](const auto& entry) { return entry.second.loans == 0; });
+    return interiors_[range];
+  }
+
+  // Whether the interior is on huge pages now. An interior collapsed before is probed by its first
+  // huge page: where that one had to move, the pages are new, and the rest is left as it is.
+  bool collapse(const Range& range, Interior& interior) {
+    if (!interior.collapsed &&
+        collapse_seconds_ > kAllowanceSeconds + kShareOfCalls * served_seconds_)
+      return false;
+    if (interior.collapsed) {
+      const double seconds = collapse_timed(range.start, kHuge);
+      if (seconds < 0) return false;
+      if (seconds > kStableProbeSeconds) {
+        interior.unstable = true;
+        return false;
+      }
+      return range.bytes == kHuge || collapse_timed(range.start + kHuge, range.bytes - kHuge) >= 0;
+    }
+    if (collapse_timed(range.start, range.bytes) < 0) return false;
+    interior.collapsed = true;
+    return true;
+  }
+
+  // madvise(MADV_COLLAPSE) of [start, start + bytes): its time, or -1 where it failed. EAGAIN and
+  // ENOMEM pass (pages pinned by a peer's read, no huge page free now); the other errors (EINVAL:
+  // no MADV_COLLAPSE, or THP "never"; EPERM) turn collapsing off.
+  double collapse_timed(std::uintptr_t start, std::size_t bytes) {
+    const auto begin = std::chrono::steady_clock::now();
+    const int result = ::madvise(reinterpret_cast<void*>(start), bytes, kCollapse);
+    const int error = errno;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    collapse_seconds_ += seconds;
+    if (result == 0) return seconds;
+    if (error != EAGAIN && error != ENOMEM) enabled_ = false;
+    return -1;
+  }
+
+#ifdef MADV_COLLAPSE
+  static constexpr int kCollapse = MADV_COLLAPSE;
+#else
+  static constexpr int kCollapse = 25;  // Linux 6.1's value; older headers lack the name
+#endif
+  std::mutex mutex_;
+  std::map<Range, Interior> interiors_;
+  double collapse_seconds_ = 0, served_seconds_ = 0;
+  bool enabled_ = true;
+};
+
 class ProcessGroupColtrain final : public c10d::ProcessGroup {
  public:
   ProcessGroupColtrain(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -315,7 +453,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
             return communicator_.iallreduce(span_of<T>(buffer->tensor), op);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        [buffer] { copy_back(*buffer); }, {buffer->tensor});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -346,7 +484,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
             tensor.copy_(flat->narrow(0, offset, tensor.numel()).view(tensor.sizes()));
             offset += tensor.numel();
           }
-        });
+        },
+        {*flat});
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -736,18 +875,18 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     }
     auto kept = std::make_shared<std::pair<at::Tensor, at::Tensor>>(input, output);
     const std::size_t p = static_cast<std::size_t>(getSize());
-    return issue(
-        type, input.device(), std::move(outputs),
-        [&, counts, kept] {
-          return with_element(element, [&](auto e) {
-            using T = decltype(e);
-            const std::span<const std::size_t> all(*counts);
-            return communicator_.ialltoallv(
-                std::span<const T>(span_of<T>(kept->first)), all.subspan(0, p), all.subspan(p, p),
-                span_of<T>(kept->second), all.subspan(2 * p, p), all.subspan(3 * p, p));
-          });
-        },
-        std::move(after));
+    return issue(type, input.device(), std::move(outputs),
+                 [&, counts, kept] {
+                   return with_element(element, [&](auto e) {
+                     using T = decltype(e);
+                     const std::span<const std::size_t> all(*counts);
+                     return communicator_.ialltoallv(std::span<const T>(span_of<T>(kept->first)),
+                                                     all.subspan(0, p), all.subspan(p, p),
+                                                     span_of<T>(kept->second),
+                                                     all.subspan(2 * p, p), all.subspan(3 * p, p));
+                   });
+                 },
+                 std::move(after), {kept->first, kept->second});
   }
 
   // allgather into `blocks` (one per rank, shaped like `input`); the Work holds `outputs`.
@@ -769,7 +908,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
         [blocks, flat, stride = buffer->tensor.nbytes()]() mutable {
           for (std::size_t r = 0; r < blocks.size(); ++r)
             copy_bytes_into(blocks[r], *flat, r * stride);
-        });
+        },
+        {buffer->tensor, *flat});
   }
 
   // reduce_scatter of the contiguous `input` (size() blocks) into `output`.
@@ -786,16 +926,26 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                                  span_of<T>(buffer->tensor), op);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        [buffer] { copy_back(*buffer); }, {*flat, buffer->tensor});
   }
 
   // Issues the call (under the group's lock, so calls from several threads keep one order) and
   // queues its completion. The call and `after` keep the buffers they captured (staging copies,
-  // flattened inputs) alive until the request is complete.
+  // flattened inputs) alive until the request is complete. `exchanged`: the CPU buffers whose
+  // bytes go between the ranks both ways, which may be moved onto huge pages (HugePageInteriors).
   c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, const at::Device& device,
                                        std::vector<at::Tensor> outputs, Issue call,
-                                       std::function<void()> after = {}) {
+                                       std::function<void()> after = {},
+                                       const std::vector<at::Tensor>& exchanged = {}) {
     auto work = c10::make_intrusive<ColtrainWork>(getRank(), type, std::move(outputs));
+    std::vector<std::shared_ptr<void>> loans;
+    bool large = false;
+    for (const at::Tensor& tensor : exchanged) {
+      if (!tensor.device().is_cpu() || tensor.nbytes() < HugePageInteriors::kMinBytes) continue;
+      large = true;
+      if (auto loan = HugePageInteriors::instance().lend(tensor.data_ptr(), tensor.nbytes()))
+        loans.push_back(std::move(loan));
+    }
     std::vector<Pending> released;  // destroyed after the lock is let go
     const std::lock_guard lock(mutex_);
     released.swap(completed_);
@@ -811,7 +961,8 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
 #else
     (void)device;
 #endif
-    Pending pending{comm::Request(), work, std::move(call), std::move(after), nullptr};
+    Pending pending{comm::Request(),  work,  std::move(call), std::move(after), nullptr,
+                    std::move(loans), large, clock::now()};
     try {
       pending.request = pending.call();
     } catch (...) {
@@ -822,12 +973,16 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     return work;
   }
 
+  using clock = std::chrono::steady_clock;
   struct Pending {
     comm::Request request;
     c10::intrusive_ptr<ColtrainWork> work;
     Issue call;
     std::function<void()> after;
     std::exception_ptr error;
+    std::vector<std::shared_ptr<void>> loans;  // interiors noted as huge pages for the call
+    bool large = false;                        // with a tensor of HugePageInteriors::kMinBytes
+    clock::time_point issued;
   };
 
   void complete_in_order() {
@@ -848,6 +1003,11 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
         } catch (...) {
           error = std::current_exception();
         }
+      }
+      if (pending.large) {
+        HugePageInteriors::instance().served(
+            std::chrono::duration<double>(clock::now() - pending.issued).count());
+        pending.loans.clear();
       }
       pending.work->complete(error);
       // The completed call keeps its tensors (the Work's outputs, staging copies) until the next
