@@ -4,9 +4,10 @@
 // host). Every operation is one of coltrain's non-blocking calls: its Request runs on the
 // communicator's progress thread, in issue order, and a completion thread of this group waits for
 // the requests in that order, copies results where a staging buffer was needed, and completes the
-// Work and its Future (DDP waits on the Future). Errors (a peer that died, a mismatched call, a
-// wrong secret) reach Python as RuntimeError with coltrain's message, which names rank, peer and
-// operation.
+// Work and its Future (DDP waits on the Future); a thread that waits on a Work with nothing to copy
+// completes it itself, as soon as its request is done (ColtrainWork::wait). Errors (a peer that
+// died, a mismatched call, a wrong secret) reach Python as RuntimeError with coltrain's message,
+// which names rank, peer and operation.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -37,6 +38,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -79,6 +81,20 @@ class C10dStore final : public comm::RendezvousStore {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+// Lets the GIL go for its lifetime where this thread holds it.
+class WithoutGil {
+ public:
+  WithoutGil() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~WithoutGil() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  WithoutGil(const WithoutGil&) = delete;
+  WithoutGil& operator=(const WithoutGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 // A Work that the group's completion thread finishes; its Future holds the output tensors.
 class ColtrainWork final : public c10d::Work {
  public:
@@ -88,8 +104,10 @@ class ColtrainWork final : public c10d::Work {
         future_(c10::make_intrusive<at::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
 
-  // The Future first: a caller that returns from wait() may read it at once.
+  // The Future first: a caller that returns from wait() may read it at once. Once: the waiting
+  // thread and the completion thread may both complete a call (wait()).
   void complete(std::exception_ptr error) {
+    if (completing_.exchange(true)) return;
     if (error) {
       future_->setError(error);
     } else {
@@ -100,9 +118,33 @@ class ColtrainWork final : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
+  // A call with nothing left to do once its request completes (no staging copy to copy back) may
+  // be completed by the thread that waits for it: that thread then waits for the request itself,
+  // which the progress thread wakes, instead of for the completion thread, which the same request
+  // wakes first (8 B allreduce of 2 ranks: 38-43 us against 35-90). Set before the Work reaches
+  // the caller.
+  void done_with(comm::Request request) { request_ = std::move(request); }
+
+  bool wait(std::chrono::milliseconds timeout = kWaitForever) override {
+    if (!request_ || timeout != kWaitForever) return Work::wait(timeout);
+    const WithoutGil without_gil;
+    try {
+      request_->wait();
+    } catch (...) {
+      complete(std::current_exception());
+      throw;
+    }
+    complete(nullptr);
+    return true;
+  }
+
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
+  // c10d's kNoTimeout, which PyTorch 1.13 declares outside the namespace and 2.x inside it.
+  static constexpr std::chrono::milliseconds kWaitForever{0};
+  std::optional<comm::Request> request_;
+  std::atomic<bool> completing_{false};
 };
 
 // The element type coltrain moves a tensor as. Reductions need the tensor's own type (complex
@@ -228,6 +270,12 @@ inline void copy_back(Buffer& buffer) {
   if (buffer.staged) copy_bytes_into(buffer.user, buffer.tensor, 0);
 }
 
+// What a call on `buffer` does once its request completes: copy a staging copy back, or nothing.
+inline std::function<void()> copy_back_after(const std::shared_ptr<Buffer>& buffer) {
+  if (!buffer->staged) return {};
+  return [buffer] { copy_back(*buffer); };
+}
+
 inline std::optional<comm::ReduceOp> coltrain_op(const c10d::ReduceOp& op) {
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -269,20 +317,6 @@ inline const char* op_name(const c10d::ReduceOp& op) {
       return "UNUSED";
   }
 }
-
-// Lets the GIL go for its lifetime where this thread holds it.
-class WithoutGil {
- public:
-  WithoutGil() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
-  ~WithoutGil() {
-    if (state_ != nullptr) PyEval_RestoreThread(state_);
-  }
-  WithoutGil(const WithoutGil&) = delete;
-  WithoutGil& operator=(const WithoutGil&) = delete;
-
- private:
-  PyThreadState* state_;
-};
 
 // Where the kernel's THP policy is "madvise" (Debian's default), PyTorch 1.13's CPU tensors sit on
 // 4 KiB pages. Between the ranks of a host, single copy beat the shared-memory rings at large
@@ -445,15 +479,14 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
     const at::Tensor& tensor = one_tensor(tensors, "allreduce");
     const comm::ReduceOp op = reduce_op(opts.reduceOp, tensor, "allreduce");
     auto buffer = std::make_shared<Buffer>(buffer_for(tensor));
-    return issue(
-        c10d::OpType::ALLREDUCE, tensor.device(), {tensor},
-        [&, buffer] {
-          return with_element(element_of(tensor), [&](auto element) {
-            using T = decltype(element);
-            return communicator_.iallreduce(span_of<T>(buffer->tensor), op);
-          });
-        },
-        [buffer] { copy_back(*buffer); }, {buffer->tensor});
+    return issue(c10d::OpType::ALLREDUCE, tensor.device(), {tensor},
+                 [&, buffer] {
+                   return with_element(element_of(tensor), [&](auto element) {
+                     using T = decltype(element);
+                     return communicator_.iallreduce(span_of<T>(buffer->tensor), op);
+                   });
+                 },
+                 copy_back_after(buffer), {buffer->tensor});
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -501,7 +534,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
             return communicator_.ibroadcast(span_of<T>(buffer->tensor), root);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        copy_back_after(buffer));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
@@ -519,7 +552,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
             return communicator_.ireduce(std::span<const T>(data), data, root, op);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        copy_back_after(buffer));
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -599,7 +632,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                           span_of<T>(buffer->tensor), root);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        copy_back_after(buffer));
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -732,7 +765,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
             return communicator_.irecv(span_of<T>(buffer->tensor), peer, tag);
           });
         },
-        [buffer] { copy_back(*buffer); });
+        copy_back_after(buffer));
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
@@ -917,16 +950,15 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                                                      const at::Tensor& output, comm::ReduceOp op) {
     auto flat = std::make_shared<at::Tensor>(std::move(input));
     auto buffer = std::make_shared<Buffer>(buffer_for(output));
-    return issue(
-        type, output.device(), {output},
-        [&, buffer, flat] {
-          return with_element(element_of(output), [&](auto element) {
-            using T = decltype(element);
-            return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
-                                                 span_of<T>(buffer->tensor), op);
-          });
-        },
-        [buffer] { copy_back(*buffer); }, {*flat, buffer->tensor});
+    return issue(type, output.device(), {output},
+                 [&, buffer, flat] {
+                   return with_element(element_of(output), [&](auto element) {
+                     using T = decltype(element);
+                     return communicator_.ireduce_scatter(std::span<const T>(span_of<T>(*flat)),
+                                                          span_of<T>(buffer->tensor), op);
+                   });
+                 },
+                 copy_back_after(buffer), {*flat, buffer->tensor});
   }
 
   // Issues the call (under the group's lock, so calls from several threads keep one order) and
@@ -965,6 +997,7 @@ class ProcessGroupColtrain final : public c10d::ProcessGroup {
                     std::move(loans), large, clock::now()};
     try {
       pending.request = pending.call();
+      if (!pending.after) work->done_with(pending.request);
     } catch (...) {
       pending.error = std::current_exception();
     }
