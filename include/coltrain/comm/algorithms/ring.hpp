@@ -262,12 +262,11 @@ void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
   const int next = (transport.rank() + 1) % p;
   const detail::ChunkedRange whole({0, count * element_bytes}, element_bytes, tuning);
   const std::size_t chunks = whole.chunks();
-  auto range_of = [&](std::size_t j) { return whole.chunk(j); };
 
   std::vector<typename Tr::Request> receives;
   if (v > 0) {
     for (std::size_t j = 0; j < chunks; ++j) {
-      const detail::ByteRange range = range_of(j);
+      const detail::ByteRange range = whole.chunk(j);
       receives.push_back(transport.irecv(previous, detail::message(call, range.size),
                                          detail::writable_bytes_of(data, range)));
     }
@@ -276,7 +275,7 @@ void ring_broadcast(Tr& transport, std::byte* data, std::size_t count, std::size
   for (std::size_t j = 0; j < chunks; ++j) {
     if (v > 0) transport.wait(receives[j]);
     if (v < p - 1) {
-      const detail::ByteRange range = range_of(j);
+      const detail::ByteRange range = whole.chunk(j);
       sends.push_back(
           transport.isend(next, detail::message(call, range.size), detail::bytes_of(data, range)));
     }
@@ -310,14 +309,13 @@ void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
   }
   const detail::ChunkedRange whole({0, count * element_bytes}, element_bytes, tuning);
   const std::size_t chunks = whole.chunks();
-  auto range_of = [&](std::size_t j) { return whole.chunk(j); };
   const int toward_root = detail::modulo(r - 1, p);
   const int away_from_root = (r + 1) % p;
 
   std::vector<typename Tr::Request> sends;
   if (v == p - 1) {  // the chain's far end sends its input as it is
     for (std::size_t j = 0; j < chunks; ++j) {
-      const detail::ByteRange range = range_of(j);
+      const detail::ByteRange range = whole.chunk(j);
       sends.push_back(transport.isend(toward_root, detail::message(call, range.size),
                                       detail::bytes_of(input, range)));
     }
@@ -326,10 +324,11 @@ void ring_reduce(Tr& transport, const std::byte* input, std::byte* output, std::
   }
   std::byte* work = output;
   if (v != 0) work = detail::reserved_bytes(scratch.partial, count * element_bytes);
-  detail::ReceivePipeline<Tr> receives(transport, away_from_root, call, chunks, range_of(0).size,
-                                       range_of, scratch.slots);
+  detail::ReceivePipeline<Tr> receives(
+      transport, away_from_root, call, chunks, whole.largest_chunk_bytes(),
+      [&whole](std::size_t j) { return whole.chunk(j); }, scratch.slots);
   for (std::size_t j = 0; j < chunks; ++j) {
-    const detail::ByteRange range = range_of(j);
+    const detail::ByteRange range = whole.chunk(j);
     reduction.reduce(work + range.begin, input + range.begin, receives.wait(j), range.size);
     receives.release(j);
     if (v != 0) {

@@ -156,12 +156,10 @@ inline std::vector<TreeUnit> rooted_tree_units(const TreeNode& node, std::size_t
                                                std::size_t element_bytes,
                                                const AlgorithmTuning& tuning,
                                                std::size_t& slot_bytes) {
-  const Blocks whole(count, 1);
-  const std::size_t chunks = chunks_per_block(whole, element_bytes, tuning);
+  const ChunkedRange whole({0, count * element_bytes}, element_bytes, tuning);
   std::vector<TreeUnit> units;
-  for (std::size_t j = 0; j < chunks; ++j)
-    units.push_back({to_bytes(chunk_of(whole, 0, chunks, j), element_bytes), &node});
-  slot_bytes = units.front().range.size;
+  for (std::size_t j = 0; j < whole.chunks(); ++j) units.push_back({whole.chunk(j), &node});
+  slot_bytes = whole.largest_chunk_bytes();
   return units;
 }
 
