@@ -318,6 +318,16 @@ inline const char* op_name(const c10d::ReduceOp& op) {
   }
 }
 
+// COLTRAIN_TORCH_HUGE_PAGES, as its two readers take it: "0" turns HugePageInteriors off; "1"
+// puts PyTorch's large allocations on huge pages (HugePageCpuAllocator).
+inline const std::string& torch_huge_pages_setting() {
+  static const std::string value = [] {
+    const char* text = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
+    return std::string(text == nullptr ? "" : text);
+  }();
+  return value;
+}
+
 // Where the kernel's THP policy is "madvise" (Debian's default), PyTorch 1.13's CPU tensors sit on
 // 4 KiB pages. Between the ranks of a host, single copy beat the shared-memory rings at large
 // sizes on huge pages on every machine measured, but on 4 KiB pages only on some (CommOptions), so
@@ -395,8 +405,7 @@ class HugePageInteriors {
   };
 
   HugePageInteriors() {
-    const char* value = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
-    enabled_ = !(value != nullptr && std::string(value) == "0") && coltrain::huge_pages_wanted();
+    enabled_ = torch_huge_pages_setting() != "0" && coltrain::huge_pages_wanted();
   }
 
   Interior& seen(const Range& range) {
@@ -412,23 +421,24 @@ class HugePageInteriors {
         collapse_seconds_ > kAllowanceSeconds + kShareOfCalls * served_seconds_)
       return false;
     if (interior.collapsed) {
-      const double seconds = collapse_timed(range.start, kHuge);
-      if (seconds < 0) return false;
-      if (seconds > kStableProbeSeconds) {
+      const std::optional<double> seconds = collapse_timed(range.start, kHuge);
+      if (!seconds) return false;
+      if (*seconds > kStableProbeSeconds) {
         interior.unstable = true;
         return false;
       }
-      return range.bytes == kHuge || collapse_timed(range.start + kHuge, range.bytes - kHuge) >= 0;
+      return range.bytes == kHuge ||
+             collapse_timed(range.start + kHuge, range.bytes - kHuge).has_value();
     }
-    if (collapse_timed(range.start, range.bytes) < 0) return false;
+    if (!collapse_timed(range.start, range.bytes)) return false;
     interior.collapsed = true;
     return true;
   }
 
-  // madvise(MADV_COLLAPSE) of [start, start + bytes): its time, or -1 where it failed. EAGAIN and
-  // ENOMEM pass (pages pinned by a peer's read, no huge page free now); the other errors (EINVAL:
-  // no MADV_COLLAPSE, or THP "never"; EPERM) turn collapsing off.
-  double collapse_timed(std::uintptr_t start, std::size_t bytes) {
+  // madvise(MADV_COLLAPSE) of [start, start + bytes): its time, or nothing where it failed. EAGAIN
+  // and ENOMEM pass (pages pinned by a peer's read, no huge page free now); the other errors
+  // (EINVAL: no MADV_COLLAPSE, or THP "never"; EPERM) turn collapsing off.
+  std::optional<double> collapse_timed(std::uintptr_t start, std::size_t bytes) {
     const auto begin = std::chrono::steady_clock::now();
     const int result = ::madvise(reinterpret_cast<void*>(start), bytes, kCollapse);
     const int error = errno;
@@ -437,7 +447,7 @@ class HugePageInteriors {
     collapse_seconds_ += seconds;
     if (result == 0) return seconds;
     if (error != EAGAIN && error != ENOMEM) enabled_ = false;
-    return -1;
+    return std::nullopt;
   }
 
 #ifdef MADV_COLLAPSE
@@ -1095,8 +1105,7 @@ class HugePageCpuAllocator final : public c10::Allocator {
 };
 
 void use_huge_pages_if_asked() {
-  const char* value = std::getenv("COLTRAIN_TORCH_HUGE_PAGES");
-  if (value == nullptr || std::string(value) != "1") return;
+  if (coltrain_torch::torch_huge_pages_setting() != "1") return;
   static HugePageCpuAllocator allocator;
   c10::SetCPUAllocator(&allocator, /*priority=*/1);
 }
