@@ -29,8 +29,10 @@ for placement in block cyclic; do
   out="$work/$placement"
   rm -rf "$out" && mkdir -p "$out" || fail "work directory $out"
   "$root/scripts/bench_shaped_links" --build "$build" --hosts 2 --ranks 1 --rates 1gbit \
-    --max-bytes 64K --rounds 1 --placement "$placement" --out "$out/runs" >"$out/table.txt" 2>&1 ||
-    { cat "$out/table.txt"; fail "bench_shaped_links --placement $placement exited $?"; }
+    --max-bytes 64K --rounds 1 --placement "$placement" --out "$out/runs" >"$out/table.txt" 2>&1
+  status=$?
+  [ "$status" = 0 ] ||
+    { cat "$out/table.txt"; fail "bench_shaped_links --placement $placement exited $status"; }
   rows=$(grep -cE '^\| [0-9]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [a-z_]+ \| [0-9.]+ \| [0-9.]+ \|$' \
     "$out/table.txt")
   [ "$rows" = "$expected_rows" ] ||
