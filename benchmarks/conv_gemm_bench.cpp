@@ -7,6 +7,9 @@
 // over the samples are reported, so that a neighbour on a shared machine slows both alike. Operands
 // are 64-byte aligned with leading dimension = width, as the layers' Tensors are.
 //
+// The kernels' results are compared with Eigen's first: a difference over 1e-4 of the largest
+// output (a wrong element, not rounding) makes it exit 1, after every shape's row.
+//
 // Usage: conv_gemm_bench [samples (15)] [sample_ms (4)]
 
 #include <coltrain/core/timer.hpp>
@@ -102,6 +105,8 @@ int main(int argc, char** argv) {
   std::printf("%-24s %-2s %5s %5s %5s %9s %9s %7s %9s\n", "shape", "op", "m", "n", "k", "eigen",
               "kernel", "ratio", "max|diff|");
   std::mt19937 rng(1);
+  constexpr float kTolerance = 1e-4f;
+  bool wrong = false;
   for (const Shape& s : shapes) {
     const bool ta = s.kind == Kind::kTn, tb = s.kind == Kind::kNt;
     const std::int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n, ldc = s.n;
@@ -125,9 +130,23 @@ int main(int argc, char** argv) {
     };
     eigen();
     kernel();
-    float max_diff = 0;
-    for (std::int64_t i = 0; i < s.m * s.n; ++i)
+    float max_diff = 0, largest = 0;
+    for (std::int64_t i = 0; i < s.m * s.n; ++i) {
       max_diff = std::max(max_diff, std::abs(c_eigen[i] - c_kernel[i]));
+      largest = std::max(largest, std::abs(c_eigen[i]));
+    }
+    // Float sums in another order differ by about sqrt(k) units in the last place of the largest
+    // term; a wrong element is off by the order of the result itself.
+    if (max_diff > kTolerance * largest) {
+      std::fprintf(stderr,
+                   "conv_gemm_bench: %s %s %lldx%lldx%lld: the kernel's result differs from "
+                   "Eigen's by %.3e, over %.0e of the largest |C| (%.3e)\n",
+                   s.layer, kind_name(s.kind), static_cast<long long>(s.m),
+                   static_cast<long long>(s.n), static_cast<long long>(s.k),
+                   static_cast<double>(max_diff), static_cast<double>(kTolerance),
+                   static_cast<double>(largest));
+      wrong = true;
+    }
 
     // Calls per sample, from one timed call of Eigen's.
     coltrain::Stopwatch probe;
@@ -159,5 +178,5 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.k), eigen_gflops, kernel_gflops,
                 kernel_gflops / eigen_gflops, static_cast<double>(max_diff));
   }
-  return 0;
+  return wrong ? 1 : 0;
 }

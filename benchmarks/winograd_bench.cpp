@@ -6,7 +6,8 @@
 // transforms, and the weights' transform is counted on Winograd's side.
 //
 // The three are timed alternately, `samples` times each, and the medians are reported with the
-// largest difference from the direct product's output relative to its largest output.
+// largest difference from the direct product's output relative to its largest output; a difference
+// over 1e-4 (a wrong transform, not rounding) makes it exit 1.
 //
 // Usage: winograd_bench [samples (9)] [batch (64)]
 
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -79,8 +81,14 @@ double relative_difference(const Tensor<float>& reference, const Tensor<float>& 
   return difference / largest;
 }
 
+// The largest difference from the direct product, relative to its largest output, that a correct
+// transform shows: F(4x4, 3x3)'s rounding stays near 1e-6 at these shapes; a wrong tile is off by
+// the order of the output itself.
+constexpr double kTolerance = 1e-4;
+
+// Prints the layer's row; false if either transform's output is wrong.
 template <std::int64_t Cin, std::int64_t Cout, std::int64_t H, std::int64_t Padding>
-void compare(const char* layer, int samples, std::int64_t batch) {
+bool compare(const char* layer, int samples, std::int64_t batch) {
   constexpr std::int64_t kOut = H + 2 * Padding - 2;
   constexpr nn::detail::Window kWindow{Cin, H, H, 3, 1, Padding, kOut, kOut};
   using Direct = nn::detail::IndirectConvolution<kWindow>;
@@ -122,17 +130,25 @@ void compare(const char* layer, int samples, std::int64_t batch) {
     f4_s.push_back(watch.seconds());
   }
   const double direct_ms = median(direct_s) * 1e3, f2_ms = median(f2_s) * 1e3;
+  const double f2_difference = relative_difference(y_direct, y2);
   std::printf("| %s | %lld x %lld, %lldx%lld | %.2f | %.2f (%.2fx, %.1e) |", layer,
               static_cast<long long>(Cin), static_cast<long long>(Cout), static_cast<long long>(H),
-              static_cast<long long>(H), direct_ms, f2_ms, direct_ms / f2_ms,
-              relative_difference(y_direct, y2));
+              static_cast<long long>(H), direct_ms, f2_ms, direct_ms / f2_ms, f2_difference);
+  double f4_difference = 0;
   if constexpr (kF4) {
     const double f4_ms = median(f4_s) * 1e3;
-    std::printf(" %.2f (%.2fx, %.1e) |\n", f4_ms, direct_ms / f4_ms,
-                relative_difference(y_direct, y4));
+    f4_difference = relative_difference(y_direct, y4);
+    std::printf(" %.2f (%.2fx, %.1e) |\n", f4_ms, direct_ms / f4_ms, f4_difference);
   } else {
     std::printf(" not applicable |\n");
   }
+  const bool right = f2_difference <= kTolerance && f4_difference <= kTolerance;
+  if (!right)
+    std::fprintf(stderr,
+                 "winograd_bench: %s: Winograd's output differs from the direct product's by "
+                 "%.1e (F(2x2)) and %.1e (F(4x4)) of its largest value, over %.0e\n",
+                 layer, f2_difference, f4_difference, kTolerance);
+  return right;
 }
 
 }  // namespace
@@ -150,9 +166,10 @@ int main(int argc, char** argv) {
       "| layer | channels in x out, input | direct ms | F(2x2, 3x3) ms (speedup, max diff / max) "
       "| F(4x4, 3x3) ms (speedup, max diff / max) |\n");
   std::printf("| --- | --- | ---: | ---: | ---: |\n");
-  compare<16, 16, 32, 1>("ResNet-20 stage 1", samples, batch);
-  compare<32, 32, 16, 1>("ResNet-20 stage 2", samples, batch);
-  compare<64, 64, 8, 1>("ResNet-20 stage 3", samples, batch);
-  compare<32, 64, 26, 0>("MnistConvNet conv2", samples, batch);
-  return 0;
+  // Every layer runs and prints its row even after a wrong one.
+  const bool right[] = {compare<16, 16, 32, 1>("ResNet-20 stage 1", samples, batch),
+                        compare<32, 32, 16, 1>("ResNet-20 stage 2", samples, batch),
+                        compare<64, 64, 8, 1>("ResNet-20 stage 3", samples, batch),
+                        compare<32, 64, 26, 0>("MnistConvNet conv2", samples, batch)};
+  return std::all_of(std::begin(right), std::end(right), [](bool r) { return r; }) ? 0 : 1;
 }

@@ -228,8 +228,8 @@ function(coltrain_add_compile_fail_test)
     message(FATAL_ERROR "${ARG_FILE} has no '// expected-error: <regex>' line")
   endif()
   string(REGEX REPLACE "^// expected-error: " "" expected "${expected}")
-  set(compile ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include
-              ${COLTRAIN_HEADER_CHECK_FLAGS} "${ARG_FILE}")
+  set(compile ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${COLTRAIN_GCC_HEAP_FLAGS}
+              -I${PROJECT_SOURCE_DIR}/include ${COLTRAIN_HEADER_CHECK_FLAGS} "${ARG_FILE}")
   add_test(NAME compile_fail.${stem} COMMAND ${compile} -DCOLTRAIN_SHOULD_FAIL)
   set_tests_properties(compile_fail.${stem} PROPERTIES LABELS compile_fail
                        TIMEOUT ${COLTRAIN_TEST_TIMEOUT} PASS_REGULAR_EXPRESSION "${expected}")
@@ -260,7 +260,7 @@ function(coltrain_add_header_checks)
   set(nvcc ${CMAKE_CUDA_COMPILER} -std=c++20 -x cu -arch=sm_${COLTRAIN_NVCC_ARCH}
            -Werror all-warnings -I${include_root} ${COLTRAIN_HEADER_CHECK_FLAGS})
   set(gxx ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror
-          -I${include_root})
+          ${COLTRAIN_GCC_HEAP_FLAGS} -I${include_root})
   set(all_includes "")
   set(plain_includes "")
   foreach(header IN LISTS ARG_HEADERS ARG_CUDA_HEADERS)
