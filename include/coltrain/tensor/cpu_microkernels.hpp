@@ -22,6 +22,7 @@
 
 #include <coltrain/core/config.hpp>
 #include <coltrain/tensor/cpu_gemm.hpp>
+#include <coltrain/tensor/cpu_vector_width.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -43,18 +44,13 @@ namespace detail::microkernel {
 
 // The widest vector the target has registers for: wider ones would be split (and warned about by
 // -Wpsabi). Tiles are sized to the register file: 32 vector registers with AVX-512, else 16.
-#if defined(__AVX512F__)
-inline constexpr int kVectorBytes = 64;
+inline constexpr int kVectorBytes = COLTRAIN_CPU_VECTOR_BYTES;
+#if COLTRAIN_CPU_VECTOR_BYTES == 64
 inline constexpr int kNnRows = 8, kNnVectors = 3;  // 24 accumulators, 3 loads + 8 broadcasts
 inline constexpr int kNtRows = 4, kNtCols = 4;     // 16 accumulators, 8 loads
-#elif defined(__AVX__)
-inline constexpr int kVectorBytes = 32;
+#else
 inline constexpr int kNnRows = 4, kNnVectors = 3;  // 12 accumulators, 3 loads + 1 broadcast
 inline constexpr int kNtRows = 3, kNtCols = 3;     // 9 accumulators, 6 loads
-#else
-inline constexpr int kVectorBytes = 16;
-inline constexpr int kNnRows = 4, kNnVectors = 3;
-inline constexpr int kNtRows = 3, kNtCols = 3;
 #endif
 typedef float Vector __attribute__((vector_size(kVectorBytes)));
 inline constexpr int kLanes = kVectorBytes / static_cast<int>(sizeof(float));
@@ -578,59 +574,26 @@ void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const S* a
   gemm_nn_small_m<S>(m, n, k, a, lda, gathered.data(), n, c, ldc, accumulate);
 }
 
+// The float versions: the register-blocked kernels. Under COLTRAIN_SEPARATE_COMPILATION they are
+// compiled once, in <coltrain/src.hpp>'s file, as are all four here (impl/cpu_microkernels.ipp).
+inline namespace COLTRAIN_CPU_VECTOR_ABI {
 // C[m x n] (=|+=) A[m x k] * B[k x n].
-inline void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                            std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                            std::int64_t ldc, bool accumulate) {
-#if COLTRAIN_MICROKERNELS
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, detail::microkernel::StridedRows{b, ldb}, c,
-                                      ldc, accumulate);
-#else
-  gemm_nn_small_m<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-#endif
-}
-
-inline void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                             std::int64_t lda, const float* b, const std::int64_t* b_rows, float* c,
-                             std::int64_t ldc, bool accumulate) {
-#if COLTRAIN_MICROKERNELS
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nn<false>(m, n, k, a, lda, detail::microkernel::IndirectRows{b, b_rows},
-                                      c, ldc, accumulate);
-#else
-  gemm_nn_indirect<float>(m, n, k, a, lda, b, b_rows, c, ldc, accumulate);
-#endif
-}
-
+COLTRAIN_DECL void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                   std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                   std::int64_t ldc, bool accumulate);
+// C[m x n] (=|+=) A[m x k] * B[k x n], row p of B at b + b_rows[p].
+COLTRAIN_DECL void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                    std::int64_t lda, const float* b, const std::int64_t* b_rows,
+                                    float* c, std::int64_t ldc, bool accumulate);
 // C[m x n] (=|+=) A[k x m]^T * B[k x n]: A is stored k x m, as W [Cout, K] is for W^T * dY.
-inline void gemm_tn_small_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                            std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                            std::int64_t ldc, bool accumulate) {
-#if COLTRAIN_MICROKERNELS
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nn<true>(m, n, k, a, lda, detail::microkernel::StridedRows{b, ldb}, c,
-                                     ldc, accumulate);
-#else
-  gemm_tn_small_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-#endif
-}
-
+COLTRAIN_DECL void gemm_tn_small_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                   std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                   std::int64_t ldc, bool accumulate);
 // C[m x n] (=|+=) A[m x k] * B[n x k]^T.
-inline void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
-                           std::int64_t lda, const float* b, std::int64_t ldb, float* c,
-                           std::int64_t ldc, bool accumulate) {
-#if COLTRAIN_MICROKERNELS
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) return detail::zero_unless_accumulating(m, n, c, ldc, accumulate);
-  detail::microkernel::gemm_nt(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-#else
-  gemm_nt_long_k<float>(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-#endif
-}
+COLTRAIN_DECL void gemm_nt_long_k(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                                  std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                                  std::int64_t ldc, bool accumulate);
+}  // namespace COLTRAIN_CPU_VECTOR_ABI
 
 // C[groups * R x n] (=|+=) A * B[depth x n], where A has R = Offsets.size() rows per group and
 // A((g, r), p) = a[g * group_stride + Offsets[r] + p]: the im2col matrix of a stride-1 convolution
@@ -666,3 +629,7 @@ void gemm_nn_windowed(std::int64_t groups, std::int64_t group_stride, std::int64
 }
 
 }  // namespace coltrain::tensor
+
+#if !COLTRAIN_SEPARATE_COMPILATION
+#include <coltrain/tensor/impl/cpu_microkernels.ipp>
+#endif
