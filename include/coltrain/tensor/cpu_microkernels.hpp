@@ -575,7 +575,7 @@ void gemm_nn_indirect(std::int64_t m, std::int64_t n, std::int64_t k, const S* a
 }
 
 // The float versions: the register-blocked kernels. Under COLTRAIN_SEPARATE_COMPILATION they are
-// compiled once, in <coltrain/src.hpp>'s file, as are all four here (impl/cpu_microkernels.ipp).
+// compiled once, by <coltrain/tensor/src.hpp> (impl/cpu_microkernels.ipp).
 inline namespace COLTRAIN_CPU_VECTOR_ABI {
 // C[m x n] (=|+=) A[m x k] * B[k x n].
 COLTRAIN_DECL void gemm_nn_small_m(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,

@@ -1,5 +1,5 @@
 // The float kernels' entry points of tensor/cpu_microkernels.hpp. Header-only builds include this
-// file at the end of that header; with COLTRAIN_SEPARATE_COMPILATION only <coltrain/src.hpp>
+// file at the end of that header; with COLTRAIN_SEPARATE_COMPILATION only <coltrain/tensor/src.hpp>
 // includes it, so the register-blocked kernels, dozens of tile shapes each, are compiled once
 // instead of in every file of layers (test_layers.cpp, sanitized at -O0: 89 -> 79 s).
 #pragma once
