@@ -80,11 +80,11 @@ endfunction()
 # (core/config.hpp): its files see the Communicator's declarations only, and one library per build
 # flavour (plain; sanitized, with every UBSan check) compiles the definitions once, the CPU
 # products' too (a file of layers' tests: a third less time). Programs built for another
-# instruction set (-march=native) stay header-only: the library holds the portable kernels. A test file over
-# the communicator then compiles in a quarter of the time (test_point_to_point.cpp, sanitized at
-# -O0: 7.1 s against 29.2 s), and every suite runs the separately compiled library users may choose;
-# the samples, benchmarks, header checks and consumer tests build header-only. Call it before
-# coltrain_sanitize. Programs that change a configuration macro (COLTRAIN_WITH_OPENSSL=0...) stay
+# instruction set (-march=native) stay header-only: the library holds the portable kernels. A test
+# file over the communicator then compiles in a quarter of the time (test_point_to_point.cpp,
+# sanitized at -O0: 7.1 s against 29.2 s), and every suite runs the separately compiled library
+# users may choose; the samples, benchmarks, header checks and consumer tests build header-only.
+# Call it before coltrain_sanitize. Programs that change a configuration macro (COLTRAIN_WITH_OPENSSL=0...) stay
 # header-only: the library's definitions would be the other configuration's.
 function(coltrain_link_for_tests target)
   _coltrain_is_sanitized(${target} sanitized)
