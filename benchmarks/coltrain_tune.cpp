@@ -17,6 +17,7 @@
 #include <coltrain/comm/tuning/tuning_file.hpp>
 #include <coltrain/core/error.hpp>
 #include <coltrain/core/host_memory.hpp>
+#include <coltrain/core/json.hpp>
 #include <coltrain/core/timer.hpp>
 #include <coltrain/version.hpp>
 

@@ -78,44 +78,40 @@ endfunction()
 
 # coltrain_link_for_tests(target): links a test program with coltrain compiled separately
 # (core/config.hpp): its files see the Communicator's declarations only, and one library per build
-# flavour (plain; sanitized, with every UBSan check) compiles the definitions once, the CPU
-# products' too (a file of layers' tests: a third less time). Programs built for another
-# instruction set (-march=native) stay header-only: the library holds the portable kernels. A test
-# file over the communicator then compiles in a quarter of the time (test_point_to_point.cpp,
-# sanitized at -O0: 7.1 s against 29.2 s), and every suite runs the separately compiled library
-# users may choose; the samples, benchmarks, header checks and consumer tests build header-only.
-# Call it before coltrain_sanitize. Programs that change a configuration macro (COLTRAIN_WITH_OPENSSL=0...) stay
-# header-only: the library's definitions would be the other configuration's.
+# flavour compiles the definitions once, the CPU products' too (a file of layers' tests: a third
+# less time): the programs' libraries of the top-level CMakeLists (baseline and -march=native), and
+# a sanitized one, with every UBSan check. A test file over the communicator then compiles in a
+# quarter of the time (test_point_to_point.cpp, sanitized at -O0: 7.1 s against 29.2 s), and every
+# suite runs the separately compiled library users may choose; the header checks and consumer tests
+# build header-only. Call it after the program's -march option, before coltrain_sanitize. Programs
+# that change a configuration macro (COLTRAIN_WITH_OPENSSL=0...) stay header-only: the library's
+# definitions would be the other configuration's.
 function(coltrain_link_for_tests target)
   _coltrain_is_sanitized(${target} sanitized)
-  coltrain_separate_library_for_tests(${sanitized} library)
-  target_link_libraries(${target} PRIVATE ${library})
+  if(sanitized)
+    coltrain_separate_library_for_tests(ON library)
+    target_link_libraries(${target} PRIVATE ${library})
+  else()
+    coltrain_link_separately(${target})
+  endif()
 endfunction()
 
-# coltrain_separate_library_for_tests(sanitized out): the name of that library for one flavour
-# (sanitized ON or OFF), created on first use: <coltrain/src.hpp>, and <coltrain/tensor/src.hpp> in
-# a file of its own where Eigen was found.
+# coltrain_separate_library_for_tests(sanitized out): the name of that library for the baseline
+# instruction set, sanitized (ON: created on first use) or not.
 function(coltrain_separate_library_for_tests sanitized out)
-  if(sanitized)
-    set(library coltrain_tests_separate_sanitized)
-  else()
-    set(library coltrain_tests_separate)
+  if(NOT sanitized)
+    set(${out} coltrain_programs_separate PARENT_SCOPE)
+    return()
   endif()
+  set(library coltrain_tests_separate_sanitized)
   if(NOT TARGET ${library})
-    set(sources "${PROJECT_SOURCE_DIR}/cmake/separate_compilation.cpp")
-    if(Eigen3_FOUND)
-      list(APPEND sources "${PROJECT_SOURCE_DIR}/cmake/separate_compilation_tensor.cpp")
-    endif()
-    add_library(${library} STATIC ${sources})
-    target_link_libraries(${library} PUBLIC coltrain::coltrain PRIVATE coltrain_warnings)
-    target_compile_definitions(${library} PUBLIC COLTRAIN_SEPARATE_COMPILATION=1)
-    if(sanitized)
-      _coltrain_add_sanitizer_flags(${library})
-      # The CPU products are the numeric suites' code, sanitized as those suites are: with every
-      # UBSan check they ran nn_tests' gradient checks a third slower (a small ResNet 19.0 -> 26.8 s).
-      set_source_files_properties("${PROJECT_SOURCE_DIR}/cmake/separate_compilation_tensor.cpp"
-                                  PROPERTIES COMPILE_OPTIONS "${COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS}")
-    endif()
+    coltrain_add_separate_library(${library} "${PROJECT_SOURCE_DIR}/cmake" "${Eigen3_FOUND}")
+    target_link_libraries(${library} PRIVATE coltrain_warnings)
+    _coltrain_add_sanitizer_flags(${library})
+    # The CPU products are the numeric suites' code, sanitized as those suites are: with every
+    # UBSan check they ran nn_tests' gradient checks a third slower (a small ResNet 19.0 -> 26.8 s).
+    set_source_files_properties("${PROJECT_SOURCE_DIR}/cmake/separate_compilation_tensor.cpp"
+                                PROPERTIES COMPILE_OPTIONS "${COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS}")
   endif()
   set(${out} ${library} PARENT_SCOPE)
 endfunction()
@@ -136,14 +132,18 @@ function(_coltrain_timeout_for target labels given out)
   set(${out} ${timeout} PARENT_SCOPE)
 endfunction()
 
-# coltrain_add_unit_test(NAME n SOURCES s... [HEADER_ONLY] [LABELS l...] [LINK t...])
+# coltrain_add_unit_test(NAME n SOURCES s... [HEADER_ONLY] [NATIVE] [LABELS l...] [LINK t...])
 # One executable; every Catch test case in it becomes its own CTest test "<n>.<case name>".
-# Compiled against coltrain_link_for_tests' library unless HEADER_ONLY.
+# Compiled against coltrain_link_for_tests' library unless HEADER_ONLY; NATIVE: for this machine's
+# instruction set (-march=native).
 function(coltrain_add_unit_test)
-  cmake_parse_arguments(ARG "HEADER_ONLY" "NAME" "SOURCES;LABELS;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "HEADER_ONLY;NATIVE" "NAME" "SOURCES;LABELS;LINK" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE coltrain::coltrain coltrain_warnings coltrain_catch_main
                                             ${ARG_LINK})
+  if(ARG_NATIVE)
+    target_compile_options(${ARG_NAME} PRIVATE -march=native)
+  endif()
   if(NOT ARG_HEADER_ONLY)
     coltrain_link_for_tests(${ARG_NAME})
   endif()

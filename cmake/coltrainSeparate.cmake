@@ -8,12 +8,19 @@ function(coltrain_add_separate_target source_dir with_eigen)
   if(TARGET coltrain_separate)
     return()
   endif()
+  coltrain_add_separate_library(coltrain_separate "${source_dir}" "${with_eigen}")
+  add_library(coltrain::separate ALIAS coltrain_separate)
+endfunction()
+
+# coltrain_add_separate_library(name source_dir with_eigen): the static library behind
+# coltrain::separate under another name, for a program that needs it compiled with other flags
+# (coltrain's own tests, samples and benchmarks: sanitized, or for this machine's instruction set).
+function(coltrain_add_separate_library name source_dir with_eigen)
   set(sources "${source_dir}/separate_compilation.cpp")
   if(with_eigen)
     list(APPEND sources "${source_dir}/separate_compilation_tensor.cpp")
   endif()
-  add_library(coltrain_separate STATIC EXCLUDE_FROM_ALL ${sources})
-  add_library(coltrain::separate ALIAS coltrain_separate)
-  target_link_libraries(coltrain_separate PUBLIC coltrain::coltrain)
-  target_compile_definitions(coltrain_separate PUBLIC COLTRAIN_SEPARATE_COMPILATION=1)
+  add_library(${name} STATIC EXCLUDE_FROM_ALL ${sources})
+  target_link_libraries(${name} PUBLIC coltrain::coltrain)
+  target_compile_definitions(${name} PUBLIC COLTRAIN_SEPARATE_COMPILATION=1)
 endfunction()
