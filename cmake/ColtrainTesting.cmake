@@ -89,31 +89,27 @@ endfunction()
 function(coltrain_link_for_tests target)
   _coltrain_is_sanitized(${target} sanitized)
   if(sanitized)
-    coltrain_separate_library_for_tests(ON library)
-    target_link_libraries(${target} PRIVATE ${library})
+    _coltrain_sanitized_separate_library()
+    target_link_libraries(${target} PRIVATE coltrain_tests_separate_sanitized)
   else()
     coltrain_link_separately(${target})
   endif()
 endfunction()
 
-# coltrain_separate_library_for_tests(sanitized out): the name of that library for the baseline
-# instruction set, sanitized (ON: created on first use) or not.
-function(coltrain_separate_library_for_tests sanitized out)
-  if(NOT sanitized)
-    set(${out} coltrain_programs_separate PARENT_SCOPE)
+# _coltrain_sanitized_separate_library(): creates that library's sanitized flavour,
+# coltrain_tests_separate_sanitized, on first use.
+function(_coltrain_sanitized_separate_library)
+  set(library coltrain_tests_separate_sanitized)
+  if(TARGET ${library})
     return()
   endif()
-  set(library coltrain_tests_separate_sanitized)
-  if(NOT TARGET ${library})
-    coltrain_add_separate_library(${library} "${PROJECT_SOURCE_DIR}/cmake" "${Eigen3_FOUND}")
-    target_link_libraries(${library} PRIVATE coltrain_warnings)
-    _coltrain_add_sanitizer_flags(${library})
-    # The CPU products are the numeric suites' code, sanitized as those suites are: with every
-    # UBSan check they ran nn_tests' gradient checks a third slower (a small ResNet 19.0 -> 26.8 s).
-    set_source_files_properties("${PROJECT_SOURCE_DIR}/cmake/separate_compilation_tensor.cpp"
-                                PROPERTIES COMPILE_OPTIONS "${COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS}")
-  endif()
-  set(${out} ${library} PARENT_SCOPE)
+  coltrain_add_separate_library(${library} "${PROJECT_SOURCE_DIR}/cmake" "${Eigen3_FOUND}")
+  target_link_libraries(${library} PRIVATE coltrain_warnings)
+  _coltrain_add_sanitizer_flags(${library})
+  # The CPU products are the numeric suites' code, sanitized as those suites are: with every
+  # UBSan check they ran nn_tests' gradient checks a third slower (a small ResNet 19.0 -> 26.8 s).
+  set_source_files_properties("${PROJECT_SOURCE_DIR}/cmake/separate_compilation_tensor.cpp"
+                              PROPERTIES COMPILE_OPTIONS "${COLTRAIN_NUMERIC_SANITIZER_EXCEPTIONS}")
 endfunction()
 
 # The timeout of a suite's tests: the one given, else the label's default; tripled if sanitized.
